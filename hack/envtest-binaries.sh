@@ -1,0 +1,120 @@
+#!/usr/bin/env bash
+# Builds the kube-apiserver and etcd binaries that envtest runs, from Go modules only (no
+# download site), and keeps them in the user's cache directory keyed by version, the way
+# setup-envtest keeps its binaries. A fresh clone reuses them; only the first run pays.
+#
+# Usage: hack/envtest-binaries.sh [ensure|path]
+#   ensure  build whatever is missing or stale, then print the assets directory (default)
+#   path    print the assets directory without building anything
+#
+# Environment:
+#   KUBE_VERSION    kube-apiserver version (default v1.37.2)
+#   ETCD_VERSION    etcd server version (default v3.6.16)
+#   EXIT_GUARD_CACHE  cache root (default ${XDG_CACHE_HOME:-$HOME/.cache}/exit-guard)
+set -euo pipefail
+
+KUBE_VERSION=${KUBE_VERSION:-v1.37.2}
+# etcd 3.6 is the series Kubernetes 1.34+ is tested with.
+ETCD_VERSION=${ETCD_VERSION:-v3.6.16}
+CACHE_ROOT=${EXIT_GUARD_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/exit-guard}
+GOOS=$(go env GOOS)
+GOARCH=$(go env GOARCH)
+ASSETS="$CACHE_ROOT/envtest/k8s-${KUBE_VERSION}-etcd-${ETCD_VERSION}-${GOOS}-${GOARCH}"
+
+log() { echo "envtest-binaries: $*" >&2; }
+
+fail() {
+  log "FAILED: $*"
+  log "Rerun 'make envtest-binaries' (or hack/envtest-binaries.sh) and read the output above."
+  log "It needs the Go module proxy and about 10 minutes on 2 cores the first time."
+  exit 1
+}
+
+# stamp_ok FILE VERSION: the binary exists and was built for VERSION.
+stamp_ok() { [ -x "$1" ] && [ -f "$1.version" ] && [ "$(cat "$1.version")" = "$2" ]; }
+
+build_etcd() {
+  local out="$ASSETS/etcd"
+  if stamp_ok "$out" "$ETCD_VERSION"; then return 0; fi
+  log "building etcd $ETCD_VERSION (under a minute)..."
+  local dir
+  dir=$(mktemp -d)
+  trap 'rm -rf "$dir"' RETURN
+  cat >"$dir/main.go" <<'GO'
+// Command etcd runs the etcd server for envtest.
+package main
+
+import (
+	"os"
+
+	"go.etcd.io/etcd/server/v3/etcdmain"
+)
+
+func main() { etcdmain.Main(os.Args) }
+GO
+  (
+    cd "$dir"
+    go mod init exit-guard.local/envtest-etcd >/dev/null 2>&1
+    go get "go.etcd.io/etcd/server/v3@${ETCD_VERSION}" >&2
+    go mod tidy >&2
+    CGO_ENABLED=0 go build -trimpath -o "$out.tmp" . >&2
+  ) || fail "etcd $ETCD_VERSION did not build"
+  mv "$out.tmp" "$out"
+  echo "$ETCD_VERSION" >"$out.version"
+  log "etcd $ETCD_VERSION ready"
+}
+
+build_kube_apiserver() {
+  local out="$ASSETS/kube-apiserver"
+  if stamp_ok "$out" "$KUBE_VERSION"; then return 0; fi
+  log "building kube-apiserver $KUBE_VERSION from k8s.io/kubernetes (about 10 minutes the first time)..."
+  local dir gomod staging minor major
+  dir=$(mktemp -d)
+  trap 'rm -rf "$dir"' RETURN
+  # Staging modules are published as k8s.io/<name> v0.<minor>.<patch>.
+  staging="v0.${KUBE_VERSION#v1.}"
+  major=1
+  minor=$(echo "$KUBE_VERSION" | cut -d. -f2)
+  (
+    cd "$dir"
+    go mod init exit-guard.local/envtest-kube-apiserver >/dev/null 2>&1
+    gomod=$(go mod download -json "k8s.io/kubernetes@${KUBE_VERSION}" | sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",$/\1/p')
+    [ -f "$gomod" ] || { log "no go.mod for k8s.io/kubernetes@${KUBE_VERSION}"; exit 1; }
+    # k8s.io/kubernetes replaces every staging module with a local path; a module that
+    # requires it must replace them with the published versions instead.
+    local names
+    names=$(sed -n 's#^[[:space:]]*\(k8s.io/[a-z0-9-]*\) => ./staging/.*#\1#p' "$gomod")
+    [ -n "$names" ] || { log "found no staging replaces in $gomod"; exit 1; }
+    for n in $names; do
+      go mod edit -replace "$n=$n@$staging"
+    done
+    log "$(echo "$names" | wc -l) staging modules pinned to $staging"
+    go mod edit -require "k8s.io/kubernetes@${KUBE_VERSION}"
+    cat >tools.go <<'GO'
+//go:build tools
+
+package tools
+
+import _ "k8s.io/kubernetes/cmd/kube-apiserver"
+GO
+    go mod tidy >&2
+    local pkg=k8s.io/component-base/version
+    CGO_ENABLED=0 go build -trimpath \
+      -ldflags "-s -w -X $pkg.gitVersion=${KUBE_VERSION} -X $pkg.gitMajor=${major} -X $pkg.gitMinor=${minor} -X $pkg.gitTreeState=clean" \
+      -o "$out.tmp" k8s.io/kubernetes/cmd/kube-apiserver >&2
+  ) || fail "kube-apiserver $KUBE_VERSION did not build"
+  mv "$out.tmp" "$out"
+  echo "$KUBE_VERSION" >"$out.version"
+  log "kube-apiserver $KUBE_VERSION ready"
+}
+
+case "${1:-ensure}" in
+  path) echo "$ASSETS" ;;
+  ensure)
+    mkdir -p "$ASSETS"
+    build_etcd
+    build_kube_apiserver
+    echo "$ASSETS"
+    ;;
+  *) echo "usage: $0 [ensure|path]" >&2; exit 2 ;;
+esac

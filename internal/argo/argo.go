@@ -1,0 +1,142 @@
+// Package argo holds the few facts about Argo Workflows that exit-guard depends on: the labels
+// and annotations of the pods Argo creates, workflow phases, and a Workflow type that decodes
+// only the metadata and status.phase of an Argo Workflow, so that megabyte-sized workflows cost
+// exit-guard a few hundred bytes each.
+package argo
+
+import (
+	"strings"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+)
+
+// Group, version and resource names of Argo's Workflow.
+const (
+	Group    = "argoproj.io"
+	Version  = "v1alpha1"
+	Kind     = "Workflow"
+	Resource = "workflows"
+)
+
+// Labels and annotations Argo puts on the pods it creates (workflow/common/common.go).
+const (
+	// LabelWorkflow holds the workflow's name. Names are reused: never key on it.
+	LabelWorkflow = "workflows.argoproj.io/workflow"
+	// LabelOnExit is present, with value "true", on pods inside an exit handler. Argo tests
+	// the presence of the key.
+	LabelOnExit = "workflows.argoproj.io/on-exit"
+	// LabelComponent is "agent" or "artifact-gc" on those special pods.
+	LabelComponent = "workflows.argoproj.io/component"
+	// AnnotationNodeName holds the full node name, e.g. "wf.onExit[0].notify".
+	AnnotationNodeName = "workflows.argoproj.io/node-name"
+)
+
+// Node-name markers (GenerateOnExitNodeName and lifecycle hooks).
+const (
+	// OnExitMarker is in the node name of every node inside an exit handler.
+	OnExitMarker = ".onExit"
+	// HooksMarker is in the node name of every node inside a non-exit lifecycle hook.
+	HooksMarker = ".hooks."
+)
+
+// Phase is a workflow phase.
+type Phase string
+
+// Workflow phases; the last three are terminal.
+const (
+	PhaseUnknown   Phase = ""
+	PhasePending   Phase = "Pending"
+	PhaseRunning   Phase = "Running"
+	PhaseSucceeded Phase = "Succeeded"
+	PhaseFailed    Phase = "Failed"
+	PhaseError     Phase = "Error"
+)
+
+// Terminal reports whether p is Succeeded, Failed or Error.
+func (p Phase) Terminal() bool {
+	return p == PhaseSucceeded || p == PhaseFailed || p == PhaseError
+}
+
+// ParsePhase returns the terminal phase named s, case-insensitively.
+func ParsePhase(s string) (Phase, bool) {
+	for _, p := range []Phase{PhaseSucceeded, PhaseFailed, PhaseError} {
+		if strings.EqualFold(s, string(p)) {
+			return p, true
+		}
+	}
+	return "", false
+}
+
+// GroupVersion is argoproj.io/v1alpha1.
+var GroupVersion = schema.GroupVersion{Group: Group, Version: Version}
+
+// WorkflowGVK is the GroupVersionKind of Workflow.
+var WorkflowGVK = GroupVersion.WithKind(Kind)
+
+// WorkflowGVR is the GroupVersionResource of Workflow.
+var WorkflowGVR = GroupVersion.WithResource(Resource)
+
+// Workflow is the part of an Argo Workflow that exit-guard reads. Decoding a workflow into it
+// skips spec and the status' node tree, which is where a workflow's size lies.
+type Workflow struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+	Status            WorkflowStatus `json:"status,omitempty"`
+}
+
+// WorkflowStatus is the part of a workflow's status that exit-guard reads.
+type WorkflowStatus struct {
+	Phase Phase `json:"phase,omitempty"`
+}
+
+// WorkflowList is a list of Workflows.
+type WorkflowList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []Workflow `json:"items"`
+}
+
+// DeepCopyInto copies w into out.
+func (w *Workflow) DeepCopyInto(out *Workflow) {
+	*out = *w
+	out.TypeMeta = w.TypeMeta
+	w.ObjectMeta.DeepCopyInto(&out.ObjectMeta)
+}
+
+// DeepCopy returns a copy of w.
+func (w *Workflow) DeepCopy() *Workflow {
+	if w == nil {
+		return nil
+	}
+	out := new(Workflow)
+	w.DeepCopyInto(out)
+	return out
+}
+
+// DeepCopyObject implements runtime.Object.
+func (w *Workflow) DeepCopyObject() runtime.Object { return w.DeepCopy() }
+
+// DeepCopyObject implements runtime.Object.
+func (l *WorkflowList) DeepCopyObject() runtime.Object {
+	if l == nil {
+		return nil
+	}
+	out := &WorkflowList{TypeMeta: l.TypeMeta}
+	l.ListMeta.DeepCopyInto(&out.ListMeta)
+	if l.Items != nil {
+		out.Items = make([]Workflow, len(l.Items))
+		for i := range l.Items {
+			l.Items[i].DeepCopyInto(&out.Items[i])
+		}
+	}
+	return out
+}
+
+// AddToScheme registers Workflow and WorkflowList under argoproj.io/v1alpha1.
+func AddToScheme(s *runtime.Scheme) error {
+	s.AddKnownTypes(GroupVersion, &Workflow{}, &WorkflowList{})
+	metav1.AddToGroupVersion(s, GroupVersion)
+	return nil
+}

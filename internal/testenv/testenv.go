@@ -1,0 +1,176 @@
+// Package testenv starts a real kube-apiserver and etcd (controller-runtime's envtest) for the
+// tests of exit-guard, on binaries that hack/envtest-binaries.sh builds from Go modules.
+//
+// One API server serves one test package: start it from TestMain with Start and stop it with
+// Env.Stop. The Argo Workflow CRD of test/crds is installed; webhook configurations given in
+// Options are registered against a local serving address whose certificates Env holds.
+package testenv
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"time"
+
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	k8sruntime "k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+)
+
+// WorkflowGVK is the group, version and kind of Argo's Workflow.
+var WorkflowGVK = schema.GroupVersionKind{Group: "argoproj.io", Version: "v1alpha1", Kind: "Workflow"}
+
+// Options configures the test API server.
+type Options struct {
+	// ValidatingWebhooks are registered with the API server, their client configs pointed at
+	// the local serving address (a Service reference is replaced by a URL with its path).
+	ValidatingWebhooks []*admissionregistrationv1.ValidatingWebhookConfiguration
+	// MutatingWebhooks are registered the same way.
+	MutatingWebhooks []*admissionregistrationv1.MutatingWebhookConfiguration
+	// APIServerFlags are extra kube-apiserver flags, as name=value.
+	APIServerFlags map[string]string
+}
+
+// Env is a running API server.
+type Env struct {
+	env *envtest.Environment
+	// Config reaches the API server as an administrator.
+	Config *rest.Config
+	// Client is an uncached client on Config with the client-go scheme.
+	Client client.Client
+	// Scheme is the scheme of Client.
+	Scheme *k8sruntime.Scheme
+	// WebhookHost, WebhookPort and WebhookCertDir are where the registered webhooks expect
+	// their server, and its serving certificate (tls.crt, tls.key).
+	WebhookHost    string
+	WebhookPort    int
+	WebhookCertDir string
+	// WebhookCAData is the CA that signed the serving certificate, as in the caBundles.
+	WebhookCAData []byte
+}
+
+// RepoRoot is the top folder of this repository.
+func RepoRoot() string {
+	_, file, _, _ := runtime.Caller(0)
+	return filepath.Clean(filepath.Join(filepath.Dir(file), "..", ".."))
+}
+
+// AssetsDir returns the folder holding kube-apiserver and etcd: KUBEBUILDER_ASSETS when set,
+// else the cache folder that hack/envtest-binaries.sh builds into. It fails with a message that
+// says how to get the binaries when they are missing.
+func AssetsDir() (string, error) {
+	dir := os.Getenv("KUBEBUILDER_ASSETS")
+	if dir == "" {
+		script := filepath.Join(RepoRoot(), "hack", "envtest-binaries.sh")
+		out, err := exec.Command(script, "path").Output()
+		if err != nil {
+			return "", fmt.Errorf("finding the envtest binaries with %s: %w", script, err)
+		}
+		dir = strings.TrimSpace(string(out))
+	}
+	for _, bin := range []string{"kube-apiserver", "etcd"} {
+		if _, err := os.Stat(filepath.Join(dir, bin)); err != nil {
+			return "", fmt.Errorf("the tests need a real kube-apiserver and etcd, and %s has no %s: "+
+				"run 'make envtest-binaries' (it builds them from Go modules, about 10 minutes the first time) "+
+				"or 'make test', which does it for you", dir, bin)
+		}
+	}
+	return dir, nil
+}
+
+// Start starts etcd and kube-apiserver, installs the Workflow CRD and registers the webhooks of
+// opts. Call Stop when done.
+func Start(opts Options) (*Env, error) {
+	assets, err := AssetsDir()
+	if err != nil {
+		return nil, err
+	}
+	te := &envtest.Environment{
+		BinaryAssetsDirectory: assets,
+		CRDDirectoryPaths:     []string{filepath.Join(RepoRoot(), "test", "crds")},
+		ErrorIfCRDPathMissing: true,
+		WebhookInstallOptions: envtest.WebhookInstallOptions{
+			ValidatingWebhooks: opts.ValidatingWebhooks,
+			MutatingWebhooks:   opts.MutatingWebhooks,
+		},
+		// A cold 2-core machine running tests in parallel packages can take longer than
+		// envtest's 20 s default to bring up etcd and the API server.
+		ControlPlaneStartTimeout: 90 * time.Second,
+		ControlPlaneStopTimeout:  30 * time.Second,
+	}
+	api := te.ControlPlane.GetAPIServer()
+	for k, v := range opts.APIServerFlags {
+		api.Configure().Set(k, v)
+	}
+	cfg, err := te.Start()
+	if err != nil {
+		return nil, fmt.Errorf("starting kube-apiserver and etcd from %s: %w", assets, err)
+	}
+	scheme := k8sruntime.NewScheme()
+	if err := clientgoscheme.AddToScheme(scheme); err != nil {
+		return nil, errors.Join(err, te.Stop())
+	}
+	c, err := client.New(cfg, client.Options{Scheme: scheme})
+	if err != nil {
+		return nil, errors.Join(err, te.Stop())
+	}
+	wio := te.WebhookInstallOptions
+	return &Env{
+		env:            te,
+		Config:         cfg,
+		Client:         c,
+		Scheme:         scheme,
+		WebhookHost:    wio.LocalServingHost,
+		WebhookPort:    wio.LocalServingPort,
+		WebhookCertDir: wio.LocalServingCertDir,
+		WebhookCAData:  wio.LocalServingCAData,
+	}, nil
+}
+
+// KubeConfig returns a kubeconfig file's contents for an administrator of the API server.
+func (e *Env) KubeConfig() []byte {
+	return e.env.KubeConfig
+}
+
+// AddUser creates a user with the given name and groups and returns a config that
+// authenticates as that user (client certificates), for RBAC tests.
+func (e *Env) AddUser(name string, groups ...string) (*rest.Config, error) {
+	u, err := e.env.AddUser(envtest.User{Name: name, Groups: groups}, e.Config)
+	if err != nil {
+		return nil, err
+	}
+	return u.Config(), nil
+}
+
+// Stop stops the API server and etcd and removes their data.
+func (e *Env) Stop() error {
+	return e.env.Stop()
+}
+
+// Main is the body of a TestMain that needs an API server: it starts one, runs the tests with
+// it in *env, stops it, and returns the exit code. A failure to start is reported as a failure,
+// never as a skip.
+func Main(m interface{ Run() int }, opts Options, env **Env) int {
+	e, err := Start(opts)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "FAIL: %v\n", err)
+		return 1
+	}
+	*env = e
+	code := m.Run()
+	if err := e.Stop(); err != nil {
+		fmt.Fprintf(os.Stderr, "stopping the test API server: %v\n", err)
+		if code == 0 {
+			code = 1
+		}
+	}
+	return code
+}
