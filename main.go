@@ -7,16 +7,23 @@ import (
 	"crypto/tls"
 	"flag"
 	"os"
+	"strings"
 	"time"
 
 	"go.uber.org/zap/zapcore"
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
-	"sigs.k8s.io/controller-runtime/pkg/webhook"
+	crwebhook "sigs.k8s.io/controller-runtime/pkg/webhook"
+
+	"github.com/exit-guard/exit-guard/completionstore"
+	"github.com/exit-guard/exit-guard/internal/argo"
+	"github.com/exit-guard/exit-guard/webhook"
 )
 
 // flags holds the command line.
@@ -30,6 +37,44 @@ type flags struct {
 	enableHTTP2      bool
 	gracefulShutdown time.Duration
 	zap              zap.Options
+
+	mode            string
+	denyPhases      string
+	hooks           bool
+	strict          bool
+	storeFirst      bool
+	liveReadTimeout time.Duration
+	namespaces      string
+	completionTTL   time.Duration
+	sweepInterval   time.Duration
+}
+
+// guardOptions turns the command line into the options of the store and the webhook.
+func (f *flags) guardOptions() (completionstore.Options, webhook.Options, error) {
+	mode, err := webhook.ParseMode(f.mode)
+	if err != nil {
+		return completionstore.Options{}, webhook.Options{}, err
+	}
+	phases, err := webhook.ParsePhases(f.denyPhases)
+	if err != nil {
+		return completionstore.Options{}, webhook.Options{}, err
+	}
+	var namespaces []string
+	for _, ns := range strings.Split(f.namespaces, ",") {
+		if ns = strings.TrimSpace(ns); ns != "" {
+			namespaces = append(namespaces, ns)
+		}
+	}
+	return completionstore.Options{TTL: f.completionTTL, SweepInterval: f.sweepInterval},
+		webhook.Options{
+			Mode:            mode,
+			DenyPhases:      phases,
+			Hooks:           f.hooks,
+			Strict:          f.strict,
+			StoreFirst:      f.storeFirst,
+			LiveReadTimeout: f.liveReadTimeout,
+			Namespaces:      namespaces,
+		}, nil
 }
 
 func parseFlags(args []string) (*flags, error) {
@@ -38,7 +83,7 @@ func parseFlags(args []string) (*flags, error) {
 	fs.StringVar(&f.metricsAddr, "metrics-bind-address", ":8080",
 		"The address the Prometheus metrics endpoint binds to; 0 disables it.")
 	fs.StringVar(&f.probeAddr, "health-probe-bind-address", ":8081", "The address the health probes bind to.")
-	fs.IntVar(&f.webhookPort, "webhook-port", webhook.DefaultPort, "The port the admission webhook serves on.")
+	fs.IntVar(&f.webhookPort, "webhook-port", crwebhook.DefaultPort, "The port the admission webhook serves on.")
 	fs.StringVar(&f.webhookCertPath, "webhook-cert-path", "",
 		"The folder holding the webhook serving certificate; empty means controller-runtime's default.")
 	fs.StringVar(&f.webhookCertName, "webhook-cert-name", "tls.crt", "The serving certificate's file name.")
@@ -49,6 +94,19 @@ func parseFlags(args []string) (*flags, error) {
 	// requests finish before the kubelet kills the container.
 	fs.DurationVar(&f.gracefulShutdown, "graceful-shutdown-timeout", 20*time.Second,
 		"How long to wait for in-flight requests and runnables on shutdown.")
+	fs.StringVar(&f.mode, "mode", string(webhook.ModeEnforce),
+		"What to do with a pod the guard would refuse: enforce (deny), warn (admit with a warning, an Event and a mark) or dry-run (admit, log, count and mark).")
+	fs.StringVar(&f.denyPhases, "deny-phases", "Succeeded",
+		"Comma-separated terminal phases whose exit handlers are refused; add Failed,Error to stop duplicate failure notices.")
+	fs.BoolVar(&f.hooks, "cover-hooks", false, "Also refuse pods of lifecycle hooks other than exit (.hooks. nodes) of completed workflows.")
+	fs.BoolVar(&f.strict, "strict", false, "Refuse every pod a completed workflow owns, not only exit handlers.")
+	fs.BoolVar(&f.storeFirst, "store-first", false,
+		"Admit exit-handler pods from the store without a live read when it holds no completion (lower latency; a lagging watch then lets stale pods through).")
+	fs.DurationVar(&f.liveReadTimeout, "live-read-timeout", time.Second,
+		"Deadline of the live read of a pod's workflow; past it the store decides. Keep it well below the webhook's timeoutSeconds.")
+	fs.StringVar(&f.namespaces, "namespaces", "", "Comma-separated namespaces to watch and guard; empty means all.")
+	fs.DurationVar(&f.completionTTL, "completion-ttl", 10*time.Minute, "How long the store remembers a workflow after its last change.")
+	fs.DurationVar(&f.sweepInterval, "sweep-interval", 30*time.Second, "How often expired records are removed from the store.")
 	f.zap.BindFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -63,12 +121,22 @@ func main() {
 	}
 	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&f.zap)))
 	setupLog := ctrl.Log.WithName("setup")
+	storeOpts, guardOpts, err := f.guardOptions()
+	if err != nil {
+		setupLog.Error(err, "invalid flags")
+		os.Exit(2)
+	}
 
 	scheme := runtime.NewScheme()
 	if err := clientgoscheme.AddToScheme(scheme); err != nil {
 		setupLog.Error(err, "unable to build the scheme")
 		os.Exit(1)
 	}
+	if err := argo.AddToScheme(scheme); err != nil {
+		setupLog.Error(err, "unable to add Argo's Workflow to the scheme")
+		os.Exit(1)
+	}
+	wfObj, wfCache := completionstore.CacheByObject(guardOpts.Namespaces)
 
 	var tlsOpts []func(*tls.Config)
 	if !f.enableHTTP2 {
@@ -76,7 +144,7 @@ func main() {
 		// CVEs (GHSA-qppj-fm5r-hxr3, GHSA-4374-p667-p6c8) let a client exhaust the server.
 		tlsOpts = append(tlsOpts, func(c *tls.Config) { c.NextProtos = []string{"http/1.1"} })
 	}
-	webhookServer := webhook.NewServer(webhook.Options{
+	webhookServer := crwebhook.NewServer(crwebhook.Options{
 		Port:     f.webhookPort,
 		CertDir:  f.webhookCertPath,
 		CertName: f.webhookCertName,
@@ -89,6 +157,7 @@ func main() {
 		Metrics:                 metricsserver.Options{BindAddress: f.metricsAddr, TLSOpts: tlsOpts},
 		HealthProbeBindAddress:  f.probeAddr,
 		WebhookServer:           webhookServer,
+		Cache:                   cache.Options{ByObject: map[client.Object]cache.ByObject{wfObj: wfCache}},
 		GracefulShutdownTimeout: &f.gracefulShutdown,
 	})
 	if err != nil {
@@ -96,18 +165,39 @@ func main() {
 		os.Exit(1)
 	}
 
+	store, err := completionstore.New(storeOpts)
+	if err != nil {
+		setupLog.Error(err, "unable to create the completion store")
+		os.Exit(1)
+	}
+	ctx := ctrl.SetupSignalHandler()
+	synced, err := completionstore.Watch(ctx, mgr, store, completionstore.WatchOptions{})
+	if err != nil {
+		setupLog.Error(err, "unable to watch Workflows")
+		os.Exit(1)
+	}
+	if err := webhook.Setup(mgr, store, guardOpts); err != nil {
+		setupLog.Error(err, "unable to set up the webhook")
+		os.Exit(1)
+	}
+
 	if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
 		setupLog.Error(err, "unable to add the liveness check")
 		os.Exit(1)
 	}
-	// Ready only once the webhook port serves with its certificate loaded.
+	// Ready only once the webhook port serves with its certificate loaded, and the store has
+	// every workflow of the initial list: before that it cannot tell completed from running.
 	if err := mgr.AddReadyzCheck("webhook", mgr.GetWebhookServer().StartedChecker()); err != nil {
+		setupLog.Error(err, "unable to add the readiness check")
+		os.Exit(1)
+	}
+	if err := mgr.AddReadyzCheck("workflows-synced", synced); err != nil {
 		setupLog.Error(err, "unable to add the readiness check")
 		os.Exit(1)
 	}
 
 	setupLog.Info("starting manager")
-	if err := mgr.Start(ctrl.SetupSignalHandler()); err != nil {
+	if err := mgr.Start(ctx); err != nil {
 		setupLog.Error(err, "manager stopped with an error")
 		os.Exit(1)
 	}

@@ -1,0 +1,228 @@
+// Package completionstore remembers what exit-guard has seen of each Argo Workflow: its last
+// phase, at which resourceVersion, and whether it was deleted. Records are keyed by UID, never
+// by name (names are reused; upstream's first fix failed on exactly that), ordered by
+// resourceVersion so that an older event never overwrites a newer one, and forgotten a TTL
+// after their last change.
+//
+// Reads are lock-shared and allocation-free: admission requests come in parallel.
+package completionstore
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/resourceversion"
+	"k8s.io/utils/clock"
+
+	"github.com/exit-guard/exit-guard/internal/argo"
+)
+
+const (
+	// defaultTTL is how long a record is kept after its last change: upstream's own fix
+	// (argo-workflows #16357) keeps completed workflows 10 minutes.
+	defaultTTL = 10 * time.Minute
+	// defaultSweepInterval bounds how long an expired record occupies memory; reads ignore
+	// expired records whatever the sweeper's pace.
+	defaultSweepInterval = 30 * time.Second
+)
+
+// Options configures a Store. Zero values take the defaults.
+type Options struct {
+	// TTL is how long a record is kept after its last change (default 10 minutes).
+	TTL time.Duration
+	// SweepInterval is how often the sweeper removes expired records (default 30 s).
+	SweepInterval time.Duration
+	// Clock tells the time (default the real clock).
+	Clock clock.WithTicker
+}
+
+// Observation is one state of a workflow, as a watch event or a live read reported it.
+type Observation struct {
+	UID             types.UID
+	Namespace       string
+	Name            string
+	ResourceVersion string
+	Phase           argo.Phase
+	// Deleted is true when the workflow is gone.
+	Deleted bool
+}
+
+// Record is what the store knows of one workflow.
+type Record struct {
+	UID             types.UID
+	Namespace       string
+	Name            string
+	ResourceVersion string
+	// Phase is the last phase seen; for a deleted workflow, its phase when last seen.
+	Phase argo.Phase
+	// Deleted marks a tombstone.
+	Deleted bool
+	// SeenAt is when this state was recorded.
+	SeenAt time.Time
+}
+
+// Result says what Observe did with an observation.
+type Result int
+
+// Results of Observe.
+const (
+	// Applied: the observation is newer than what the store had, or the first of its UID.
+	Applied Result = iota
+	// Stale: the store already holds this or a newer resourceVersion of the UID.
+	Stale
+	// Invalid: no UID, or a resourceVersion that cannot be ordered.
+	Invalid
+)
+
+// Store holds one Record per workflow UID.
+type Store struct {
+	ttl           time.Duration
+	sweepInterval time.Duration
+	clock         clock.WithTicker
+
+	mu      sync.RWMutex
+	records map[types.UID]Record
+}
+
+// New returns an empty Store.
+func New(opts Options) (*Store, error) {
+	if opts.TTL < 0 {
+		return nil, fmt.Errorf("completionstore: TTL must not be negative, got %s", opts.TTL)
+	}
+	if opts.SweepInterval < 0 {
+		return nil, fmt.Errorf("completionstore: SweepInterval must not be negative, got %s", opts.SweepInterval)
+	}
+	if opts.TTL == 0 {
+		opts.TTL = defaultTTL
+	}
+	if opts.SweepInterval == 0 {
+		opts.SweepInterval = defaultSweepInterval
+	}
+	if opts.Clock == nil {
+		opts.Clock = clock.RealClock{}
+	}
+	return &Store{
+		ttl:           opts.TTL,
+		sweepInterval: opts.SweepInterval,
+		clock:         opts.Clock,
+		records:       make(map[types.UID]Record),
+	}, nil
+}
+
+// TTL is how long records are kept after their last change.
+func (s *Store) TTL() time.Duration { return s.ttl }
+
+// Observe records o unless the store holds a newer state of the same UID. A deletion wins over
+// an update at the same resourceVersion (the informer reports a deletion it missed with the
+// last object it had). A tombstone is never undone: UIDs are not reused.
+func (s *Store) Observe(o Observation) Result {
+	if o.UID == "" {
+		return Invalid
+	}
+	if _, err := resourceversion.CompareResourceVersion(o.ResourceVersion, o.ResourceVersion); err != nil {
+		return Invalid
+	}
+	now := s.clock.Now()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	old, ok := s.records[o.UID]
+	if ok && !s.expired(old, now) {
+		cmp, err := resourceversion.CompareResourceVersion(o.ResourceVersion, old.ResourceVersion)
+		if err != nil {
+			return Invalid
+		}
+		switch {
+		case old.Deleted:
+			return Stale
+		case cmp < 0, cmp == 0 && !o.Deleted:
+			return Stale
+		}
+		if o.Deleted && o.Phase == argo.PhaseUnknown {
+			o.Phase = old.Phase
+		}
+	}
+	s.records[o.UID] = Record{
+		UID:             o.UID,
+		Namespace:       o.Namespace,
+		Name:            o.Name,
+		ResourceVersion: o.ResourceVersion,
+		Phase:           o.Phase,
+		Deleted:         o.Deleted,
+		SeenAt:          now,
+	}
+	return Applied
+}
+
+// Get returns the record of uid, if the store holds one that has not expired.
+func (s *Store) Get(uid types.UID) (Record, bool) {
+	s.mu.RLock()
+	r, ok := s.records[uid]
+	s.mu.RUnlock()
+	if !ok || s.expired(r, s.clock.Now()) {
+		return Record{}, false
+	}
+	return r, true
+}
+
+// Len is the number of records held, expired ones not yet swept included.
+func (s *Store) Len() int {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return len(s.records)
+}
+
+// Counts returns how many records are terminal, deleted, and neither.
+func (s *Store) Counts() (terminal, deleted, active int) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	for _, r := range s.records {
+		switch {
+		case r.Deleted:
+			deleted++
+		case r.Phase.Terminal():
+			terminal++
+		default:
+			active++
+		}
+	}
+	return terminal, deleted, active
+}
+
+// Sweep removes expired records and returns how many it removed.
+func (s *Store) Sweep() int {
+	now := s.clock.Now()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for uid, r := range s.records {
+		if s.expired(r, now) {
+			delete(s.records, uid)
+			n++
+		}
+	}
+	return n
+}
+
+func (s *Store) expired(r Record, now time.Time) bool {
+	return now.Sub(r.SeenAt) >= s.ttl
+}
+
+// Start runs the sweeper until ctx is done. It makes Store a manager.Runnable.
+func (s *Store) Start(ctx context.Context) error {
+	t := s.clock.NewTicker(s.sweepInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C():
+			s.Sweep()
+		}
+	}
+}
+
+// NeedLeaderElection is false: every replica keeps and sweeps its own store.
+func (s *Store) NeedLeaderElection() bool { return false }

@@ -1,0 +1,245 @@
+package completionstore
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
+	toolscache "k8s.io/client-go/tools/cache"
+	clocktesting "k8s.io/utils/clock/testing"
+
+	"github.com/exit-guard/exit-guard/internal/argo"
+)
+
+var t0 = time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+
+func newTestStore(t *testing.T) (*Store, *clocktesting.FakeClock) {
+	t.Helper()
+	clk := clocktesting.NewFakeClock(t0)
+	s, err := New(Options{Clock: clk})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s, clk
+}
+
+func obs(uid, rv string, phase argo.Phase) Observation {
+	return Observation{UID: types.UID(uid), Namespace: "ns", Name: "wf", ResourceVersion: rv, Phase: phase}
+}
+
+func deleted(o Observation) Observation { o.Deleted = true; return o }
+
+func TestObserveKeepsTheNewestStateOfEachUID(t *testing.T) {
+	tests := []struct {
+		name      string
+		events    []Observation
+		wantPhase argo.Phase
+		wantRV    string
+		wantDel   bool
+		results   []Result
+	}{{
+		name:      "a completion is recorded",
+		events:    []Observation{obs("a", "10", argo.PhaseRunning), obs("a", "20", argo.PhaseSucceeded)},
+		wantPhase: argo.PhaseSucceeded, wantRV: "20",
+		results: []Result{Applied, Applied},
+	}, {
+		name:      "an older event after a completion does not bring back Running",
+		events:    []Observation{obs("a", "20", argo.PhaseSucceeded), obs("a", "10", argo.PhaseRunning)},
+		wantPhase: argo.PhaseSucceeded, wantRV: "20",
+		results: []Result{Applied, Stale},
+	}, {
+		name:      "a replayed completion after a retry does not bring the completion back",
+		events:    []Observation{obs("a", "20", argo.PhaseSucceeded), obs("a", "30", argo.PhaseRunning), obs("a", "20", argo.PhaseSucceeded)},
+		wantPhase: argo.PhaseRunning, wantRV: "30",
+		results: []Result{Applied, Applied, Stale},
+	}, {
+		name:      "a v4 retry (phase empty) clears the completion",
+		events:    []Observation{obs("a", "20", argo.PhaseSucceeded), obs("a", "30", argo.PhaseUnknown)},
+		wantPhase: argo.PhaseUnknown, wantRV: "30",
+		results: []Result{Applied, Applied},
+	}, {
+		name:      "resourceVersions compare as numbers, not strings",
+		events:    []Observation{obs("a", "9", argo.PhaseRunning), obs("a", "10", argo.PhaseSucceeded), obs("a", "9", argo.PhaseRunning)},
+		wantPhase: argo.PhaseSucceeded, wantRV: "10",
+		results: []Result{Applied, Applied, Stale},
+	}, {
+		name:      "a deletion at the last resourceVersion makes a tombstone that keeps the phase",
+		events:    []Observation{obs("a", "20", argo.PhaseSucceeded), deleted(obs("a", "20", argo.PhaseUnknown))},
+		wantPhase: argo.PhaseSucceeded, wantRV: "20", wantDel: true,
+		results: []Result{Applied, Applied},
+	}, {
+		name:      "a tombstone is never undone",
+		events:    []Observation{deleted(obs("a", "30", argo.PhaseFailed)), obs("a", "40", argo.PhaseRunning)},
+		wantPhase: argo.PhaseFailed, wantRV: "30", wantDel: true,
+		results: []Result{Applied, Stale},
+	}, {
+		name:      "a duplicate event is stale",
+		events:    []Observation{obs("a", "20", argo.PhaseSucceeded), obs("a", "20", argo.PhaseSucceeded)},
+		wantPhase: argo.PhaseSucceeded, wantRV: "20",
+		results: []Result{Applied, Stale},
+	}}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s, _ := newTestStore(t)
+			var got []Result
+			for _, e := range tt.events {
+				got = append(got, s.Observe(e))
+			}
+			if diff := cmp.Diff(tt.results, got); diff != "" {
+				t.Errorf("Observe results (-want +got):\n%s", diff)
+			}
+			r, ok := s.Get("a")
+			if !ok {
+				t.Fatal("no record")
+			}
+			if r.Phase != tt.wantPhase || r.ResourceVersion != tt.wantRV || r.Deleted != tt.wantDel {
+				t.Errorf("record = phase %q rv %q deleted %v, want %q %q %v", r.Phase, r.ResourceVersion, r.Deleted, tt.wantPhase, tt.wantRV, tt.wantDel)
+			}
+		})
+	}
+}
+
+func TestRecordsAreKeyedByUIDNotName(t *testing.T) {
+	s, _ := newTestStore(t)
+	s.Observe(obs("old-uid", "20", argo.PhaseSucceeded))
+	s.Observe(obs("new-uid", "5", argo.PhaseRunning)) // same namespace/name, re-created
+	if r, _ := s.Get("old-uid"); r.Phase != argo.PhaseSucceeded {
+		t.Errorf("old uid phase = %q, want Succeeded", r.Phase)
+	}
+	if r, _ := s.Get("new-uid"); r.Phase != argo.PhaseRunning {
+		t.Errorf("new uid phase = %q, want Running", r.Phase)
+	}
+}
+
+func TestInvalidObservationsAreRefused(t *testing.T) {
+	s, _ := newTestStore(t)
+	for _, o := range []Observation{obs("", "1", argo.PhaseSucceeded), obs("a", "", argo.PhaseSucceeded), obs("a", "x1", argo.PhaseSucceeded)} {
+		if got := s.Observe(o); got != Invalid {
+			t.Errorf("Observe(%+v) = %v, want invalid", o, got)
+		}
+	}
+	if s.Len() != 0 {
+		t.Errorf("store holds %d records after invalid observations", s.Len())
+	}
+}
+
+func TestRecordsExpireATTLAfterTheirLastChange(t *testing.T) {
+	s, clk := newTestStore(t)
+	s.Observe(obs("a", "10", argo.PhaseSucceeded))
+	clk.Step(defaultTTL - time.Second)
+	if _, ok := s.Get("a"); !ok {
+		t.Fatal("record gone before its TTL")
+	}
+	clk.Step(time.Second)
+	if _, ok := s.Get("a"); ok {
+		t.Fatal("record still returned at its TTL")
+	}
+	if n := s.Sweep(); n != 1 || s.Len() != 0 {
+		t.Errorf("Sweep removed %d, %d left; want 1, 0", n, s.Len())
+	}
+	// An expired record no longer orders anything: the next state is recorded as new.
+	s.Observe(obs("b", "10", argo.PhaseSucceeded))
+	clk.Step(defaultTTL)
+	if got := s.Observe(obs("b", "5", argo.PhaseRunning)); got != Applied {
+		t.Errorf("Observe after expiry = %v, want applied", got)
+	}
+}
+
+func TestSweeperRunsOnItsInterval(t *testing.T) {
+	clk := clocktesting.NewFakeClock(t0)
+	s, err := New(Options{Clock: clk, TTL: time.Minute, SweepInterval: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Observe(obs("a", "1", argo.PhaseSucceeded))
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- s.Start(ctx) }()
+	if err := wait.PollUntilContextTimeout(t.Context(), time.Millisecond, 10*time.Second, true,
+		func(context.Context) (bool, error) { return clk.HasWaiters(), nil }); err != nil {
+		t.Fatal("sweeper never started its ticker")
+	}
+	clk.Step(time.Minute + 10*time.Second)
+	if err := wait.PollUntilContextTimeout(t.Context(), time.Millisecond, 10*time.Second, true,
+		func(context.Context) (bool, error) { return s.Len() == 0, nil }); err != nil {
+		t.Fatalf("sweeper did not remove the expired record: %d left", s.Len())
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Errorf("Start returned %v", err)
+	}
+	if s.NeedLeaderElection() {
+		t.Error("the sweeper must run on every replica")
+	}
+}
+
+func TestNewRefusesNegativeDurations(t *testing.T) {
+	for _, o := range []Options{{TTL: -time.Second}, {SweepInterval: -time.Second}} {
+		if _, err := New(o); err == nil {
+			t.Errorf("New(%+v) accepted a negative duration", o)
+		}
+	}
+	s, err := New(Options{})
+	if err != nil || s.TTL() != defaultTTL {
+		t.Errorf("New with zero options: ttl %v err %v", s.TTL(), err)
+	}
+}
+
+func TestConcurrentObserveAndGet(t *testing.T) {
+	s, _ := newTestStore(t)
+	var wg sync.WaitGroup
+	for w := range 4 {
+		wg.Go(func() {
+			for i := range 1000 {
+				s.Observe(obs(fmt.Sprint("uid-", i%50), fmt.Sprint(i*4+w+1), argo.PhaseSucceeded))
+			}
+		})
+		wg.Go(func() {
+			for i := range 1000 {
+				s.Get(types.UID(fmt.Sprint("uid-", i%50)))
+			}
+		})
+	}
+	wg.Wait()
+	if s.Len() != 50 {
+		t.Errorf("store holds %d records, want 50", s.Len())
+	}
+}
+
+func TestFeederHandlesTombstonesFromTheInformer(t *testing.T) {
+	s, _ := newTestStore(t)
+	f := &feeder{store: s, metrics: newStoreMetrics(s)}
+	wf := &argo.Workflow{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "wf", UID: "a", ResourceVersion: "7"},
+		Status: argo.WorkflowStatus{Phase: argo.PhaseSucceeded}}
+	f.observe(wf, false)
+	f.observe(toolscache.DeletedFinalStateUnknown{Key: "ns/wf", Obj: wf}, false)
+	f.observe("not a workflow", false)
+	r, ok := s.Get("a")
+	if !ok || !r.Deleted || r.Phase != argo.PhaseSucceeded {
+		t.Errorf("record after DeletedFinalStateUnknown = %+v, %v; want a Succeeded tombstone", r, ok)
+	}
+}
+
+func TestStripWorkflowKeepsOnlyWhatTheStoreNeeds(t *testing.T) {
+	in := &argo.Workflow{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "wf", UID: "u", ResourceVersion: "3",
+			Labels: map[string]string{"a": "b"}, Annotations: map[string]string{"big": "x"},
+			ManagedFields: []metav1.ManagedFieldsEntry{{Manager: "m"}}},
+		Status: argo.WorkflowStatus{Phase: argo.PhaseFailed},
+	}
+	out, err := stripWorkflow(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := &argo.Workflow{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "wf", UID: "u", ResourceVersion: "3"},
+		Status: argo.WorkflowStatus{Phase: argo.PhaseFailed}}
+	if diff := cmp.Diff(want, out); diff != "" {
+		t.Errorf("stripped workflow (-want +got):\n%s", diff)
+	}
+}

@@ -1,0 +1,136 @@
+package webhook
+
+import (
+	"context"
+	"errors"
+
+	"github.com/prometheus/client_golang/prometheus"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	logf "sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+
+	"github.com/exit-guard/exit-guard/internal/argo"
+)
+
+// Verdicts, as in metrics and audit annotations.
+const (
+	verdictAllowed = "allowed"
+	verdictDenied  = "denied"
+	verdictWarned  = "warned"
+	verdictDryRun  = "dry-run"
+)
+
+// Event reasons on the workflow: stable, for alerting and `kubectl get events --field-selector`.
+const (
+	// EventReasonDenied: a pod of the workflow was refused (enforce mode).
+	EventReasonDenied = "ExitHandlerDenied"
+	// EventReasonWarned: a pod of the workflow would have been refused (warn mode).
+	EventReasonWarned = "ExitHandlerWouldBeDenied"
+)
+
+// audit records a decision: a metric always; a log line (V(1) for admissions); for a refusal
+// (or a would-be refusal in warn mode) a Warning Event on the workflow, unless the request is a
+// dry run. It returns the verdict.
+func (g *guard) audit(ctx context.Context, req admission.Request, f podFacts, d decision) string {
+	verdict := verdictAllowed
+	if d.deny {
+		switch g.opts.Mode {
+		case ModeEnforce:
+			verdict = verdictDenied
+		case ModeWarn:
+			verdict = verdictWarned
+		default:
+			verdict = verdictDryRun
+		}
+	}
+	g.metrics.decisions.WithLabelValues(verdict, string(d.reason)).Inc()
+	if d.liveErr != nil {
+		kind := "error"
+		if errors.Is(d.liveErr, errLiveReadTimeout) {
+			kind = "timeout"
+		}
+		g.metrics.liveReadFailures.WithLabelValues(kind).Inc()
+	}
+
+	log := logf.FromContext(ctx).WithValues(
+		"pod", f.namespace+"/"+f.name, "podKind", f.kind, "node", f.node,
+		"reason", d.reason, "verdict", verdict, "mode", g.opts.Mode, "uid", req.UID)
+	if f.owner != nil {
+		log = log.WithValues("workflow", d.wfNamespace+"/"+d.wfName, "workflowUID", d.wfUID,
+			"phase", d.phase, "resourceVersion", d.resourceVersion, "source", d.source)
+	}
+	if d.liveErr != nil {
+		log = log.WithValues("liveReadError", d.liveErr.Error())
+	}
+	if !d.deny {
+		if d.reason == reasonUnverified {
+			log.Info("pod admitted unverified: the live read failed and the store knows nothing of its workflow")
+		} else {
+			log.V(1).Info("pod admitted")
+		}
+		return verdict
+	}
+	log.Info("stale workflow pod refused", "dryRunRequest", req.DryRun != nil && *req.DryRun)
+
+	if g.recorder == nil || (req.DryRun != nil && *req.DryRun) || g.opts.Mode == ModeDryRun {
+		return verdict
+	}
+	reason := EventReasonDenied
+	if g.opts.Mode == ModeWarn {
+		reason = EventReasonWarned
+	}
+	regarding := &argo.Workflow{
+		TypeMeta:   metav1.TypeMeta{APIVersion: argo.GroupVersion.String(), Kind: argo.Kind},
+		ObjectMeta: metav1.ObjectMeta{Namespace: d.wfNamespace, Name: d.wfName, UID: d.wfUID},
+	}
+	g.recorder.Eventf(regarding, nil, corev1.EventTypeWarning, reason, "CreatePod",
+		"%s pod %s (node %s) refused: workflow is %s, known by %s at resourceVersion %s",
+		f.kind, f.name, f.node, phaseOrGone(d), d.source, d.resourceVersion)
+	return verdict
+}
+
+func phaseOrGone(d decision) string {
+	switch d.reason {
+	case reasonWorkflowDeleted:
+		return "deleted"
+	case reasonWorkflowReplaced:
+		return "deleted (name reused by another workflow)"
+	}
+	return string(d.phase)
+}
+
+// guardMetrics are the webhook's Prometheus metrics.
+type guardMetrics struct {
+	decisions        *prometheus.CounterVec
+	liveRead         *prometheus.HistogramVec
+	liveReadFailures *prometheus.CounterVec
+}
+
+func newGuardMetrics() *guardMetrics {
+	return &guardMetrics{
+		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "exit_guard_decisions_total",
+			Help: "Pod admission decisions, by verdict (allowed, denied, warned, dry-run) and reason.",
+		}, []string{"verdict", "reason"}),
+		liveRead: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "exit_guard_live_read_duration_seconds",
+			Help: "Latency of live reads of a pod's workflow, by result (found, not-found, timeout, error).",
+			// From 1 ms to the 1 s default deadline and a little past it.
+			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5},
+		}, []string{"result"}),
+		liveReadFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "exit_guard_live_read_failures_total",
+			Help: "Live reads that failed or ran out of time, so that the store decided, by kind (timeout, error).",
+		}, []string{"kind"}),
+	}
+}
+
+func (m *guardMetrics) register(reg prometheus.Registerer) error {
+	for _, c := range []prometheus.Collector{m.decisions, m.liveRead, m.liveReadFailures} {
+		if err := reg.Register(c); err != nil {
+			return err
+		}
+	}
+	return nil
+}

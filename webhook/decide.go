@@ -1,0 +1,235 @@
+package webhook
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/exit-guard/exit-guard/completionstore"
+	"github.com/exit-guard/exit-guard/internal/argo"
+)
+
+// podKind says what part of a workflow a pod runs.
+type podKind string
+
+const (
+	kindExitHandler podKind = "exit-handler"
+	kindHook        podKind = "lifecycle-hook"
+	kindStep        podKind = "step"
+)
+
+// reason is a stable code for a decision, used in metrics, logs and audit annotations.
+type reason string
+
+// Reasons to admit.
+const (
+	reasonNotWorkflowPod      reason = "not-owned-by-workflow"
+	reasonSpecialPod          reason = "agent-or-artifact-gc"
+	reasonNotCovered          reason = "not-covered-by-policy"
+	reasonNamespaceNotWatched reason = "namespace-not-watched"
+	reasonWorkflowActive      reason = "workflow-not-terminal"
+	reasonPhaseAllowed        reason = "phase-not-denied"
+	reasonNotSeenCompleted    reason = "not-seen-completed"
+	reasonUnverified          reason = "unverified-fail-open"
+)
+
+// Reasons to refuse.
+const (
+	reasonWorkflowCompleted reason = "workflow-completed"
+	reasonWorkflowDeleted   reason = "workflow-deleted"
+	reasonWorkflowReplaced  reason = "workflow-replaced"
+)
+
+// source says how the guard knew the workflow's state.
+type source string
+
+const (
+	sourceNone  source = ""
+	sourceStore source = "store"
+	sourceLive  source = "live-read"
+)
+
+// podFacts is what the guard reads from a pod: its metadata only.
+type podFacts struct {
+	namespace string
+	name      string // or generateName + "*" when the name is not set yet
+	node      string
+	kind      podKind
+	owner     *metav1.OwnerReference
+}
+
+// decision is the guard's verdict on one pod, before the mode is applied.
+type decision struct {
+	deny   bool
+	reason reason
+	source source
+	// The owning workflow, when there is one.
+	wfNamespace, wfName string
+	wfUID               types.UID
+	phase               argo.Phase
+	resourceVersion     string
+	// liveErr is the live read's failure, when the store decided instead.
+	liveErr error
+}
+
+// classify reads a pod's metadata: who owns it and what it runs. owner is nil for a pod that
+// has no controlling Workflow (artifact-GC pods are owned by WorkflowArtifactGCTask).
+func classify(meta *metav1.ObjectMeta) podFacts {
+	f := podFacts{namespace: meta.Namespace, name: meta.Name, node: meta.Annotations[argo.AnnotationNodeName]}
+	if f.name == "" && meta.GenerateName != "" {
+		f.name = meta.GenerateName + "*"
+	}
+	if ref := metav1.GetControllerOfNoCopy(meta); ref != nil && ref.Kind == argo.Kind && apiGroup(ref.APIVersion) == argo.Group {
+		f.owner = ref
+	}
+	_, onExitLabel := meta.Labels[argo.LabelOnExit]
+	switch {
+	case onExitLabel || strings.Contains(f.node, argo.OnExitMarker):
+		// The label is Argo's own mark; the node name is a second signal (a step may be
+		// named onExit, which costs that pod a live read, never a wrong denial).
+		f.kind = kindExitHandler
+	case strings.Contains(f.node, argo.HooksMarker):
+		f.kind = kindHook
+	default:
+		f.kind = kindStep
+	}
+	return f
+}
+
+func apiGroup(apiVersion string) string {
+	if i := strings.IndexByte(apiVersion, '/'); i >= 0 {
+		return apiVersion[:i]
+	}
+	return ""
+}
+
+// covered says whether the policy concerns pods of kind k.
+func (g *guard) covered(k podKind) bool {
+	switch k {
+	case kindExitHandler:
+		return true
+	case kindHook:
+		return g.opts.Hooks || g.opts.Strict
+	default:
+		return g.opts.Strict
+	}
+}
+
+// decide is the decision table of docs/decisions.md.
+func (g *guard) decide(ctx context.Context, meta *metav1.ObjectMeta) (podFacts, decision) {
+	f := classify(meta)
+	if f.owner == nil {
+		return f, decision{reason: reasonNotWorkflowPod}
+	}
+	d := decision{wfNamespace: f.namespace, wfName: f.owner.Name, wfUID: f.owner.UID}
+	if c := meta.Labels[argo.LabelComponent]; c != "" {
+		d.reason = reasonSpecialPod
+		return f, d
+	}
+	if g.watched != nil && !g.watched[f.namespace] {
+		d.reason = reasonNamespaceNotWatched
+		return f, d
+	}
+	if !g.covered(f.kind) {
+		d.reason = reasonNotCovered
+		return f, d
+	}
+	// Exit handlers get a live read first unless store-first is set; ordinary step pods
+	// (strict mode) always go store-first, so that the common case costs no API call.
+	if g.opts.StoreFirst || f.kind == kindStep {
+		rec, ok := g.store.Get(f.owner.UID)
+		if !ok {
+			d.reason, d.source = reasonNotSeenCompleted, sourceStore
+			return f, d
+		}
+		if fromStore := g.fromRecord(d, rec); !fromStore.deny {
+			return f, fromStore
+		}
+		// The store says refuse: be sure first.
+	}
+	return f, g.liveDecide(ctx, d)
+}
+
+// liveDecide reads the owner from the API server and decides from what it says, or from the
+// store when the read fails or runs out of time.
+func (g *guard) liveDecide(ctx context.Context, d decision) decision {
+	wf, err := g.liveRead(ctx, d.wfNamespace, d.wfName)
+	switch {
+	case apierrors.IsNotFound(err):
+		d.deny, d.reason, d.source = true, reasonWorkflowDeleted, sourceLive
+		return d
+	case err != nil:
+		rec, ok := g.store.Get(d.wfUID)
+		if !ok {
+			d.reason, d.liveErr = reasonUnverified, err
+			return d
+		}
+		d = g.fromRecord(d, rec)
+		d.liveErr = err
+		return d
+	case wf.UID != d.wfUID:
+		// The name now belongs to another workflow: the pod's owner was deleted.
+		d.deny, d.reason, d.source = true, reasonWorkflowReplaced, sourceLive
+		return d
+	}
+	// A consistent read is the truth; let the store learn from it too (it keeps the newest).
+	g.store.Observe(completionstore.ObservationOf(wf, false))
+	d.source, d.phase, d.resourceVersion = sourceLive, wf.Status.Phase, wf.ResourceVersion
+	return g.byPhase(d)
+}
+
+// fromRecord decides from what the store holds.
+func (g *guard) fromRecord(d decision, rec completionstore.Record) decision {
+	d.source, d.phase, d.resourceVersion = sourceStore, rec.Phase, rec.ResourceVersion
+	if rec.Deleted {
+		d.deny, d.reason = true, reasonWorkflowDeleted
+		return d
+	}
+	return g.byPhase(d)
+}
+
+// byPhase decides from a workflow's phase: Argo creates a legitimate exit-handler pod only
+// while the workflow is not terminal, so a terminal phase means a stale copy.
+func (g *guard) byPhase(d decision) decision {
+	switch {
+	case !d.phase.Terminal():
+		d.reason = reasonWorkflowActive
+	case g.denyPhases[d.phase]:
+		d.deny, d.reason = true, reasonWorkflowCompleted
+	default:
+		d.reason = reasonPhaseAllowed
+	}
+	return d
+}
+
+// errLiveReadTimeout marks a live read that ran out of time.
+var errLiveReadTimeout = errors.New("live read of the workflow ran out of time")
+
+// liveRead GETs the workflow from the API server (no resourceVersion: a consistent read, never
+// the watch cache) within the live-read deadline. Only metadata and status.phase are decoded.
+func (g *guard) liveRead(ctx context.Context, namespace, name string) (*argo.Workflow, error) {
+	ctx, cancel := context.WithTimeout(ctx, g.opts.LiveReadTimeout)
+	defer cancel()
+	start := time.Now()
+	wf := &argo.Workflow{}
+	err := g.reader.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, wf)
+	result := "found"
+	switch {
+	case err == nil:
+	case apierrors.IsNotFound(err):
+		result = "not-found"
+	case ctx.Err() != nil:
+		result = "timeout"
+		err = errors.Join(errLiveReadTimeout, err)
+	default:
+		result = "error"
+	}
+	g.metrics.liveRead.WithLabelValues(result).Observe(time.Since(start).Seconds())
+	return wf, err
+}

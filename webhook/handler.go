@@ -1,0 +1,288 @@
+package webhook
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+
+	"gomodules.xyz/jsonpatch/v2"
+	admissionv1 "k8s.io/api/admission/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/events"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
+	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+
+	"github.com/exit-guard/exit-guard/completionstore"
+	"github.com/exit-guard/exit-guard/internal/argo"
+)
+
+// guard holds what both admission paths share.
+type guard struct {
+	opts       Options
+	store      *completionstore.Store
+	reader     client.Reader
+	recorder   events.EventRecorder
+	metrics    *guardMetrics
+	denyPhases map[argo.Phase]bool
+	watched    map[string]bool // nil: every namespace
+}
+
+// validator is the handler of ValidatePath.
+type validator struct{ *guard }
+
+// mutator is the handler of MutatePath.
+type mutator struct{ *guard }
+
+var (
+	_ admission.Handler = (*validator)(nil)
+	_ admission.Handler = (*mutator)(nil)
+)
+
+// Setup registers the guard's two admission paths on the manager's webhook server. Workflows
+// are read live through the manager's API reader (no cache), so the manager's scheme must know
+// argo.Workflow (argo.AddToScheme).
+func Setup(mgr manager.Manager, store *completionstore.Store, opts Options) error {
+	g, err := newGuard(mgr.GetAPIReader(), store, opts)
+	if err != nil {
+		return err
+	}
+	if !mgr.GetScheme().Recognizes(argo.WorkflowGVK) {
+		return errors.New("webhook: the manager's scheme does not know argo.Workflow; call argo.AddToScheme")
+	}
+	g.recorder = mgr.GetEventRecorder(g.opts.EventSource)
+	reg := g.opts.Registerer
+	if reg == nil {
+		reg = metrics.Registry
+	}
+	if err := g.metrics.register(reg); err != nil {
+		return fmt.Errorf("webhook: registering metrics: %w", err)
+	}
+	srv := mgr.GetWebhookServer()
+	srv.Register(ValidatePath, withHTTPStatus(&admission.Webhook{Handler: &validator{g}}))
+	srv.Register(MutatePath, withHTTPStatus(&admission.Webhook{Handler: &mutator{g}}))
+	return nil
+}
+
+func newGuard(reader client.Reader, store *completionstore.Store, opts Options) (*guard, error) {
+	if store == nil {
+		return nil, errors.New("webhook: Setup needs a completion store")
+	}
+	if err := opts.complete(); err != nil {
+		return nil, fmt.Errorf("webhook: %w", err)
+	}
+	g := &guard{opts: opts, store: store, reader: reader, metrics: newGuardMetrics(), denyPhases: map[argo.Phase]bool{}}
+	for _, p := range opts.DenyPhases {
+		g.denyPhases[p] = true
+	}
+	if len(opts.Namespaces) > 0 {
+		g.watched = map[string]bool{}
+		for _, ns := range opts.Namespaces {
+			g.watched[ns] = true
+		}
+	}
+	return g, nil
+}
+
+// podMetadata is the only part of a pod the guard decodes.
+type podMetadata struct {
+	Metadata metav1.ObjectMeta `json:"metadata"`
+}
+
+var podResource = metav1.GroupVersionResource{Version: "v1", Resource: "pods"}
+
+// read checks that req is a Pod CREATE and decodes the pod's metadata. A nil response means go
+// on; otherwise it is the answer: allowed for requests that are not ours, 400 for malformed ones.
+func read(req admission.Request) (*metav1.ObjectMeta, *admission.Response) {
+	if req.UID == "" {
+		r := admission.Errored(http.StatusBadRequest, errors.New("malformed AdmissionReview: request.uid is empty"))
+		return nil, &r
+	}
+	if req.Resource != podResource || req.SubResource != "" {
+		r := admission.Allowed(fmt.Sprintf("exit-guard only reviews pods, not %s", resourceName(req)))
+		return nil, &r
+	}
+	if req.Operation != admissionv1.Create {
+		r := admission.Allowed(fmt.Sprintf("exit-guard only reviews pod creation, not %s", req.Operation))
+		return nil, &r
+	}
+	if len(req.Object.Raw) == 0 {
+		r := admission.Errored(http.StatusBadRequest, errors.New("malformed AdmissionReview: request.object is empty"))
+		return nil, &r
+	}
+	var pod podMetadata
+	if err := json.Unmarshal(req.Object.Raw, &pod); err != nil {
+		r := admission.Errored(http.StatusBadRequest, fmt.Errorf("malformed AdmissionReview: request.object is not a pod: %w", err))
+		return nil, &r
+	}
+	if pod.Metadata.Namespace == "" {
+		// The API server sends the pod before defaulting its namespace from the request.
+		pod.Metadata.Namespace = req.Namespace
+	}
+	return &pod.Metadata, nil
+}
+
+func resourceName(req admission.Request) string {
+	r := req.Resource.Resource
+	if req.Resource.Group != "" {
+		r += "." + req.Resource.Group
+	}
+	if req.SubResource != "" {
+		r += "/" + req.SubResource
+	}
+	return r
+}
+
+// Handle decides a pod creation: deny in enforce mode; in warn and dry-run mode admit, with the
+// same audit.
+func (v *validator) Handle(ctx context.Context, req admission.Request) admission.Response {
+	meta, resp := read(req)
+	if resp != nil {
+		return *resp
+	}
+	f, d := v.decide(ctx, meta)
+	out := v.audit(ctx, req, f, d)
+	if !d.deny {
+		return withAudit(admission.Allowed(string(d.reason)), f, d, out)
+	}
+	msg := denialMessage(f, d)
+	switch v.opts.Mode {
+	case ModeEnforce:
+		return withAudit(admission.Denied(msg), f, d, out)
+	case ModeWarn:
+		return withAudit(admission.Allowed(string(d.reason)).WithWarnings("exit-guard (warn mode) would refuse this pod: "+msg), f, d, out)
+	default:
+		return withAudit(admission.Allowed(string(d.reason)), f, d, out)
+	}
+}
+
+// Handle marks a suspect pod in warn and dry-run mode: a label to find it by and the reason in
+// an annotation. In enforce mode it changes nothing; the validating path decides.
+func (m *mutator) Handle(ctx context.Context, req admission.Request) admission.Response {
+	meta, resp := read(req)
+	if resp != nil {
+		return *resp
+	}
+	if m.opts.Mode == ModeEnforce {
+		return admission.Allowed("enforce mode: the validating webhook decides")
+	}
+	f, d := m.decide(ctx, meta)
+	out := m.audit(ctx, req, f, d)
+	if !d.deny {
+		return withAudit(admission.Allowed(string(d.reason)), f, d, out)
+	}
+	msg := denialMessage(f, d)
+	r := admission.Allowed(string(d.reason))
+	r.Patches = suspectPatch(meta, msg)
+	if m.opts.Mode == ModeWarn {
+		r = r.WithWarnings("exit-guard (warn mode) would refuse this pod: " + msg)
+	}
+	return withAudit(r, f, d, out)
+}
+
+// suspectPatch adds LabelSuspect and AnnotationSuspectReason, and nothing else.
+func suspectPatch(meta *metav1.ObjectMeta, msg string) []jsonpatch.Operation {
+	var ops []jsonpatch.Operation
+	if meta.Labels == nil {
+		ops = append(ops, jsonpatch.NewOperation("add", "/metadata/labels", map[string]string{LabelSuspect: "true"}))
+	} else {
+		ops = append(ops, jsonpatch.NewOperation("add", "/metadata/labels/"+escapePointer(LabelSuspect), "true"))
+	}
+	if meta.Annotations == nil {
+		ops = append(ops, jsonpatch.NewOperation("add", "/metadata/annotations", map[string]string{AnnotationSuspectReason: msg}))
+	} else {
+		ops = append(ops, jsonpatch.NewOperation("add", "/metadata/annotations/"+escapePointer(AnnotationSuspectReason), msg))
+	}
+	return ops
+}
+
+// escapePointer escapes a map key for a JSON pointer (RFC 6901).
+func escapePointer(s string) string {
+	var b bytes.Buffer
+	for _, r := range s {
+		switch r {
+		case '~':
+			b.WriteString("~0")
+		case '/':
+			b.WriteString("~1")
+		default:
+			b.WriteRune(r)
+		}
+	}
+	return b.String()
+}
+
+// denialMessage says what happened, which workflow and phase, and where to look.
+func denialMessage(f podFacts, d decision) string {
+	var what string
+	switch d.reason {
+	case reasonWorkflowDeleted:
+		what = fmt.Sprintf("workflow %s/%s (uid %s) no longer exists", d.wfNamespace, d.wfName, d.wfUID)
+	case reasonWorkflowReplaced:
+		what = fmt.Sprintf("workflow %s/%s (uid %s) was deleted; that name now belongs to another workflow", d.wfNamespace, d.wfName, d.wfUID)
+	default:
+		what = fmt.Sprintf("workflow %s/%s (uid %s) already reached %s (resourceVersion %s)", d.wfNamespace, d.wfName, d.wfUID, d.phase, d.resourceVersion)
+	}
+	node := f.node
+	if node == "" {
+		node = "(no node-name annotation)"
+	}
+	return fmt.Sprintf("exit-guard refused %s pod %s for node %s: %s, as seen by %s; "+
+		"a stale copy of a completed workflow tried to run it again. "+
+		"See the workflow's events: kubectl -n %s get events --field-selector involvedObject.name=%s",
+		f.kind, f.name, node, what, d.source, d.wfNamespace, d.wfName)
+}
+
+// withAudit adds the audit annotations that the API server writes into its audit log, under
+// the webhook's name.
+func withAudit(r admission.Response, f podFacts, d decision, verdict string) admission.Response {
+	a := map[string]string{"decision": verdict, "reason": string(d.reason)}
+	if f.owner != nil {
+		a["workflow"] = d.wfNamespace + "/" + d.wfName
+		a["workflow-uid"] = string(d.wfUID)
+		a["pod-kind"] = string(f.kind)
+	}
+	if d.source != sourceNone {
+		a["source"] = string(d.source)
+	}
+	if d.phase != "" {
+		a["phase"] = string(d.phase)
+	}
+	r.AuditAnnotations = a
+	return r
+}
+
+// withHTTPStatus answers a malformed request with an HTTP 400 (or 413), not only a 400 inside
+// an AdmissionReview, so that a caller sees the error and an API server applies the webhook's
+// failurePolicy instead of reading a refusal. Every other answer is passed through unchanged.
+func withHTTPStatus(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		rec := &bufferedWriter{header: w.Header()}
+		h.ServeHTTP(rec, r)
+		status := http.StatusOK
+		var review admissionv1.AdmissionReview
+		// Admissions are the common case: parse only refusals.
+		if bytes.Contains(rec.body.Bytes(), []byte(`"allowed":false`)) &&
+			json.Unmarshal(rec.body.Bytes(), &review) == nil && review.Response != nil &&
+			!review.Response.Allowed && review.Response.Result != nil {
+			if c := int(review.Response.Result.Code); c == http.StatusBadRequest || c == http.StatusRequestEntityTooLarge {
+				status = c
+			}
+		}
+		w.WriteHeader(status)
+		_, _ = w.Write(rec.body.Bytes())
+	})
+}
+
+type bufferedWriter struct {
+	header http.Header
+	body   bytes.Buffer
+}
+
+func (b *bufferedWriter) Header() http.Header         { return b.header }
+func (b *bufferedWriter) Write(p []byte) (int, error) { return b.body.Write(p) }
+func (b *bufferedWriter) WriteHeader(int)             {}

@@ -1,0 +1,144 @@
+// Package webhook is exit-guard's admission webhook on Pod CREATE. It refuses the pods that a
+// stale copy of a completed Argo Workflow tries to create (exit handlers by default), after
+// making sure with a live read of the workflow, and lets every other pod through at once.
+//
+// Setup registers two paths on the manager's webhook server: ValidatePath decides (deny in
+// enforce mode), MutatePath marks suspect pods in warn and dry-run mode. Register one of them
+// with the API server, per mode; see docs/decisions.md for the decision table.
+package webhook
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/exit-guard/exit-guard/internal/argo"
+)
+
+// Paths served on the webhook server.
+const (
+	ValidatePath = "/validate-pod"
+	MutatePath   = "/mutate-pod"
+)
+
+// Labels and annotations exit-guard puts on the suspect pods it admits in warn and dry-run
+// mode. `kubectl get pods -A -l exit-guard.io/suspect` lists them.
+const (
+	LabelSuspect            = "exit-guard.io/suspect"
+	AnnotationSuspectReason = "exit-guard.io/suspect-reason"
+)
+
+// Mode says what the guard does with a pod it would refuse.
+type Mode string
+
+// Modes.
+const (
+	// ModeEnforce denies the pod.
+	ModeEnforce Mode = "enforce"
+	// ModeWarn admits it with an admission warning, an Event on the workflow and the audit
+	// of a denial, and marks it.
+	ModeWarn Mode = "warn"
+	// ModeDryRun admits it quietly (no warning, no Event), logs and counts it, and marks it.
+	ModeDryRun Mode = "dry-run"
+)
+
+// ParseMode parses a mode name.
+func ParseMode(s string) (Mode, error) {
+	switch m := Mode(s); m {
+	case ModeEnforce, ModeWarn, ModeDryRun:
+		return m, nil
+	}
+	return "", fmt.Errorf("unknown mode %q: want enforce, warn or dry-run", s)
+}
+
+const (
+	// defaultLiveReadTimeout is the live read's deadline. The chart's webhook timeoutSeconds
+	// is 5 s; a second leaves ample room to fall back to the store and answer before the API
+	// server gives up on the webhook, even when it is the API server that is slow.
+	defaultLiveReadTimeout = time.Second
+)
+
+// Options configures the guard.
+type Options struct {
+	// Mode is enforce (default), warn or dry-run.
+	Mode Mode
+	// DenyPhases are the terminal phases whose exit handlers are refused (default Succeeded).
+	// Adding Failed and Error stops the duplicate notices a stale copy of a failed workflow
+	// sends.
+	DenyPhases []argo.Phase
+	// Hooks also covers the pods of lifecycle hooks other than exit (`.hooks.` nodes).
+	Hooks bool
+	// Strict covers every pod a workflow owns, not only exit handlers: a stale copy can also
+	// re-create ordinary step pods (argo-workflows #16294).
+	Strict bool
+	// StoreFirst decides exit-handler pods from the store when it holds no completion for the
+	// workflow, with no live read; the live read then only confirms a denial. Lower latency,
+	// but a guard whose own watch lags admits a stale pod it would have refused.
+	StoreFirst bool
+	// LiveReadTimeout bounds the live read of the owning workflow (default 1 s); past it the
+	// store decides.
+	LiveReadTimeout time.Duration
+	// Namespaces limits the guard to these namespaces (all when empty); pods elsewhere are
+	// admitted at once.
+	Namespaces []string
+	// Registerer receives the guard's metrics (default controller-runtime's registry).
+	Registerer prometheus.Registerer
+	// EventSource is the reportingController of the guard's Events (default "exit-guard").
+	EventSource string
+}
+
+func (o *Options) complete() error {
+	var errs []error
+	if o.Mode == "" {
+		o.Mode = ModeEnforce
+	}
+	if _, err := ParseMode(string(o.Mode)); err != nil {
+		errs = append(errs, err)
+	}
+	if len(o.DenyPhases) == 0 {
+		o.DenyPhases = []argo.Phase{argo.PhaseSucceeded}
+	}
+	for _, p := range o.DenyPhases {
+		if !p.Terminal() {
+			errs = append(errs, fmt.Errorf("deny phase %q is not a terminal phase (Succeeded, Failed, Error)", p))
+		}
+	}
+	if o.LiveReadTimeout < 0 {
+		errs = append(errs, fmt.Errorf("live read timeout must not be negative, got %s", o.LiveReadTimeout))
+	}
+	if o.LiveReadTimeout == 0 {
+		o.LiveReadTimeout = defaultLiveReadTimeout
+	}
+	for _, ns := range o.Namespaces {
+		if strings.TrimSpace(ns) == "" {
+			errs = append(errs, errors.New("an empty namespace name in the watched namespaces"))
+		}
+	}
+	if o.EventSource == "" {
+		o.EventSource = "exit-guard"
+	}
+	return errors.Join(errs...)
+}
+
+// ParsePhases parses a comma-separated list of terminal phases.
+func ParsePhases(s string) ([]argo.Phase, error) {
+	var out []argo.Phase
+	for _, f := range strings.Split(s, ",") {
+		f = strings.TrimSpace(f)
+		if f == "" {
+			continue
+		}
+		p, ok := argo.ParsePhase(f)
+		if !ok {
+			return nil, fmt.Errorf("unknown phase %q: want Succeeded, Failed or Error", f)
+		}
+		out = append(out, p)
+	}
+	if len(out) == 0 {
+		return nil, errors.New("no phase given: want one or more of Succeeded, Failed, Error")
+	}
+	return out, nil
+}
