@@ -1,0 +1,282 @@
+package webhook
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/rand"
+	"k8s.io/apimachinery/pkg/util/wait"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+	crwebhook "sigs.k8s.io/controller-runtime/pkg/webhook"
+
+	"github.com/exit-guard/exit-guard/completionstore"
+	"github.com/exit-guard/exit-guard/internal/argo"
+	"github.com/exit-guard/exit-guard/internal/testenv"
+)
+
+var env *testenv.Env
+
+// The webhook configurations of these tests send every pod creation to the guard (the
+// chart's selectors narrow that; here the handler itself must admit what is not its own),
+// and fail closed, so that a guard that is not called shows as an error.
+func TestMain(m *testing.M) {
+	fail := admissionregistrationv1.Fail
+	sideEffects := admissionregistrationv1.SideEffectClassNoneOnDryRun
+	timeout := int32(5)
+	rules := []admissionregistrationv1.RuleWithOperations{{
+		Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Create},
+		Rule:       admissionregistrationv1.Rule{APIGroups: []string{""}, APIVersions: []string{"v1"}, Resources: []string{"pods"}},
+	}}
+	ref := func(path string) admissionregistrationv1.WebhookClientConfig {
+		return admissionregistrationv1.WebhookClientConfig{Service: &admissionregistrationv1.ServiceReference{Namespace: "default", Name: "exit-guard", Path: &path}}
+	}
+	// Only pods of the namespaces these tests make are sent, so that nothing else the API
+	// server creates depends on a guard running.
+	nsSel := &metav1.LabelSelector{MatchLabels: map[string]string{"exit-guard-test": "true"}}
+	vwc := &admissionregistrationv1.ValidatingWebhookConfiguration{
+		ObjectMeta: metav1.ObjectMeta{Name: "exit-guard-test"},
+		Webhooks: []admissionregistrationv1.ValidatingWebhook{{
+			Name: "validate.exit-guard.io", ClientConfig: ref(ValidatePath), Rules: rules,
+			NamespaceSelector: nsSel, FailurePolicy: &fail, SideEffects: &sideEffects,
+			TimeoutSeconds: &timeout, AdmissionReviewVersions: []string{"v1"},
+		}},
+	}
+	mwc := &admissionregistrationv1.MutatingWebhookConfiguration{
+		ObjectMeta: metav1.ObjectMeta{Name: "exit-guard-test"},
+		Webhooks: []admissionregistrationv1.MutatingWebhook{{
+			Name: "mutate.exit-guard.io", ClientConfig: ref(MutatePath), Rules: rules,
+			NamespaceSelector: nsSel, FailurePolicy: &fail, SideEffects: &sideEffects,
+			TimeoutSeconds: &timeout, AdmissionReviewVersions: []string{"v1"},
+		}},
+	}
+	os.Exit(testenv.Main(m, testenv.Options{
+		ValidatingWebhooks: []*admissionregistrationv1.ValidatingWebhookConfiguration{vwc},
+		MutatingWebhooks:   []*admissionregistrationv1.MutatingWebhookConfiguration{mwc},
+	}, &env))
+}
+
+// harness is a guard running in a manager against the test API server.
+type harness struct {
+	store    *completionstore.Store
+	registry *prometheus.Registry
+	client   client.Client // reads argo.Workflow too
+}
+
+type harnessOptions struct {
+	// noWatch runs the webhook with no Workflow watch: the store knows only what a test puts
+	// in it, as when the guard's own watch lags behind the API server.
+	noWatch bool
+}
+
+func testScheme(t *testing.T) *runtime.Scheme {
+	t.Helper()
+	s := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(s); err != nil {
+		t.Fatal(err)
+	}
+	if err := argo.AddToScheme(s); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// startGuard runs the guard until the test ends, on the address the webhooks are registered at.
+func startGuard(t *testing.T, opts Options, ho harnessOptions) *harness {
+	t.Helper()
+	scheme := testScheme(t)
+	wfObj, wfCache := completionstore.CacheByObject(opts.Namespaces)
+	shutdown := 10 * time.Second
+	mgr, err := ctrl.NewManager(env.Config, ctrl.Options{
+		Scheme:                 scheme,
+		Metrics:                metricsserver.Options{BindAddress: "0"},
+		HealthProbeBindAddress: "0",
+		WebhookServer: crwebhook.NewServer(crwebhook.Options{
+			Host: env.WebhookHost, Port: env.WebhookPort, CertDir: env.WebhookCertDir,
+		}),
+		Cache:                   cache.Options{ByObject: map[client.Object]cache.ByObject{wfObj: wfCache}},
+		GracefulShutdownTimeout: &shutdown,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := &harness{registry: prometheus.NewRegistry()}
+	h.store, err = completionstore.New(completionstore.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	synced := func(*http.Request) error { return nil }
+	if !ho.noWatch {
+		synced, err = completionstore.Watch(ctx, mgr, h.store, completionstore.WatchOptions{Registerer: h.registry})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	opts.Registerer = h.registry
+	if err := Setup(mgr, h.store, opts); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- mgr.Start(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
+			t.Errorf("guard manager: %v", err)
+		}
+	})
+	started := mgr.GetWebhookServer().StartedChecker()
+	req, _ := http.NewRequest(http.MethodGet, "/", nil)
+	if err := wait.PollUntilContextTimeout(t.Context(), 20*time.Millisecond, 60*time.Second, true,
+		func(context.Context) (bool, error) { return started(req) == nil && synced(req) == nil, nil }); err != nil {
+		t.Fatalf("guard never became ready: %v", err)
+	}
+	h.client, err = client.New(env.Config, client.Options{Scheme: scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return h
+}
+
+// newNamespace makes a namespace whose pods the test webhooks see.
+func newNamespace(t *testing.T) string {
+	t.Helper()
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{
+		Name: "t-" + rand.String(8), Labels: map[string]string{"exit-guard-test": "true"}}}
+	if err := env.Client.Create(t.Context(), ns); err != nil {
+		t.Fatal(err)
+	}
+	return ns.Name
+}
+
+// createWorkflow creates a workflow and, when phase is set, writes it the way Argo does.
+func createWorkflow(t *testing.T, namespace, name string, phase argo.Phase) *unstructured.Unstructured {
+	t.Helper()
+	wf := &unstructured.Unstructured{}
+	wf.SetGroupVersionKind(argo.WorkflowGVK)
+	wf.SetNamespace(namespace)
+	wf.SetName(name)
+	wf.Object["spec"] = map[string]any{"entrypoint": "main", "onExit": "exit-handler"}
+	if err := env.Client.Create(t.Context(), wf); err != nil {
+		t.Fatalf("creating workflow %s: %v", name, err)
+	}
+	if phase != "" {
+		setPhase(t, wf, phase)
+	}
+	return wf
+}
+
+// setPhase writes status.phase and the completed label with one whole-object Update, as
+// Argo's controller does.
+func setPhase(t *testing.T, wf *unstructured.Unstructured, phase argo.Phase) {
+	t.Helper()
+	if phase == argo.PhaseUnknown {
+		delete(wf.Object, "status")
+	} else {
+		wf.Object["status"] = map[string]any{"phase": string(phase)}
+	}
+	labels := wf.GetLabels()
+	if labels == nil {
+		labels = map[string]string{}
+	}
+	labels["workflows.argoproj.io/completed"] = map[bool]string{true: "true", false: "false"}[phase.Terminal()]
+	wf.SetLabels(labels)
+	if err := env.Client.Update(t.Context(), wf); err != nil {
+		t.Fatalf("writing phase %q of %s: %v", phase, wf.GetName(), err)
+	}
+}
+
+// argoPod is a pod as Argo's controller builds it for node of wf.
+func argoPod(wf client.Object, name, node string, exitHandler bool) *corev1.Pod {
+	labels := map[string]string{
+		argo.LabelWorkflow:                wf.GetName(),
+		"workflows.argoproj.io/completed": "false",
+	}
+	if exitHandler {
+		labels[argo.LabelOnExit] = "true"
+	}
+	yes := true
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{
+			Namespace:   wf.GetNamespace(),
+			Name:        name,
+			Labels:      labels,
+			Annotations: map[string]string{argo.AnnotationNodeName: node},
+			OwnerReferences: []metav1.OwnerReference{{
+				APIVersion: argo.GroupVersion.String(), Kind: argo.Kind, Name: wf.GetName(), UID: wf.GetUID(),
+				Controller: &yes, BlockOwnerDeletion: &yes,
+			}},
+		},
+		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "main", Image: "busybox"}}},
+	}
+}
+
+// exitPod is the reference scenario's exit-handler pod: node <wf>.onExit[0].notify.
+func exitPod(wf client.Object) *corev1.Pod {
+	return argoPod(wf, wf.GetName()+"-notify-failure-"+rand.String(5), wf.GetName()+".onExit[0].notify", true)
+}
+
+// waitEvent polls for a guard Event about the workflow with uid and returns it.
+func waitEvent(t *testing.T, namespace string, wf client.Object, reason string) eventsv1.Event {
+	t.Helper()
+	var found eventsv1.Event
+	err := wait.PollUntilContextTimeout(t.Context(), 50*time.Millisecond, 30*time.Second, true,
+		func(ctx context.Context) (bool, error) {
+			var list eventsv1.EventList
+			if err := env.Client.List(ctx, &list, client.InNamespace(namespace)); err != nil {
+				return false, err
+			}
+			for _, e := range list.Items {
+				if e.Regarding.UID == wf.GetUID() && e.Reason == reason {
+					found = e
+					return true, nil
+				}
+			}
+			return false, nil
+		})
+	if err != nil {
+		t.Fatalf("no %s Event on workflow %s: %v", reason, wf.GetName(), err)
+	}
+	return found
+}
+
+// counter reads a counter of the guard's registry.
+func (h *harness) counter(t *testing.T, name string, labels map[string]string) float64 {
+	t.Helper()
+	mfs, err := h.registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	metrics:
+		for _, m := range mf.GetMetric() {
+			for _, lp := range m.GetLabel() {
+				if v, ok := labels[lp.GetName()]; ok && v != lp.GetValue() {
+					continue metrics
+				}
+			}
+			if m.GetCounter() != nil {
+				return m.GetCounter().GetValue()
+			}
+			return float64(m.GetHistogram().GetSampleCount())
+		}
+	}
+	return 0
+}

@@ -1,0 +1,355 @@
+package webhook
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/exit-guard/exit-guard/completionstore"
+	"github.com/exit-guard/exit-guard/internal/argo"
+)
+
+// mustDeny creates pod and expects the API server to refuse it on the guard's word.
+func mustDeny(t *testing.T, pod *corev1.Pod, wantInMessage ...string) {
+	t.Helper()
+	err := env.Client.Create(t.Context(), pod)
+	if !apierrors.IsForbidden(err) {
+		t.Fatalf("creating pod %s: err = %v, want Forbidden by exit-guard", pod.Name, err)
+	}
+	for _, s := range append([]string{"exit-guard refused"}, wantInMessage...) {
+		if !strings.Contains(err.Error(), s) {
+			t.Errorf("denial %q does not say %q", err.Error(), s)
+		}
+	}
+}
+
+func mustAdmit(t *testing.T, pod *corev1.Pod) {
+	t.Helper()
+	if err := env.Client.Create(t.Context(), pod); err != nil {
+		t.Fatalf("creating pod %s: %v, want it admitted", pod.Name, err)
+	}
+}
+
+func TestStaleExitHandlerOfSucceededWorkflowIsDeniedWithAnEvent(t *testing.T) {
+	h := startGuard(t, Options{}, harnessOptions{})
+	ns := newNamespace(t)
+	wf := createWorkflow(t, ns, "notify-on-failure-abc", argo.PhaseRunning)
+	mustAdmit(t, argoPod(wf, "notify-on-failure-abc", "notify-on-failure-abc", false))
+	setPhase(t, wf, argo.PhaseSucceeded)
+
+	mustDeny(t, exitPod(wf), "notify-on-failure-abc", "Succeeded", "notify-on-failure-abc.onExit[0].notify")
+
+	ev := waitEvent(t, ns, wf, EventReasonDenied)
+	if ev.Type != corev1.EventTypeWarning || ev.Regarding.Kind != argo.Kind || ev.Regarding.Name != wf.GetName() {
+		t.Errorf("event = type %s regarding %s/%s, want a Warning on the Workflow", ev.Type, ev.Regarding.Kind, ev.Regarding.Name)
+	}
+	for _, s := range []string{"exit-handler pod", ".onExit[0].notify", "Succeeded", "live-read"} {
+		if !strings.Contains(ev.Note, s) {
+			t.Errorf("event note %q does not say %q", ev.Note, s)
+		}
+	}
+	if got := h.counter(t, "exit_guard_decisions_total", map[string]string{"verdict": "denied", "reason": "workflow-completed"}); got != 1 {
+		t.Errorf("denied decisions counted = %v, want 1", got)
+	}
+	if got := h.counter(t, "exit_guard_live_read_duration_seconds", map[string]string{"result": "found"}); got < 1 {
+		t.Errorf("live reads observed = %v, want at least 1", got)
+	}
+}
+
+func TestExitHandlersOfRunningAndFailedWorkflowsAreAdmitted(t *testing.T) {
+	startGuard(t, Options{}, harnessOptions{})
+	ns := newNamespace(t)
+	for _, phase := range []argo.Phase{argo.PhaseUnknown, argo.PhasePending, argo.PhaseRunning, argo.PhaseFailed, argo.PhaseError} {
+		t.Run("phase "+string(phase), func(t *testing.T) {
+			wf := createWorkflow(t, ns, "wf-"+strings.ToLower(string(phase))+"x", phase)
+			mustAdmit(t, exitPod(wf))
+		})
+	}
+}
+
+func TestFailedAndErrorPhasesCanBeDeniedToo(t *testing.T) {
+	startGuard(t, Options{DenyPhases: []argo.Phase{argo.PhaseSucceeded, argo.PhaseFailed, argo.PhaseError}}, harnessOptions{})
+	ns := newNamespace(t)
+	for _, phase := range []argo.Phase{argo.PhaseFailed, argo.PhaseError} {
+		wf := createWorkflow(t, ns, "wf-"+strings.ToLower(string(phase)), phase)
+		mustDeny(t, exitPod(wf), string(phase))
+	}
+	mustAdmit(t, exitPod(createWorkflow(t, ns, "wf-running", argo.PhaseRunning)))
+}
+
+func TestWorkflowRecreatedWithTheSameNameIsNotBlocked(t *testing.T) {
+	h := startGuard(t, Options{}, harnessOptions{})
+	ns := newNamespace(t)
+	old := createWorkflow(t, ns, "reused", argo.PhaseSucceeded)
+	waitStore(t, h.store, old, argo.PhaseSucceeded)
+	if err := env.Client.Delete(t.Context(), old); err != nil {
+		t.Fatal(err)
+	}
+	wf := createWorkflow(t, ns, "reused", argo.PhaseRunning)
+	if wf.GetUID() == old.GetUID() {
+		t.Fatal("re-created workflow kept its UID")
+	}
+	mustAdmit(t, exitPod(wf))
+	// A late pod of the old workflow names a UID that no longer owns the name.
+	mustDeny(t, exitPod(old), "now belongs to another workflow")
+}
+
+func TestRetriedWorkflowRunsItsExitHandlerAgain(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		phase argo.Phase // what the retry writes: Running up to 3.7, "" from v4.0
+		opts  Options
+		ho    harnessOptions
+	}{
+		{name: "retry to Running, seen by the watch", phase: argo.PhaseRunning},
+		{name: "retry to empty phase (v4), seen by the watch", phase: argo.PhaseUnknown},
+		{name: "retry to Running, not yet seen by the guard's watch", phase: argo.PhaseRunning, ho: harnessOptions{noWatch: true}},
+		{name: "retry to empty phase, not yet seen, store-first", phase: argo.PhaseUnknown, opts: Options{StoreFirst: true}, ho: harnessOptions{noWatch: true}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := startGuard(t, tc.opts, tc.ho)
+			ns := newNamespace(t)
+			wf := createWorkflow(t, ns, "retried", argo.PhaseSucceeded)
+			if tc.ho.noWatch {
+				// The guard saw the completion, then its watch stalled.
+				h.store.Observe(completionstore.Observation{UID: wf.GetUID(), Namespace: ns, Name: wf.GetName(),
+					ResourceVersion: wf.GetResourceVersion(), Phase: argo.PhaseSucceeded})
+			} else {
+				waitStore(t, h.store, wf, argo.PhaseSucceeded)
+			}
+			mustDeny(t, exitPod(wf))
+			succeededRV := wf.GetResourceVersion()
+
+			// argo retry: same UID, newer resourceVersion, completed label removed.
+			labels := wf.GetLabels()
+			delete(labels, "workflows.argoproj.io/completed")
+			wf.SetLabels(labels)
+			setPhase(t, wf, tc.phase)
+			mustAdmit(t, exitPod(wf))
+
+			if tc.ho.noWatch {
+				if r, _ := h.store.Get(wf.GetUID()); r.Phase.Terminal() && r.ResourceVersion == succeededRV && !tc.opts.StoreFirst {
+					t.Errorf("store still holds the completion after the live read saw the retry: %+v", r)
+				}
+			}
+		})
+	}
+}
+
+func TestLateExitHandlerOfDeletedWorkflowIsDenied(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		ho   harnessOptions
+	}{{name: "seen by the watch"}, {name: "guard started cold", ho: harnessOptions{noWatch: true}}} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := startGuard(t, Options{}, tc.ho)
+			ns := newNamespace(t)
+			wf := createWorkflow(t, ns, "gone", argo.PhaseRunning)
+			if err := env.Client.Delete(t.Context(), wf); err != nil {
+				t.Fatal(err)
+			}
+			if !tc.ho.noWatch {
+				waitTombstone(t, h.store, wf)
+			}
+			mustDeny(t, exitPod(wf), "no longer exists")
+			waitEvent(t, ns, wf, EventReasonDenied)
+		})
+	}
+}
+
+func TestColdGuardDecidesRight(t *testing.T) {
+	h := startGuard(t, Options{}, harnessOptions{noWatch: true})
+	ns := newNamespace(t)
+	done := createWorkflow(t, ns, "done", argo.PhaseSucceeded)
+	running := createWorkflow(t, ns, "running", argo.PhaseRunning)
+	if h.store.Len() != 0 {
+		t.Fatalf("cold store holds %d records", h.store.Len())
+	}
+	mustDeny(t, exitPod(done), "Succeeded", "live-read")
+	mustAdmit(t, exitPod(running))
+}
+
+func TestPodsThatAreNotOursAreAdmitted(t *testing.T) {
+	h := startGuard(t, Options{Namespaces: nil}, harnessOptions{})
+	ns := newNamespace(t)
+	wf := createWorkflow(t, ns, "done", argo.PhaseSucceeded)
+	yes := true
+
+	plain := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "plain",
+		Labels: map[string]string{argo.LabelOnExit: "true"}}, // looks like an exit handler, owned by nobody
+		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "busybox"}}}}
+	agent := argoPod(wf, "done-1340600742-agent", "", false)
+	agent.Labels[argo.LabelComponent] = "agent"
+	artgc := argoPod(wf, "done-artgc-wfcomp-1", "", false)
+	artgc.Labels[argo.LabelComponent] = "artifact-gc"
+	artgc.OwnerReferences = []metav1.OwnerReference{{APIVersion: "argoproj.io/v1alpha1", Kind: "WorkflowArtifactGCTask",
+		Name: "done-artgc-wfcomp-0", UID: "6f1c2a9e-0000-4000-8000-000000000001", Controller: &yes}}
+	notController := exitPod(wf)
+	notController.OwnerReferences[0].Controller = nil
+	step := argoPod(wf, "done-main-1", "done", false)
+	hook := argoPod(wf, "done-hook-1", "done.hooks.running", false)
+
+	for _, p := range []*corev1.Pod{plain, agent, artgc, notController, step, hook} {
+		t.Run(p.Name, func(t *testing.T) { mustAdmit(t, p) })
+	}
+	if got := h.counter(t, "exit_guard_live_read_duration_seconds", nil); got != 0 {
+		t.Errorf("%v live reads for pods that are not ours, want none", got)
+	}
+}
+
+func TestPodsOfUnwatchedNamespacesAreAdmitted(t *testing.T) {
+	watched, other := newNamespace(t), newNamespace(t)
+	h := startGuard(t, Options{Namespaces: []string{watched}}, harnessOptions{})
+	wfOther := createWorkflow(t, other, "done", argo.PhaseSucceeded)
+	mustAdmit(t, exitPod(wfOther))
+	mustDeny(t, exitPod(createWorkflow(t, watched, "done", argo.PhaseSucceeded)))
+	if _, ok := h.store.Get(wfOther.GetUID()); ok {
+		t.Error("the store holds a workflow of a namespace it does not watch")
+	}
+	if got := h.counter(t, "exit_guard_decisions_total", map[string]string{"reason": string(reasonNamespaceNotWatched)}); got != 1 {
+		t.Errorf("namespace-not-watched decisions = %v, want 1", got)
+	}
+}
+
+func TestStrictAndHookPolicies(t *testing.T) {
+	t.Run("hooks", func(t *testing.T) {
+		startGuard(t, Options{Hooks: true}, harnessOptions{})
+		ns := newNamespace(t)
+		wf := createWorkflow(t, ns, "done", argo.PhaseSucceeded)
+		mustDeny(t, argoPod(wf, "done-hook-1", "done.hooks.running", false), "lifecycle-hook")
+		mustAdmit(t, argoPod(wf, "done-main-1", "done", false))
+	})
+	t.Run("strict", func(t *testing.T) {
+		h := startGuard(t, Options{Strict: true}, harnessOptions{})
+		ns := newNamespace(t)
+		wf := createWorkflow(t, ns, "done", argo.PhaseSucceeded)
+		waitStore(t, h.store, wf, argo.PhaseSucceeded)
+		mustDeny(t, argoPod(wf, "done-main-1", "done", false), "step pod")
+		running := createWorkflow(t, ns, "running", argo.PhaseRunning)
+		mustAdmit(t, argoPod(running, "running-main-1", "running", false))
+	})
+}
+
+func TestWarnModeAdmitsMarksAndAudits(t *testing.T) {
+	h := startGuard(t, Options{Mode: ModeWarn}, harnessOptions{})
+	ns := newNamespace(t)
+	wf := createWorkflow(t, ns, "done", argo.PhaseSucceeded)
+	pod := exitPod(wf)
+	mustAdmit(t, pod)
+	if pod.Labels[LabelSuspect] != "true" || !strings.Contains(pod.Annotations[AnnotationSuspectReason], "Succeeded") {
+		t.Errorf("admitted pod labels %v annotations %v, want it marked suspect with the reason", pod.Labels, pod.Annotations)
+	}
+	waitEvent(t, ns, wf, EventReasonWarned)
+	// An operator finds every such pod with one selector.
+	var pods corev1.PodList
+	if err := env.Client.List(t.Context(), &pods, client.InNamespace(ns), client.HasLabels{LabelSuspect}); err != nil || len(pods.Items) != 1 {
+		t.Errorf("listing suspect pods: %d found, err %v; want 1", len(pods.Items), err)
+	}
+	// A legitimate pod is neither marked nor touched.
+	ok := exitPod(createWorkflow(t, ns, "running", argo.PhaseRunning))
+	mustAdmit(t, ok)
+	if _, marked := ok.Labels[LabelSuspect]; marked {
+		t.Error("a pod of a running workflow was marked suspect")
+	}
+	if got := h.counter(t, "exit_guard_decisions_total", map[string]string{"verdict": "warned"}); got < 1 {
+		t.Errorf("warned decisions = %v, want at least 1", got)
+	}
+}
+
+func TestDryRunModeMarksWithoutAnEvent(t *testing.T) {
+	h := startGuard(t, Options{Mode: ModeDryRun}, harnessOptions{})
+	ns := newNamespace(t)
+	wf := createWorkflow(t, ns, "done", argo.PhaseSucceeded)
+	pod := exitPod(wf)
+	mustAdmit(t, pod)
+	if pod.Labels[LabelSuspect] != "true" {
+		t.Errorf("dry-run admitted pod labels %v, want it marked", pod.Labels)
+	}
+	if got := h.counter(t, "exit_guard_decisions_total", map[string]string{"verdict": "dry-run"}); got < 1 {
+		t.Errorf("dry-run decisions = %v, want at least 1", got)
+	}
+}
+
+func TestDryRunRequestIsDecidedWithoutSideEffects(t *testing.T) {
+	h := startGuard(t, Options{}, harnessOptions{})
+	ns := newNamespace(t)
+	wf := createWorkflow(t, ns, "done", argo.PhaseSucceeded)
+	err := env.Client.Create(t.Context(), exitPod(wf), client.DryRunAll)
+	if !apierrors.IsForbidden(err) {
+		t.Fatalf("dry-run create: err = %v, want Forbidden", err)
+	}
+	// The real one records an Event; by then the dry run's would have been there too.
+	mustDeny(t, exitPod(wf))
+	waitEvent(t, ns, wf, EventReasonDenied)
+	if n := countEvents(t, ns, wf); n != 1 {
+		t.Errorf("%d Events for one real and one dry-run denial, want 1", n)
+	}
+	if got := h.counter(t, "exit_guard_decisions_total", map[string]string{"verdict": "denied"}); got != 2 {
+		t.Errorf("denied decisions = %v, want 2 (dry runs are counted)", got)
+	}
+}
+
+func TestOutOfOrderEventsNeverBringBackAnOlderState(t *testing.T) {
+	// The watch delivers states in order; an older copy replayed into the store (as a stale
+	// informer would) must not undo a newer one. Checked on real resourceVersions.
+	h := startGuard(t, Options{StoreFirst: true}, harnessOptions{noWatch: true})
+	ns := newNamespace(t)
+	wf := createWorkflow(t, ns, "wf", argo.PhaseRunning)
+	runningRV := wf.GetResourceVersion()
+	setPhase(t, wf, argo.PhaseSucceeded)
+	succeeded := completionstore.Observation{UID: wf.GetUID(), Namespace: ns, Name: "wf", ResourceVersion: wf.GetResourceVersion(), Phase: argo.PhaseSucceeded}
+	running := succeeded
+	running.ResourceVersion, running.Phase = runningRV, argo.PhaseRunning
+	h.store.Observe(succeeded)
+	if r := h.store.Observe(running); r != completionstore.Stale {
+		t.Errorf("replayed Running copy: %v, want stale", r)
+	}
+	mustDeny(t, exitPod(wf), "Succeeded")
+}
+
+func waitStore(t *testing.T, s *completionstore.Store, wf *unstructured.Unstructured, phase argo.Phase) {
+	t.Helper()
+	if err := wait.PollUntilContextTimeout(t.Context(), 10*time.Millisecond, 30*time.Second, true,
+		func(context.Context) (bool, error) {
+			r, ok := s.Get(wf.GetUID())
+			return ok && r.Phase == phase, nil
+		}); err != nil {
+		t.Fatalf("the store never saw %s reach %s", wf.GetName(), phase)
+	}
+}
+
+func waitTombstone(t *testing.T, s *completionstore.Store, wf *unstructured.Unstructured) {
+	t.Helper()
+	if err := wait.PollUntilContextTimeout(t.Context(), 10*time.Millisecond, 30*time.Second, true,
+		func(context.Context) (bool, error) {
+			r, ok := s.Get(wf.GetUID())
+			return ok && r.Deleted, nil
+		}); err != nil {
+		t.Fatalf("the store never saw %s deleted", wf.GetName())
+	}
+}
+
+func countEvents(t *testing.T, namespace string, wf client.Object) int {
+	t.Helper()
+	var list = &unstructured.UnstructuredList{}
+	list.SetAPIVersion("events.k8s.io/v1")
+	list.SetKind("EventList")
+	if err := env.Client.List(t.Context(), list, client.InNamespace(namespace)); err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, e := range list.Items {
+		if uid, _, _ := unstructured.NestedString(e.Object, "regarding", "uid"); uid == string(wf.GetUID()) {
+			n++
+		}
+	}
+	return n
+}
