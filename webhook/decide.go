@@ -217,19 +217,37 @@ func (g *guard) liveRead(ctx context.Context, namespace, name string) (*argo.Wor
 	ctx, cancel := context.WithTimeout(ctx, g.opts.LiveReadTimeout)
 	defer cancel()
 	start := time.Now()
-	wf := &argo.Workflow{}
-	err := g.reader.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, wf)
+	// The read runs aside and the decision waits for it only until the deadline: an HTTP
+	// client does not always give up at its context's deadline (an HTTP/2 connection that is
+	// still being dialled is shared and outlives one request), and the API server must never
+	// see the webhook time out. The channel is buffered, so a late read ends on its own.
+	type answer struct {
+		wf  *argo.Workflow
+		err error
+	}
+	done := make(chan answer, 1)
+	go func() {
+		wf := &argo.Workflow{}
+		err := g.reader.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, wf)
+		done <- answer{wf, err}
+	}()
+	var a answer
+	select {
+	case a = <-done:
+	case <-ctx.Done():
+		a.err = ctx.Err()
+	}
 	result := "found"
 	switch {
-	case err == nil:
-	case apierrors.IsNotFound(err):
+	case a.err == nil:
+	case apierrors.IsNotFound(a.err):
 		result = "not-found"
 	case ctx.Err() != nil:
 		result = "timeout"
-		err = errors.Join(errLiveReadTimeout, err)
+		a.err = errors.Join(errLiveReadTimeout, a.err)
 	default:
 		result = "error"
 	}
 	g.metrics.liveRead.WithLabelValues(result).Observe(time.Since(start).Seconds())
-	return wf, err
+	return a.wf, a.err
 }

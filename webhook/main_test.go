@@ -1,14 +1,18 @@
 package webhook
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"net/http"
 	"os"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap/zapcore"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
@@ -21,6 +25,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	crwebhook "sigs.k8s.io/controller-runtime/pkg/webhook"
 
@@ -31,10 +36,43 @@ import (
 
 var env *testenv.Env
 
+// guardLog collects the JSON log lines of every guard the tests run.
+var guardLog = &syncBuffer{}
+
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+// lines returns the log lines that contain every one of subs.
+func (b *syncBuffer) lines(subs ...string) []string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var out []string
+	for _, l := range strings.Split(b.buf.String(), "\n") {
+		ok := true
+		for _, s := range subs {
+			ok = ok && strings.Contains(l, s)
+		}
+		if ok && l != "" {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
 // The webhook configurations of these tests send every pod creation to the guard (the
 // chart's selectors narrow that; here the handler itself must admit what is not its own),
 // and fail closed, so that a guard that is not called shows as an error.
 func TestMain(m *testing.M) {
+	// The guard's log, kept for the tests that check its audit lines.
+	ctrl.SetLogger(zap.New(zap.WriteTo(guardLog), zap.UseDevMode(false), zap.Level(zapcore.DebugLevel)))
 	fail := admissionregistrationv1.Fail
 	sideEffects := admissionregistrationv1.SideEffectClassNoneOnDryRun
 	timeout := int32(5)

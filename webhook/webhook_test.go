@@ -59,6 +59,15 @@ func TestStaleExitHandlerOfSucceededWorkflowIsDeniedWithAnEvent(t *testing.T) {
 	if got := h.counter(t, "exit_guard_decisions_total", map[string]string{"verdict": "denied", "reason": "workflow-completed"}); got != 1 {
 		t.Errorf("denied decisions counted = %v, want 1", got)
 	}
+	lines := guardLog.lines(`"msg":"stale workflow pod refused"`, `"workflowUID":"`+string(wf.GetUID())+`"`)
+	if len(lines) != 1 {
+		t.Fatalf("%d log lines for the denial, want 1", len(lines))
+	}
+	for _, kv := range []string{`"verdict":"denied"`, `"reason":"workflow-completed"`, `"phase":"Succeeded"`, `"source":"live-read"`, `"podKind":"exit-handler"`} {
+		if !strings.Contains(lines[0], kv) {
+			t.Errorf("denial log line %s lacks %s", lines[0], kv)
+		}
+	}
 	if got := h.counter(t, "exit_guard_live_read_duration_seconds", map[string]string{"result": "found"}); got < 1 {
 		t.Errorf("live reads observed = %v, want at least 1", got)
 	}

@@ -1,0 +1,219 @@
+package webhook
+
+import (
+	"net"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/exit-guard/exit-guard/completionstore"
+	"github.com/exit-guard/exit-guard/internal/argo"
+)
+
+// unreachableConfig points a client at a loopback listener. With hang, it accepts connections
+// and never answers (a live read runs out of time); without, it closes them at once (a live
+// read fails fast).
+func unreachableConfig(t *testing.T, hang bool) *rest.Config {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ln.Close() })
+	go func() {
+		var held []net.Conn
+		defer func() {
+			for _, c := range held {
+				_ = c.Close()
+			}
+		}()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			if hang {
+				held = append(held, c)
+			} else {
+				_ = c.Close()
+			}
+		}
+	}()
+	cfg := rest.CopyConfig(env.Config)
+	cfg.Host = "https://" + ln.Addr().String()
+	return cfg
+}
+
+// TestDecisionTable checks every row of docs/decisions.md. Workflows live on the real API
+// server; the live read is a real GET, against it or against an address that fails or hangs.
+func TestDecisionTable(t *testing.T) {
+	ns := newNamespace(t)
+	scheme := testScheme(t)
+	newReader := func(cfg *rest.Config) client.Reader {
+		c, err := client.New(cfg, client.Options{Scheme: scheme})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	live := newReader(env.Config)
+	failing := newReader(unreachableConfig(t, false))
+	hanging := newReader(unreachableConfig(t, true))
+
+	wfs := map[argo.Phase]*unstructured.Unstructured{}
+	for _, p := range []argo.Phase{argo.PhaseUnknown, argo.PhaseRunning, argo.PhaseSucceeded, argo.PhaseFailed} {
+		wfs[p] = createWorkflow(t, ns, "table-"+map[argo.Phase]string{"": "new", "Running": "running", "Succeeded": "succeeded", "Failed": "failed"}[p], p)
+	}
+	deletedWF := createWorkflow(t, ns, "table-deleted", argo.PhaseSucceeded)
+	if err := env.Client.Delete(t.Context(), deletedWF); err != nil {
+		t.Fatal(err)
+	}
+	replaced := createWorkflow(t, ns, "table-replaced", argo.PhaseSucceeded)
+	oldUID := replaced.GetUID()
+	if err := env.Client.Delete(t.Context(), replaced); err != nil {
+		t.Fatal(err)
+	}
+	replaced = createWorkflow(t, ns, "table-replaced", argo.PhaseRunning)
+	replaced.SetUID(oldUID) // pods of the first one still name its UID
+
+	type storeState int
+	const (
+		storeEmpty storeState = iota
+		storeRunning
+		storeSucceeded
+		storeFailed
+		storeTombstone
+	)
+	yes := true
+	podOf := func(wf *unstructured.Unstructured, kind podKind) *metav1.ObjectMeta {
+		var p *corev1.Pod
+		switch kind {
+		case kindExitHandler:
+			p = exitPod(wf)
+		case kindHook:
+			p = argoPod(wf, wf.GetName()+"-hook", wf.GetName()+".hooks.running", false)
+		default:
+			p = argoPod(wf, wf.GetName()+"-main", wf.GetName(), false)
+		}
+		return &p.ObjectMeta
+	}
+	notOwned := &metav1.ObjectMeta{Namespace: ns, Name: "plain", Labels: map[string]string{argo.LabelOnExit: "true"}}
+	artGC := &metav1.ObjectMeta{Namespace: ns, Name: "artgc", OwnerReferences: []metav1.OwnerReference{{
+		APIVersion: "argoproj.io/v1alpha1", Kind: "WorkflowArtifactGCTask", Name: "x", UID: "u", Controller: &yes}}}
+	agent := podOf(wfs[argo.PhaseSucceeded], kindStep)
+	agent.Labels[argo.LabelComponent] = "agent"
+	otherNS := podOf(wfs[argo.PhaseSucceeded], kindExitHandler)
+	otherNS.Namespace = "elsewhere"
+
+	rows := []struct {
+		row    string
+		pod    *metav1.ObjectMeta
+		opts   Options
+		reader client.Reader
+		store  storeState
+		deny   bool
+		reason reason
+		source source
+	}{
+		{row: "1 not owned by a Workflow", pod: notOwned, reason: reasonNotWorkflowPod},
+		{row: "1 owned by a WorkflowArtifactGCTask", pod: artGC, reason: reasonNotWorkflowPod},
+		{row: "2 agent pod", pod: agent, reason: reasonSpecialPod},
+		{row: "3 namespace not guarded", pod: otherNS, opts: Options{Namespaces: []string{ns}}, reason: reasonNamespaceNotWatched},
+		{row: "4 step pod without strict", pod: podOf(wfs[argo.PhaseSucceeded], kindStep), reason: reasonNotCovered},
+		{row: "4 hook pod without cover-hooks", pod: podOf(wfs[argo.PhaseSucceeded], kindHook), reason: reasonNotCovered},
+		{row: "5 live Running", pod: podOf(wfs[argo.PhaseRunning], kindExitHandler), store: storeSucceeded, reason: reasonWorkflowActive, source: sourceLive},
+		{row: "5 live empty phase (v4 retry)", pod: podOf(wfs[argo.PhaseUnknown], kindExitHandler), store: storeSucceeded, reason: reasonWorkflowActive, source: sourceLive},
+		{row: "6 live Succeeded", pod: podOf(wfs[argo.PhaseSucceeded], kindExitHandler), deny: true, reason: reasonWorkflowCompleted, source: sourceLive},
+		{row: "6 live Succeeded, hook pod with cover-hooks", pod: podOf(wfs[argo.PhaseSucceeded], kindHook), opts: Options{Hooks: true}, deny: true, reason: reasonWorkflowCompleted, source: sourceLive},
+		{row: "7 live Failed, default policy", pod: podOf(wfs[argo.PhaseFailed], kindExitHandler), store: storeFailed, reason: reasonPhaseAllowed, source: sourceLive},
+		{row: "6 live Failed, Failed denied", pod: podOf(wfs[argo.PhaseFailed], kindExitHandler), opts: Options{DenyPhases: []argo.Phase{argo.PhaseFailed}}, deny: true, reason: reasonWorkflowCompleted, source: sourceLive},
+		{row: "8 live 404", pod: podOf(deletedWF, kindExitHandler), deny: true, reason: reasonWorkflowDeleted, source: sourceLive},
+		{row: "9 live other UID", pod: podOf(replaced, kindExitHandler), deny: true, reason: reasonWorkflowReplaced, source: sourceLive},
+		{row: "10 read fails, store tombstone", pod: podOf(wfs[argo.PhaseRunning], kindExitHandler), reader: failing, store: storeTombstone, deny: true, reason: reasonWorkflowDeleted, source: sourceStore},
+		{row: "11 read fails, store Succeeded", pod: podOf(wfs[argo.PhaseRunning], kindExitHandler), reader: failing, store: storeSucceeded, deny: true, reason: reasonWorkflowCompleted, source: sourceStore},
+		{row: "11 read times out, store Succeeded", pod: podOf(wfs[argo.PhaseRunning], kindExitHandler), reader: hanging, store: storeSucceeded, deny: true, reason: reasonWorkflowCompleted, source: sourceStore},
+		{row: "12 read fails, store Failed", pod: podOf(wfs[argo.PhaseRunning], kindExitHandler), reader: failing, store: storeFailed, reason: reasonPhaseAllowed, source: sourceStore},
+		{row: "13 read fails, store Running", pod: podOf(wfs[argo.PhaseSucceeded], kindExitHandler), reader: failing, store: storeRunning, reason: reasonWorkflowActive, source: sourceStore},
+		{row: "14 read times out, store empty", pod: podOf(wfs[argo.PhaseSucceeded], kindExitHandler), reader: hanging, reason: reasonUnverified},
+		{row: "15 store-first, store empty", pod: podOf(wfs[argo.PhaseSucceeded], kindExitHandler), opts: Options{StoreFirst: true}, reader: failing, reason: reasonNotSeenCompleted, source: sourceStore},
+		{row: "15 strict step pod, store empty", pod: podOf(wfs[argo.PhaseSucceeded], kindStep), opts: Options{Strict: true}, reader: failing, reason: reasonNotSeenCompleted, source: sourceStore},
+		{row: "16 store-first, store Running", pod: podOf(wfs[argo.PhaseSucceeded], kindExitHandler), opts: Options{StoreFirst: true}, reader: failing, store: storeRunning, reason: reasonWorkflowActive, source: sourceStore},
+		{row: "16 store-first, store Failed", pod: podOf(wfs[argo.PhaseFailed], kindExitHandler), opts: Options{StoreFirst: true}, reader: failing, store: storeFailed, reason: reasonPhaseAllowed, source: sourceStore},
+		{row: "17 store-first, store Succeeded, live says Running (a retry)", pod: podOf(wfs[argo.PhaseRunning], kindExitHandler), opts: Options{StoreFirst: true}, store: storeSucceeded, reason: reasonWorkflowActive, source: sourceLive},
+		{row: "17 store-first, store Succeeded, live confirms", pod: podOf(wfs[argo.PhaseSucceeded], kindExitHandler), opts: Options{StoreFirst: true}, store: storeSucceeded, deny: true, reason: reasonWorkflowCompleted, source: sourceLive},
+		{row: "17 strict step pod, store Succeeded, read fails", pod: podOf(wfs[argo.PhaseSucceeded], kindStep), opts: Options{Strict: true}, reader: failing, store: storeSucceeded, deny: true, reason: reasonWorkflowCompleted, source: sourceStore},
+	}
+	for _, r := range rows {
+		t.Run(r.row, func(t *testing.T) {
+			store, err := completionstore.New(completionstore.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ref := metav1.GetControllerOfNoCopy(r.pod); ref != nil && r.store != storeEmpty {
+				o := completionstore.Observation{UID: ref.UID, Namespace: r.pod.Namespace, Name: ref.Name, ResourceVersion: "1"}
+				switch r.store {
+				case storeRunning:
+					o.Phase = argo.PhaseRunning
+				case storeSucceeded:
+					o.Phase = argo.PhaseSucceeded
+				case storeFailed:
+					o.Phase = argo.PhaseFailed
+				case storeTombstone:
+					o.Phase, o.Deleted = argo.PhaseRunning, true
+				}
+				store.Observe(o)
+			}
+			reader := r.reader
+			if reader == nil {
+				reader = live
+			}
+			r.opts.LiveReadTimeout = 500 * time.Millisecond
+			g, err := newGuard(reader, store, r.opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			start := time.Now()
+			_, d := g.decide(t.Context(), r.pod)
+			if d.deny != r.deny || d.reason != r.reason || d.source != r.source {
+				t.Errorf("decision = deny %v reason %s source %q, want deny %v reason %s source %q (live error: %v)",
+					d.deny, d.reason, d.source, r.deny, r.reason, r.source, d.liveErr)
+			}
+			if r.reader == hanging && time.Since(start) > 5*time.Second {
+				t.Errorf("a hanging live read held the decision %s, past any webhook timeout", time.Since(start))
+			}
+		})
+	}
+}
+
+func TestClassify(t *testing.T) {
+	yes := true
+	owner := []metav1.OwnerReference{{APIVersion: "argoproj.io/v1alpha1", Kind: "Workflow", Name: "wf", UID: types.UID("u"), Controller: &yes}}
+	tests := []struct {
+		name      string
+		meta      metav1.ObjectMeta
+		wantKind  podKind
+		wantOwned bool
+	}{
+		{"the on-exit label marks an exit handler", metav1.ObjectMeta{Labels: map[string]string{argo.LabelOnExit: "true"}, OwnerReferences: owner}, kindExitHandler, true},
+		{"the label counts whatever its value", metav1.ObjectMeta{Labels: map[string]string{argo.LabelOnExit: "false"}, OwnerReferences: owner}, kindExitHandler, true},
+		{"an onExit node name alone marks an exit handler", metav1.ObjectMeta{Annotations: map[string]string{argo.AnnotationNodeName: "wf[0].step-1.onExit"}, OwnerReferences: owner}, kindExitHandler, true},
+		{"a hooks node is a lifecycle hook", metav1.ObjectMeta{Annotations: map[string]string{argo.AnnotationNodeName: "wf.hooks.running"}, OwnerReferences: owner}, kindHook, true},
+		{"anything else is a step", metav1.ObjectMeta{Annotations: map[string]string{argo.AnnotationNodeName: "wf[0].a"}, OwnerReferences: owner}, kindStep, true},
+		{"a Workflow of another group is not Argo's", metav1.ObjectMeta{OwnerReferences: []metav1.OwnerReference{{APIVersion: "example.com/v1", Kind: "Workflow", Name: "wf", Controller: &yes}}}, kindStep, false},
+		{"a non-controller owner reference does not count", metav1.ObjectMeta{OwnerReferences: []metav1.OwnerReference{{APIVersion: "argoproj.io/v1alpha1", Kind: "Workflow", Name: "wf"}}}, kindStep, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f := classify(&tt.meta)
+			if f.kind != tt.wantKind || (f.owner != nil) != tt.wantOwned {
+				t.Errorf("classify = kind %s owned %v, want %s %v", f.kind, f.owner != nil, tt.wantKind, tt.wantOwned)
+			}
+		})
+	}
+}

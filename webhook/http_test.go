@@ -1,0 +1,153 @@
+package webhook
+
+import (
+	"bytes"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+
+	admissionv1 "k8s.io/api/admission/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+
+	"github.com/exit-guard/exit-guard/completionstore"
+	"github.com/exit-guard/exit-guard/internal/argo"
+)
+
+// post sends body to the guard's path over TLS, trusting the test CA.
+func post(t *testing.T, path, contentType string, body []byte) (int, admissionv1.AdmissionReview, string) {
+	t.Helper()
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(env.WebhookCAData)
+	c := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}}}
+	url := fmt.Sprintf("https://%s:%d%s", env.WebhookHost, env.WebhookPort, path)
+	resp, err := c.Post(url, contentType, bytes.NewReader(body))
+	if err != nil {
+		t.Fatalf("POST %s: %v", path, err)
+	}
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(resp.Body)
+	var review admissionv1.AdmissionReview
+	if err := json.Unmarshal(raw, &review); err != nil {
+		t.Fatalf("answer to POST %s is not an AdmissionReview: %v: %s", path, err, raw)
+	}
+	return resp.StatusCode, review, string(raw)
+}
+
+func review(req admissionv1.AdmissionRequest) []byte {
+	b, _ := json.Marshal(admissionv1.AdmissionReview{
+		TypeMeta: metav1.TypeMeta{APIVersion: "admission.k8s.io/v1", Kind: "AdmissionReview"},
+		Request:  &req,
+	})
+	return b
+}
+
+func TestMalformedRequestsGetA400WithAReason(t *testing.T) {
+	startGuard(t, Options{}, harnessOptions{})
+	podGVR := metav1.GroupVersionResource{Version: "v1", Resource: "pods"}
+	tests := []struct {
+		name        string
+		contentType string
+		body        []byte
+		wantReason  string
+	}{
+		{"an empty body", "application/json", nil, "request body is empty"},
+		{"not JSON", "application/json", []byte("{not json"), "invalid character"},
+		{"the wrong content type", "text/plain", review(admissionv1.AdmissionRequest{UID: "1"}), "contentType=text/plain"},
+		{"a review with no request uid", "application/json", review(admissionv1.AdmissionRequest{Resource: podGVR, Operation: admissionv1.Create}), "request.uid is empty"},
+		{"a pod create with no object", "application/json", review(admissionv1.AdmissionRequest{UID: "2", Resource: podGVR, Operation: admissionv1.Create}), "request.object is empty"},
+		{"an object that is not a pod", "application/json", review(admissionv1.AdmissionRequest{UID: "3", Resource: podGVR, Operation: admissionv1.Create,
+			Object: runtime.RawExtension{Raw: []byte(`{"metadata":"a string"}`)}}), "request.object is not a pod"},
+	}
+	for _, path := range []string{ValidatePath, MutatePath} {
+		for _, tt := range tests {
+			t.Run(path+" "+tt.name, func(t *testing.T) {
+				code, rev, raw := post(t, path, tt.contentType, tt.body)
+				if code != http.StatusBadRequest {
+					t.Errorf("HTTP status %d, want 400: %s", code, raw)
+				}
+				if rev.Response == nil || rev.Response.Allowed || rev.Response.Result == nil || rev.Response.Result.Code != http.StatusBadRequest {
+					t.Fatalf("response %s, want a refusal with code 400", raw)
+				}
+				if !strings.Contains(rev.Response.Result.Message, tt.wantReason) {
+					t.Errorf("reason %q does not say %q", rev.Response.Result.Message, tt.wantReason)
+				}
+			})
+		}
+	}
+}
+
+func TestRequestsThatAreNotPodCreatesAreAllowedWithAReason(t *testing.T) {
+	startGuard(t, Options{}, harnessOptions{})
+	pod := []byte(`{"metadata":{"name":"p","namespace":"ns"}}`)
+	for _, tc := range []struct {
+		name string
+		req  admissionv1.AdmissionRequest
+		want string
+	}{
+		{"a pod update", admissionv1.AdmissionRequest{UID: "1", Resource: metav1.GroupVersionResource{Version: "v1", Resource: "pods"}, Operation: admissionv1.Update, Object: runtime.RawExtension{Raw: pod}}, "only reviews pod creation"},
+		{"a configmap", admissionv1.AdmissionRequest{UID: "2", Resource: metav1.GroupVersionResource{Version: "v1", Resource: "configmaps"}, Operation: admissionv1.Create, Object: runtime.RawExtension{Raw: pod}}, "only reviews pods, not configmaps"},
+		{"a pod subresource", admissionv1.AdmissionRequest{UID: "3", Resource: metav1.GroupVersionResource{Version: "v1", Resource: "pods"}, SubResource: "binding", Operation: admissionv1.Create, Object: runtime.RawExtension{Raw: pod}}, "not pods/binding"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			code, rev, raw := post(t, ValidatePath, "application/json", review(tc.req))
+			if code != http.StatusOK || rev.Response == nil || !rev.Response.Allowed {
+				t.Fatalf("HTTP %d %s, want allowed", code, raw)
+			}
+			if rev.Response.Result == nil || !strings.Contains(rev.Response.Result.Message, tc.want) {
+				t.Errorf("reason %s does not say %q", raw, tc.want)
+			}
+		})
+	}
+}
+
+func TestDenialCarriesAuditAnnotations(t *testing.T) {
+	h := startGuard(t, Options{}, harnessOptions{noWatch: true})
+	ns := newNamespace(t)
+	wf := createWorkflow(t, ns, "done", argo.PhaseSucceeded)
+	h.store.Observe(completionstore.Observation{UID: wf.GetUID(), Namespace: ns, Name: "done", ResourceVersion: wf.GetResourceVersion(), Phase: argo.PhaseSucceeded})
+	raw, _ := json.Marshal(exitPod(wf))
+	code, rev, body := post(t, ValidatePath, "application/json", review(admissionv1.AdmissionRequest{
+		UID: "audit-1", Resource: metav1.GroupVersionResource{Version: "v1", Resource: "pods"}, Operation: admissionv1.Create,
+		Namespace: ns, Object: runtime.RawExtension{Raw: raw}}))
+	if code != http.StatusOK || rev.Response == nil || rev.Response.Allowed {
+		t.Fatalf("HTTP %d %s, want a denial", code, body)
+	}
+	want := map[string]string{"decision": "denied", "reason": "workflow-completed", "workflow": ns + "/done",
+		"workflow-uid": string(wf.GetUID()), "pod-kind": "exit-handler", "source": "live-read", "phase": "Succeeded"}
+	for k, v := range want {
+		if got := rev.Response.AuditAnnotations[k]; got != v {
+			t.Errorf("audit annotation %s = %q, want %q", k, got, v)
+		}
+	}
+	if rev.Response.Result.Code != http.StatusForbidden {
+		t.Errorf("denial code %d, want 403", rev.Response.Result.Code)
+	}
+}
+
+// FuzzRead feeds arbitrary pod objects to the request decoder: it must never panic, and must
+// either go on with metadata or answer.
+func FuzzRead(f *testing.F) {
+	f.Add([]byte(`{"metadata":{"name":"p","labels":{"workflows.argoproj.io/on-exit":"true"},"ownerReferences":[{"apiVersion":"argoproj.io/v1alpha1","kind":"Workflow","name":"w","uid":"u","controller":true}]}}`))
+	f.Add([]byte(`{"metadata":null}`))
+	f.Add([]byte(`[]`))
+	f.Add([]byte(``))
+	f.Fuzz(func(t *testing.T, raw []byte) {
+		req := admission.Request{AdmissionRequest: admissionv1.AdmissionRequest{
+			UID: "f", Resource: metav1.GroupVersionResource{Version: "v1", Resource: "pods"}, Operation: admissionv1.Create,
+			Object: runtime.RawExtension{Raw: raw}}}
+		meta, resp := read(req)
+		if (meta == nil) == (resp == nil) {
+			t.Fatalf("read returned meta %v and response %v; want exactly one", meta, resp)
+		}
+		if meta != nil {
+			_ = classify(meta)
+		}
+	})
+}
