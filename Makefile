@@ -21,6 +21,11 @@ help: ## Show this help.
 build: ## Build the exit-guard binary into ./bin.
 	CGO_ENABLED=0 $(GO) build -trimpath -o $(BIN)/exit-guard .
 
+.PHONY: demo
+demo: build ## Replay the reference scenario: local API server, the guard, a stale exit handler refused.
+	@assets=$$(hack/envtest-binaries.sh ensure) && \
+	  KUBEBUILDER_ASSETS="$$assets" $(GO) run ./test/demo --guard $(BIN)/exit-guard
+
 .PHONY: envtest-binaries
 envtest-binaries: ## Build kube-apiserver and etcd from Go modules into the user cache (first run ~10 min).
 	@hack/envtest-binaries.sh ensure

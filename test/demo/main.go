@@ -1,0 +1,332 @@
+// Command demo replays the reference scenario against a local API server and the real
+// exit-guard binary: a workflow whose exit handler notifies only on failure succeeds; a stale
+// copy of it then tries to create the notification pod and the API server refuses it; a
+// workflow that really failed gets its notification. It ends by itself; `make demo` runs it.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/exit-guard/exit-guard/internal/argo"
+	"github.com/exit-guard/exit-guard/internal/testenv"
+	"github.com/exit-guard/exit-guard/webhook"
+)
+
+func main() {
+	guardBin := flag.String("guard", "bin/exit-guard", "The exit-guard binary to run.")
+	verbose := flag.Bool("v", false, "Show the guard's own log.")
+	flag.Parse()
+	if err := run(*guardBin, *verbose); err != nil {
+		fmt.Fprintf(os.Stderr, "\ndemo FAILED: %v\n", err)
+		os.Exit(1)
+	}
+}
+
+func say(format string, args ...any) { fmt.Printf(format+"\n", args...) }
+
+func run(guardBin string, verbose bool) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+
+	say("== Starting a local kube-apiserver and etcd (built from Go modules by hack/envtest-binaries.sh)")
+	path := webhook.ValidatePath
+	ignore := admissionregistrationv1.Ignore
+	none := admissionregistrationv1.SideEffectClassNoneOnDryRun
+	timeout := int32(5)
+	vwc := &admissionregistrationv1.ValidatingWebhookConfiguration{
+		ObjectMeta: metav1.ObjectMeta{Name: "exit-guard"},
+		Webhooks: []admissionregistrationv1.ValidatingWebhook{{
+			Name:         "validate.exit-guard.io",
+			ClientConfig: admissionregistrationv1.WebhookClientConfig{Service: &admissionregistrationv1.ServiceReference{Namespace: "exit-guard", Name: "exit-guard", Path: &path}},
+			Rules: []admissionregistrationv1.RuleWithOperations{{
+				Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Create},
+				Rule:       admissionregistrationv1.Rule{APIGroups: []string{""}, APIVersions: []string{"v1"}, Resources: []string{"pods"}},
+			}},
+			// Only pods that Argo made are ever sent; the guard fails open.
+			ObjectSelector:          &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{Key: argo.LabelWorkflow, Operator: metav1.LabelSelectorOpExists}}},
+			FailurePolicy:           &ignore,
+			SideEffects:             &none,
+			TimeoutSeconds:          &timeout,
+			AdmissionReviewVersions: []string{"v1"},
+		}},
+	}
+	env, err := testenv.Start(testenv.Options{ValidatingWebhooks: []*admissionregistrationv1.ValidatingWebhookConfiguration{vwc}})
+	if err != nil {
+		return err
+	}
+	defer func() { _ = env.Stop() }()
+
+	stopGuard, metricsAddr, err := startGuard(ctx, env, guardBin, verbose)
+	if err != nil {
+		return err
+	}
+	defer stopGuard()
+
+	c := env.Client
+	ns := "demo"
+	if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
+		return err
+	}
+
+	say("\n== 1. A workflow succeeds")
+	wf, err := newWorkflow(ctx, c, ns)
+	if err != nil {
+		return err
+	}
+	say("Workflow %s: main step, then an exit handler that notifies only when {{workflow.status}} != Succeeded.", wf.GetName())
+	if err := writePhase(ctx, c, wf, argo.PhaseRunning); err != nil {
+		return err
+	}
+	if err := c.Create(ctx, stepPod(wf)); err != nil {
+		return fmt.Errorf("the main step's pod was refused: %w", err)
+	}
+	say("The controller created the main step's pod: admitted.")
+	say("The main step succeeded; the exit handler's `when` was false, so no notification pod was made.")
+	runningRV := wf.GetResourceVersion()
+	if err := writePhase(ctx, c, wf, argo.PhaseSucceeded); err != nil {
+		return err
+	}
+	say("Workflow %s is Succeeded (resourceVersion %s); podGC deletes its pods.", wf.GetName(), wf.GetResourceVersion())
+
+	say("\n== 2. A stale copy of it comes back")
+	say("Under API-server load an older copy (phase Running, resourceVersion %s) returns to the controller's cache.", runningRV)
+	say("The controller finds the main pod gone, marks the workflow Error and runs the exit handler:")
+	notify := exitPod(wf)
+	say("it creates pod %s for node %s ...", notify.Name, notify.Annotations[argo.AnnotationNodeName])
+	err = c.Create(ctx, notify)
+	if !apierrors.IsForbidden(err) {
+		return fmt.Errorf("the stale notification pod was not refused (err %v): the guard did not act", err)
+	}
+	say("The API server refused it:\n  %s", err)
+	ev, err := waitEvent(ctx, c, ns, wf)
+	if err != nil {
+		return err
+	}
+	say("Event on workflow %s:\n  %s  %s  %s", wf.GetName(), ev.Type, ev.Reason, ev.Note)
+	say("No failure notice is sent for a workflow that succeeded.")
+
+	say("\n== 3. A workflow that really fails still gets its notification")
+	failed, err := newWorkflow(ctx, c, ns)
+	if err != nil {
+		return err
+	}
+	if err := writePhase(ctx, c, failed, argo.PhaseRunning); err != nil {
+		return err
+	}
+	say("Workflow %s: its main step failed; while the workflow is still Running the exit handler runs.", failed.GetName())
+	fp := exitPod(failed)
+	if err := c.Create(ctx, fp); err != nil {
+		return fmt.Errorf("the real failure notification was refused: %w", err)
+	}
+	say("Pod %s for node %s: admitted.", fp.Name, fp.Annotations[argo.AnnotationNodeName])
+	if err := writePhase(ctx, c, failed, argo.PhaseFailed); err != nil {
+		return err
+	}
+	say("Workflow %s is Failed, and its failure notice went out.", failed.GetName())
+
+	say("\n== The guard's metrics (http://%s/metrics)", metricsAddr)
+	if err := showMetrics(ctx, metricsAddr); err != nil {
+		return err
+	}
+	say("\ndemo done: one stale exit handler refused, one real one admitted.")
+	return nil
+}
+
+// startGuard runs the exit-guard binary against env, on the address its webhook is registered
+// at, and waits until it reports ready.
+func startGuard(ctx context.Context, env *testenv.Env, bin string, verbose bool) (stop func(), metricsAddr string, err error) {
+	if _, err := os.Stat(bin); err != nil {
+		return nil, "", fmt.Errorf("no guard binary at %s: run 'make build' (make demo does): %w", bin, err)
+	}
+	dir, err := os.MkdirTemp("", "exit-guard-demo")
+	if err != nil {
+		return nil, "", err
+	}
+	kubeconfig := filepath.Join(dir, "kubeconfig")
+	if err := os.WriteFile(kubeconfig, env.KubeConfig(), 0o600); err != nil {
+		return nil, "", err
+	}
+	probe, err := freeAddr()
+	if err != nil {
+		return nil, "", err
+	}
+	metricsAddr, err = freeAddr()
+	if err != nil {
+		return nil, "", err
+	}
+	cmd := exec.Command(bin,
+		"--webhook-port", strconv.Itoa(env.WebhookPort),
+		"--webhook-cert-path", env.WebhookCertDir,
+		"--health-probe-bind-address", probe,
+		"--metrics-bind-address", metricsAddr,
+		"--zap-encoder", "console")
+	cmd.Env = append(os.Environ(), "KUBECONFIG="+kubeconfig)
+	cmd.Stdout, cmd.Stderr = io.Discard, io.Discard
+	if verbose {
+		cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, "", err
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	stop = func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-exited:
+		case <-time.After(30 * time.Second):
+			_ = cmd.Process.Kill()
+		}
+		_ = os.RemoveAll(dir)
+	}
+	say("== Starting %s (enforce mode; webhook on port %d)", bin, env.WebhookPort)
+	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 60*time.Second, true, func(ctx context.Context) (bool, error) {
+		select {
+		case err := <-exited:
+			return false, fmt.Errorf("exit-guard exited early (%v); rerun with -v to see its log", err)
+		default:
+		}
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+probe+"/readyz", nil)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return false, nil
+		}
+		_ = resp.Body.Close()
+		return resp.StatusCode == http.StatusOK, nil
+	})
+	if err != nil {
+		stop()
+		return nil, "", fmt.Errorf("exit-guard never became ready: %w", err)
+	}
+	say("exit-guard is ready: its Workflow cache has synced and its webhook serves TLS.")
+	return stop, metricsAddr, nil
+}
+
+func freeAddr() (string, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	defer l.Close()
+	return l.Addr().String(), nil
+}
+
+func newWorkflow(ctx context.Context, c client.Client, ns string) (*unstructured.Unstructured, error) {
+	wf := &unstructured.Unstructured{}
+	wf.SetGroupVersionKind(argo.WorkflowGVK)
+	wf.SetNamespace(ns)
+	wf.SetGenerateName("notify-on-failure-")
+	wf.Object["spec"] = map[string]any{
+		"entrypoint": "main",
+		"onExit":     "exit-handler",
+		"podGC":      map[string]any{"strategy": "OnPodCompletion"},
+		"templates": []any{
+			map[string]any{"name": "main", "container": map[string]any{"image": "busybox", "command": []any{"sh", "-c", "echo working"}}},
+			map[string]any{"name": "notify-failure", "container": map[string]any{"image": "busybox", "command": []any{"sh", "-c", "echo workflow failed"}}},
+			map[string]any{"name": "exit-handler", "steps": []any{[]any{map[string]any{
+				"name": "notify", "template": "notify-failure", "when": "{{workflow.status}} != Succeeded"}}}},
+		},
+	}
+	return wf, c.Create(ctx, wf)
+}
+
+// writePhase writes the workflow's phase the way Argo's controller does: one Update of the
+// whole object, with the completed label.
+func writePhase(ctx context.Context, c client.Client, wf *unstructured.Unstructured, phase argo.Phase) error {
+	wf.Object["status"] = map[string]any{"phase": string(phase)}
+	labels := wf.GetLabels()
+	if labels == nil {
+		labels = map[string]string{}
+	}
+	labels["workflows.argoproj.io/phase"] = string(phase)
+	labels["workflows.argoproj.io/completed"] = strconv.FormatBool(phase.Terminal())
+	wf.SetLabels(labels)
+	return c.Update(ctx, wf)
+}
+
+func argoPod(wf *unstructured.Unstructured, name, node string) *corev1.Pod {
+	yes := true
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{
+			Namespace:   wf.GetNamespace(),
+			Name:        name,
+			Labels:      map[string]string{argo.LabelWorkflow: wf.GetName(), "workflows.argoproj.io/completed": "false"},
+			Annotations: map[string]string{argo.AnnotationNodeName: node},
+			OwnerReferences: []metav1.OwnerReference{{APIVersion: argo.GroupVersion.String(), Kind: argo.Kind,
+				Name: wf.GetName(), UID: wf.GetUID(), Controller: &yes, BlockOwnerDeletion: &yes}},
+		},
+		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "main", Image: "busybox"}}},
+	}
+}
+
+func stepPod(wf *unstructured.Unstructured) *corev1.Pod {
+	return argoPod(wf, wf.GetName(), wf.GetName())
+}
+
+func exitPod(wf *unstructured.Unstructured) *corev1.Pod {
+	p := argoPod(wf, wf.GetName()+"-notify-failure-1425632474", wf.GetName()+".onExit[0].notify")
+	p.Labels[argo.LabelOnExit] = "true"
+	return p
+}
+
+func waitEvent(ctx context.Context, c client.Client, ns string, wf *unstructured.Unstructured) (eventsv1.Event, error) {
+	var found eventsv1.Event
+	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		var list eventsv1.EventList
+		if err := c.List(ctx, &list, client.InNamespace(ns)); err != nil {
+			return false, err
+		}
+		for _, e := range list.Items {
+			if e.Regarding.UID == wf.GetUID() && e.Reason == webhook.EventReasonDenied {
+				found = e
+				return true, nil
+			}
+		}
+		return false, nil
+	})
+	if err != nil {
+		return found, errors.New("the guard recorded no Event on the workflow")
+	}
+	return found, nil
+}
+
+func showMetrics(ctx context.Context, addr string) error {
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/metrics", nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return err
+	}
+	for _, l := range strings.Split(string(body), "\n") {
+		if strings.HasPrefix(l, "exit_guard_decisions_total") || strings.HasPrefix(l, "exit_guard_store_records") {
+			say("  %s", l)
+		}
+	}
+	return nil
+}
