@@ -31,7 +31,7 @@ func post(t *testing.T, path, contentType string, body []byte) (int, admissionv1
 	if err != nil {
 		t.Fatalf("POST %s: %v", path, err)
 	}
-	defer resp.Body.Close()
+	defer func() { _ = resp.Body.Close() }()
 	raw, _ := io.ReadAll(resp.Body)
 	var review admissionv1.AdmissionReview
 	if err := json.Unmarshal(raw, &review); err != nil {

@@ -121,7 +121,7 @@ type harnessOptions struct {
 	noWatch bool
 }
 
-func testScheme(t *testing.T) *runtime.Scheme {
+func testScheme(t testing.TB) *runtime.Scheme {
 	t.Helper()
 	s := runtime.NewScheme()
 	if err := clientgoscheme.AddToScheme(s); err != nil {
@@ -191,7 +191,7 @@ func startGuard(t *testing.T, opts Options, ho harnessOptions) *harness {
 }
 
 // newNamespace makes a namespace whose pods the test webhooks see.
-func newNamespace(t *testing.T) string {
+func newNamespace(t testing.TB) string {
 	t.Helper()
 	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{
 		Name: "t-" + rand.String(8), Labels: map[string]string{"exit-guard-test": "true"}}}
@@ -202,7 +202,7 @@ func newNamespace(t *testing.T) string {
 }
 
 // createWorkflow creates a workflow and, when phase is set, writes it the way Argo does.
-func createWorkflow(t *testing.T, namespace, name string, phase argo.Phase) *unstructured.Unstructured {
+func createWorkflow(t testing.TB, namespace, name string, phase argo.Phase) *unstructured.Unstructured {
 	t.Helper()
 	wf := &unstructured.Unstructured{}
 	wf.SetGroupVersionKind(argo.WorkflowGVK)
@@ -220,7 +220,7 @@ func createWorkflow(t *testing.T, namespace, name string, phase argo.Phase) *uns
 
 // setPhase writes status.phase and the completed label with one whole-object Update, as
 // Argo's controller does.
-func setPhase(t *testing.T, wf *unstructured.Unstructured, phase argo.Phase) {
+func setPhase(t testing.TB, wf *unstructured.Unstructured, phase argo.Phase) {
 	t.Helper()
 	if phase == argo.PhaseUnknown {
 		delete(wf.Object, "status")

@@ -124,7 +124,7 @@ func (l *WorkflowList) DeepCopyObject() runtime.Object {
 		return nil
 	}
 	out := &WorkflowList{TypeMeta: l.TypeMeta}
-	l.ListMeta.DeepCopyInto(&out.ListMeta)
+	l.DeepCopyInto(&out.ListMeta)
 	if l.Items != nil {
 		out.Items = make([]Workflow, len(l.Items))
 		for i := range l.Items {

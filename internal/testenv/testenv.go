@@ -70,14 +70,14 @@ func AssetsDir() (string, error) {
 	dir := os.Getenv("KUBEBUILDER_ASSETS")
 	if dir == "" {
 		script := filepath.Join(RepoRoot(), "hack", "envtest-binaries.sh")
-		out, err := exec.Command(script, "path").Output()
+		out, err := exec.Command(script, "path").Output() //nolint:gosec // G204: the repository's own script
 		if err != nil {
 			return "", fmt.Errorf("finding the envtest binaries with %s: %w", script, err)
 		}
 		dir = strings.TrimSpace(string(out))
 	}
 	for _, bin := range []string{"kube-apiserver", "etcd"} {
-		if _, err := os.Stat(filepath.Join(dir, bin)); err != nil {
+		if _, err := os.Stat(filepath.Join(dir, bin)); err != nil { //nolint:gosec // G703: a test-support path chosen by the developer
 			return "", fmt.Errorf("the tests need a real kube-apiserver and etcd, and %s has no %s: "+
 				"run 'make envtest-binaries' (it builds them from Go modules, about 10 minutes the first time) "+
 				"or 'make test', which does it for you", dir, bin)

@@ -117,7 +117,7 @@ func run(guardBin string, verbose bool) error {
 	say("it creates pod %s for node %s ...", notify.Name, notify.Annotations[argo.AnnotationNodeName])
 	err = c.Create(ctx, notify)
 	if !apierrors.IsForbidden(err) {
-		return fmt.Errorf("the stale notification pod was not refused (err %v): the guard did not act", err)
+		return fmt.Errorf("the stale notification pod was not refused: the guard did not act (create returned: %w)", err)
 	}
 	say("The API server refused it:\n  %s", err)
 	ev, err := waitEvent(ctx, c, ns, wf)
@@ -176,7 +176,8 @@ func startGuard(ctx context.Context, env *testenv.Env, bin string, verbose bool)
 	if err != nil {
 		return nil, "", err
 	}
-	cmd := exec.Command(bin,
+	// bin is the operator's own --guard flag: running it is the point.
+	cmd := exec.Command(bin, //nolint:gosec // G204: see above
 		"--webhook-port", strconv.Itoa(env.WebhookPort),
 		"--webhook-cert-path", env.WebhookCertDir,
 		"--health-probe-bind-address", probe,
@@ -195,7 +196,10 @@ func startGuard(ctx context.Context, env *testenv.Env, bin string, verbose bool)
 	stop = func() {
 		_ = cmd.Process.Signal(syscall.SIGTERM)
 		select {
-		case <-exited:
+		case err := <-exited:
+			if err != nil && verbose {
+				say("exit-guard stopped: %v", err)
+			}
 		case <-time.After(30 * time.Second):
 			_ = cmd.Process.Kill()
 		}
@@ -205,7 +209,7 @@ func startGuard(ctx context.Context, env *testenv.Env, bin string, verbose bool)
 	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 60*time.Second, true, func(ctx context.Context) (bool, error) {
 		select {
 		case err := <-exited:
-			return false, fmt.Errorf("exit-guard exited early (%v); rerun with -v to see its log", err)
+			return false, fmt.Errorf("exit-guard exited early; rerun with -v to see its log: %w", err)
 		default:
 		}
 		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+probe+"/readyz", nil)
@@ -229,8 +233,8 @@ func freeAddr() (string, error) {
 	if err != nil {
 		return "", err
 	}
-	defer l.Close()
-	return l.Addr().String(), nil
+	addr := l.Addr().String()
+	return addr, l.Close()
 }
 
 func newWorkflow(ctx context.Context, c client.Client, ns string) (*unstructured.Unstructured, error) {
@@ -318,7 +322,7 @@ func showMetrics(ctx context.Context, addr string) error {
 	if err != nil {
 		return err
 	}
-	defer resp.Body.Close()
+	defer func() { _ = resp.Body.Close() }()
 	body, err := io.ReadAll(resp.Body)
 	if err != nil {
 		return err

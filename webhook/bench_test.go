@@ -1,0 +1,56 @@
+package webhook
+
+import (
+	"strings"
+	"testing"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/exit-guard/exit-guard/completionstore"
+	"github.com/exit-guard/exit-guard/internal/argo"
+)
+
+// BenchmarkDecide measures one decision against the real test API server: an exit-handler pod
+// with its live read (the default), the same decided store-first, and a pod the policy does
+// not cover. Run with: go test -run '^$' -bench Decide ./webhook (docs/performance.md).
+func BenchmarkDecide(b *testing.B) {
+	ns := newNamespace(b)
+	wf := createWorkflow(b, ns, "bench", argo.PhaseRunning)
+	// A workflow of about 1 MiB, as large node trees make them.
+	big := createWorkflow(b, ns, "bench-big", "")
+	big.Object["status"] = map[string]any{"phase": "Running", "nodes": map[string]any{"n": map[string]any{"message": strings.Repeat("x", 1<<20)}}}
+	if err := env.Client.Update(b.Context(), big); err != nil {
+		b.Fatal(err)
+	}
+	c, err := client.New(env.Config, client.Options{Scheme: testScheme(b)})
+	if err != nil {
+		b.Fatal(err)
+	}
+	store, err := completionstore.New(completionstore.Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		opts Options
+		pod  metav1.ObjectMeta
+	}{
+		{"exit-handler-live-read", Options{}, exitPod(wf).ObjectMeta},
+		{"exit-handler-live-read-1MiB-workflow", Options{}, exitPod(big).ObjectMeta},
+		{"exit-handler-store-first", Options{StoreFirst: true}, exitPod(wf).ObjectMeta},
+		{"pod-not-covered", Options{}, argoPod(wf, "step", wf.GetName(), false).ObjectMeta},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			g, err := newGuard(c, store, tc.opts)
+			if err != nil {
+				b.Fatal(err)
+			}
+			for b.Loop() {
+				if _, d := g.decide(b.Context(), &tc.pod); d.deny {
+					b.Fatal("denied a pod of a running workflow")
+				}
+			}
+		})
+	}
+}
