@@ -1,0 +1,61 @@
+package main
+
+import (
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/exit-guard/exit-guard/internal/argo"
+	"github.com/exit-guard/exit-guard/webhook"
+)
+
+func TestFlagsBecomeGuardOptions(t *testing.T) {
+	tests := []struct {
+		name    string
+		args    []string
+		want    webhook.Options
+		wantTTL time.Duration
+		wantErr bool
+	}{
+		{name: "the defaults enforce on Succeeded with live reads",
+			want:    webhook.Options{Mode: webhook.ModeEnforce, DenyPhases: []argo.Phase{argo.PhaseSucceeded}, LiveReadTimeout: time.Second},
+			wantTTL: 10 * time.Minute},
+		{name: "every policy flag is carried over",
+			args: []string{"--mode=warn", "--deny-phases=succeeded, Failed,Error", "--cover-hooks", "--strict", "--store-first",
+				"--live-read-timeout=300ms", "--namespaces=a, b,", "--completion-ttl=1h"},
+			want: webhook.Options{Mode: webhook.ModeWarn, DenyPhases: []argo.Phase{argo.PhaseSucceeded, argo.PhaseFailed, argo.PhaseError},
+				Hooks: true, Strict: true, StoreFirst: true, LiveReadTimeout: 300 * time.Millisecond, Namespaces: []string{"a", "b"}},
+			wantTTL: time.Hour},
+		{name: "an unknown mode is refused", args: []string{"--mode=block"}, wantErr: true},
+		{name: "a non-terminal deny phase is refused", args: []string{"--deny-phases=Running"}, wantErr: true},
+		{name: "an empty deny-phase list is refused", args: []string{"--deny-phases=,"}, wantErr: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f, err := parseFlags(tt.args)
+			if err != nil {
+				t.Fatal(err)
+			}
+			store, opts, err := f.guardOptions()
+			if (err != nil) != tt.wantErr {
+				t.Fatalf("guardOptions error = %v, want error %v", err, tt.wantErr)
+			}
+			if tt.wantErr {
+				return
+			}
+			if diff := cmp.Diff(tt.want, opts); diff != "" {
+				t.Errorf("webhook options (-want +got):\n%s", diff)
+			}
+			if store.TTL != tt.wantTTL {
+				t.Errorf("store TTL = %v, want %v", store.TTL, tt.wantTTL)
+			}
+		})
+	}
+}
+
+func TestUnknownFlagIsAnError(t *testing.T) {
+	if _, err := parseFlags([]string{"--no-such-flag"}); err == nil {
+		t.Error("parseFlags accepted an unknown flag")
+	}
+}
