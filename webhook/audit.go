@@ -53,7 +53,12 @@ func (g *guard) audit(ctx context.Context, req admission.Request, f podFacts, d 
 		g.metrics.liveReadFailures.WithLabelValues(kind).Inc()
 	}
 
-	log := logf.FromContext(ctx).WithValues(
+	log := logf.FromContext(ctx)
+	if !d.deny && d.reason != reasonUnverified && !log.V(1).Enabled() {
+		// The common case: an admission nobody asked to see logged costs no log values.
+		return verdict
+	}
+	log = log.WithValues(
 		"pod", f.namespace+"/"+f.name, "podKind", f.kind, "node", f.node,
 		"reason", d.reason, "verdict", verdict, "mode", g.opts.Mode, "uid", req.UID)
 	if f.owner != nil {
