@@ -50,16 +50,10 @@ type Observation struct {
 	Deleted bool
 }
 
-// Record is what the store knows of one workflow.
+// Record is what the store knows of one workflow: the newest observation of its UID (for a
+// tombstone, Phase is the phase last seen before the deletion) and when it was recorded.
 type Record struct {
-	UID             types.UID
-	Namespace       string
-	Name            string
-	ResourceVersion string
-	// Phase is the last phase seen; for a deleted workflow, its phase when last seen.
-	Phase argo.Phase
-	// Deleted marks a tombstone.
-	Deleted bool
+	Observation
 	// SeenAt is when this state was recorded.
 	SeenAt time.Time
 }
@@ -144,15 +138,7 @@ func (s *Store) Observe(o Observation) Result {
 			o.Phase = old.Phase
 		}
 	}
-	s.records[o.UID] = Record{
-		UID:             o.UID,
-		Namespace:       o.Namespace,
-		Name:            o.Name,
-		ResourceVersion: o.ResourceVersion,
-		Phase:           o.Phase,
-		Deleted:         o.Deleted,
-		SeenAt:          now,
-	}
+	s.records[o.UID] = Record{Observation: o, SeenAt: now}
 	return Applied
 }
 

@@ -324,25 +324,26 @@ func TestOutOfOrderEventsNeverBringBackAnOlderState(t *testing.T) {
 	mustDeny(t, exitPod(wf), "Succeeded")
 }
 
+// waitStore polls until the store's record of wf has the phase.
 func waitStore(t *testing.T, s *completionstore.Store, wf *unstructured.Unstructured, phase argo.Phase) {
 	t.Helper()
-	if err := wait.PollUntilContextTimeout(t.Context(), 10*time.Millisecond, 30*time.Second, true,
-		func(context.Context) (bool, error) {
-			r, ok := s.Get(wf.GetUID())
-			return ok && r.Phase == phase, nil
-		}); err != nil {
-		t.Fatalf("the store never saw %s reach %s", wf.GetName(), phase)
-	}
+	waitRecord(t, s, wf, "reach "+string(phase), func(r completionstore.Record) bool { return r.Phase == phase })
 }
 
+// waitTombstone polls until the store holds a tombstone of wf.
 func waitTombstone(t *testing.T, s *completionstore.Store, wf *unstructured.Unstructured) {
+	t.Helper()
+	waitRecord(t, s, wf, "deleted", func(r completionstore.Record) bool { return r.Deleted })
+}
+
+func waitRecord(t *testing.T, s *completionstore.Store, wf *unstructured.Unstructured, what string, cond func(completionstore.Record) bool) {
 	t.Helper()
 	if err := wait.PollUntilContextTimeout(t.Context(), 10*time.Millisecond, 30*time.Second, true,
 		func(context.Context) (bool, error) {
 			r, ok := s.Get(wf.GetUID())
-			return ok && r.Deleted, nil
+			return ok && cond(r), nil
 		}); err != nil {
-		t.Fatalf("the store never saw %s deleted", wf.GetName())
+		t.Fatalf("the store never saw %s %s", wf.GetName(), what)
 	}
 }
 
