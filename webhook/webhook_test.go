@@ -282,6 +282,12 @@ func TestDryRunModeMarksWithoutAnEvent(t *testing.T) {
 	if pod.Labels[LabelSuspect] != "true" {
 		t.Errorf("dry-run admitted pod labels %v, want it marked", pod.Labels)
 	}
+	// Events are sent asynchronously: watch for one for a while; none may come.
+	err := wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, 3*time.Second, true,
+		func(context.Context) (bool, error) { return countEvents(t, ns, wf) > 0, nil })
+	if err == nil {
+		t.Error("dry-run mode recorded an Event on the workflow")
+	}
 	if got := h.counter(t, "exit_guard_decisions_total", map[string]string{"verdict": "dry-run"}); got < 1 {
 		t.Errorf("dry-run decisions = %v, want at least 1", got)
 	}
