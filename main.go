@@ -11,8 +11,6 @@ import (
 	"time"
 
 	"go.uber.org/zap/zapcore"
-	"k8s.io/apimachinery/pkg/runtime"
-	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -127,13 +125,9 @@ func main() {
 		os.Exit(2)
 	}
 
-	scheme := runtime.NewScheme()
-	if err := clientgoscheme.AddToScheme(scheme); err != nil {
+	scheme, err := argo.NewScheme()
+	if err != nil {
 		setupLog.Error(err, "unable to build the scheme")
-		os.Exit(1)
-	}
-	if err := argo.AddToScheme(scheme); err != nil {
-		setupLog.Error(err, "unable to add Argo's Workflow to the scheme")
 		os.Exit(1)
 	}
 	wfObj, wfCache := completionstore.CacheByObject(guardOpts.Namespaces)

@@ -10,6 +10,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 )
 
 // Group, version and resource names of Argo's Workflow.
@@ -75,9 +76,6 @@ var GroupVersion = schema.GroupVersion{Group: Group, Version: Version}
 // WorkflowGVK is the GroupVersionKind of Workflow.
 var WorkflowGVK = GroupVersion.WithKind(Kind)
 
-// WorkflowGVR is the GroupVersionResource of Workflow.
-var WorkflowGVR = GroupVersion.WithResource(Resource)
-
 // Workflow is the part of an Argo Workflow that exit-guard reads. Decoding a workflow into it
 // skips spec and the status' node tree, which is where a workflow's size lies.
 type Workflow struct {
@@ -132,6 +130,19 @@ func (l *WorkflowList) DeepCopyObject() runtime.Object {
 		}
 	}
 	return out
+}
+
+// NewScheme returns a scheme with the built-in Kubernetes types and Workflow: the one scheme
+// of exit-guard's manager, its tests and its demo.
+func NewScheme() (*runtime.Scheme, error) {
+	s := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(s); err != nil {
+		return nil, err
+	}
+	if err := AddToScheme(s); err != nil {
+		return nil, err
+	}
+	return s, nil
 }
 
 // AddToScheme registers Workflow and WorkflowList under argoproj.io/v1alpha1.

@@ -18,15 +18,12 @@ import (
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	k8sruntime "k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/runtime/schema"
-	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
-)
 
-// WorkflowGVK is the group, version and kind of Argo's Workflow.
-var WorkflowGVK = schema.GroupVersionKind{Group: "argoproj.io", Version: "v1alpha1", Kind: "Workflow"}
+	"github.com/exit-guard/exit-guard/internal/argo"
+)
 
 // Options configures the test API server.
 type Options struct {
@@ -44,7 +41,7 @@ type Env struct {
 	env *envtest.Environment
 	// Config reaches the API server as an administrator.
 	Config *rest.Config
-	// Client is an uncached client on Config with the client-go scheme.
+	// Client is an uncached client on Config that knows the built-in types and argo.Workflow.
 	Client client.Client
 	// Scheme is the scheme of Client.
 	Scheme *k8sruntime.Scheme
@@ -114,8 +111,8 @@ func Start(opts Options) (*Env, error) {
 	if err != nil {
 		return nil, fmt.Errorf("starting kube-apiserver and etcd from %s: %w", assets, err)
 	}
-	scheme := k8sruntime.NewScheme()
-	if err := clientgoscheme.AddToScheme(scheme); err != nil {
+	scheme, err := argo.NewScheme()
+	if err != nil {
 		return nil, errors.Join(err, te.Stop())
 	}
 	c, err := client.New(cfg, client.Options{Scheme: scheme})

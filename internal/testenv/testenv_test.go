@@ -20,6 +20,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+
+	"github.com/exit-guard/exit-guard/internal/argo"
 )
 
 var env *Env
@@ -52,7 +54,7 @@ func TestMain(m *testing.M) {
 
 func workflow(name string) *unstructured.Unstructured {
 	wf := &unstructured.Unstructured{}
-	wf.SetGroupVersionKind(WorkflowGVK)
+	wf.SetGroupVersionKind(argo.WorkflowGVK)
 	wf.SetNamespace("default")
 	wf.SetName(name)
 	wf.Object["spec"] = map[string]any{"entrypoint": "main"}
