@@ -8,6 +8,11 @@ BIN := $(CURDIR)/bin
 # Tools are installed into ./bin at pinned versions.
 GOLANGCI_LINT_VERSION ?= v2.15.0
 GOLANGCI_LINT := $(BIN)/golangci-lint-$(GOLANGCI_LINT_VERSION)
+HELM_VERSION ?= v3.22.0
+HELM := $(BIN)/helm-$(HELM_VERSION)
+CONTROLLER_GEN_VERSION ?= v0.23.0
+CONTROLLER_GEN := $(BIN)/controller-gen-$(CONTROLLER_GEN_VERSION)
+CHART := charts/exit-guard
 # Options for `go test`, e.g. GOTESTFLAGS='-run TestX -v'.
 GOTESTFLAGS ?=
 
@@ -31,9 +36,34 @@ envtest-binaries: ## Build kube-apiserver and etcd from Go modules into the user
 	@hack/envtest-binaries.sh ensure
 
 .PHONY: test
-test: ## Run every test with the race detector against a real kube-apiserver (builds it if missing).
+test: $(HELM) ## Run every test with the race detector against a real kube-apiserver (builds it and helm if missing).
 	@assets=$$(hack/envtest-binaries.sh ensure) && \
-	  KUBEBUILDER_ASSETS="$$assets" $(GO) test -race -count=1 $(GOTESTFLAGS) ./...
+	  KUBEBUILDER_ASSETS="$$assets" HELM="$(HELM)" $(GO) test -race -count=1 $(GOTESTFLAGS) ./...
+
+.PHONY: manifests
+manifests: $(CONTROLLER_GEN) ## Generate config/ from the code's markers, copy it into the chart, write the chart README.
+	$(CONTROLLER_GEN) rbac:roleName=exit-guard paths=./completionstore/... paths=./webhook/... output:rbac:dir=config/rbac \
+	  webhook paths=./webhook/... output:webhook:dir=config/webhook
+	$(CONTROLLER_GEN) rbac:roleName=exit-guard-certs paths=./internal/certs/... output:rbac:dir=config/rbac-certs
+	cp config/rbac/role.yaml $(CHART)/files/rbac/guard.yaml
+	cp config/rbac-certs/role.yaml $(CHART)/files/rbac/certs.yaml
+	cp config/webhook/manifests.yaml $(CHART)/files/webhook/manifests.yaml
+	$(GO) run ./hack/chart-readme $(CHART)
+
+.PHONY: helm-lint
+helm-lint: $(HELM) ## Lint the chart.
+	$(HELM) lint $(CHART) --kube-version 1.37.2
+
+$(HELM):
+	@mkdir -p $(BIN)
+	@echo "building helm $(HELM_VERSION) into ./bin from Go modules (about 2 minutes the first time)"
+	GOBIN=$(BIN)/.helm-tmp $(GO) install helm.sh/helm/v3/cmd/helm@$(HELM_VERSION)
+	mv $(BIN)/.helm-tmp/helm $@ && rmdir $(BIN)/.helm-tmp
+
+$(CONTROLLER_GEN):
+	@mkdir -p $(BIN)
+	GOBIN=$(BIN)/.cg-tmp $(GO) install sigs.k8s.io/controller-tools/cmd/controller-gen@$(CONTROLLER_GEN_VERSION)
+	mv $(BIN)/.cg-tmp/controller-gen $@ && rmdir $(BIN)/.cg-tmp
 
 .PHONY: lint
 lint: $(GOLANGCI_LINT) ## Run golangci-lint (pinned version) and go vet.
@@ -51,10 +81,11 @@ fmt: ## Format the Go sources.
 	gofmt -w $$(git ls-files '*.go')
 
 .PHONY: verify
-verify: ## Check formatting, go.mod tidiness and generated files; fails on any drift.
+verify: manifests helm-lint ## Regenerate config/, the chart's copies and README; check formatting and go.mod; fail on any drift.
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt: run 'make fmt'"; exit 1; }
 	$(GO) mod tidy
-	@git diff --exit-code -- go.mod go.sum || { echo "go.mod/go.sum drift: run 'go mod tidy' and commit"; exit 1; }
+	@git diff --exit-code -- go.mod go.sum config $(CHART) || { echo "generated files drift: run 'make manifests' and 'go mod tidy', and commit"; exit 1; }
+	@test -z "$$(git status --porcelain -- config $(CHART))" || { git status --porcelain -- config $(CHART); echo "untracked generated files: commit them"; exit 1; }
 
 .PHONY: clean
 clean: ## Remove ./bin (the cached API-server binaries stay in the user cache).

@@ -5,12 +5,15 @@ package main
 
 import (
 	"crypto/tls"
+	"errors"
 	"flag"
+	"fmt"
 	"os"
 	"strings"
 	"time"
 
 	"go.uber.org/zap/zapcore"
+	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -21,6 +24,7 @@ import (
 
 	"github.com/exit-guard/exit-guard/completionstore"
 	"github.com/exit-guard/exit-guard/internal/argo"
+	"github.com/exit-guard/exit-guard/internal/certs"
 	"github.com/exit-guard/exit-guard/webhook"
 )
 
@@ -45,6 +49,46 @@ type flags struct {
 	namespaces      string
 	completionTTL   time.Duration
 	sweepInterval   time.Duration
+
+	certMode           string
+	certSecret         string
+	certNamespace      string
+	certDNSName        string
+	validatingConfig   string
+	mutatingConfig     string
+	serverCertDuration time.Duration
+	certLookahead      time.Duration
+	certCheckFrequency time.Duration
+}
+
+// certOptions turns the command line into the options of self-managed certificates; nil when
+// the certificate comes from outside (cert-manager, the chart, a file).
+func (f *flags) certOptions() (*certs.Options, error) {
+	switch f.certMode {
+	case "external":
+		return nil, nil
+	case "self":
+	default:
+		return nil, fmt.Errorf("unknown --cert-mode %q: want external or self", f.certMode)
+	}
+	o := &certs.Options{
+		Secret:             types.NamespacedName{Namespace: f.certNamespace, Name: f.certSecret},
+		CertDir:            f.webhookCertPath,
+		DNSName:            f.certDNSName,
+		ServerCertDuration: f.serverCertDuration,
+		Lookahead:          f.certLookahead,
+		CheckFrequency:     f.certCheckFrequency,
+	}
+	if f.validatingConfig != "" {
+		o.ValidatingWebhooks = []string{f.validatingConfig}
+	}
+	if f.mutatingConfig != "" {
+		o.MutatingWebhooks = []string{f.mutatingConfig}
+	}
+	if o.CertDir == "" {
+		return nil, errors.New("--cert-mode=self needs --webhook-cert-path, where the certificate Secret is mounted")
+	}
+	return o, nil
 }
 
 // guardOptions turns the command line into the options of the store and the webhook.
@@ -105,6 +149,18 @@ func parseFlags(args []string) (*flags, error) {
 	fs.StringVar(&f.namespaces, "namespaces", "", "Comma-separated namespaces to watch and guard; empty means all.")
 	fs.DurationVar(&f.completionTTL, "completion-ttl", 10*time.Minute, "How long the store remembers a workflow after its last change.")
 	fs.DurationVar(&f.sweepInterval, "sweep-interval", 30*time.Second, "How often expired records are removed from the store.")
+	fs.StringVar(&f.certMode, "cert-mode", "external",
+		"Where the webhook certificate comes from: external (files in --webhook-cert-path, e.g. from cert-manager or the chart) or self (the guard creates and rotates it).")
+	fs.StringVar(&f.certSecret, "cert-secret", "exit-guard-webhook-tls", "With --cert-mode=self: the Secret that holds the CA and serving certificate.")
+	fs.StringVar(&f.certNamespace, "cert-namespace", os.Getenv("POD_NAMESPACE"), "With --cert-mode=self: the namespace of that Secret (default $POD_NAMESPACE).")
+	fs.StringVar(&f.certDNSName, "cert-dns-name", "", "With --cert-mode=self: the webhook Service's DNS name, <service>.<namespace>.svc.")
+	fs.StringVar(&f.validatingConfig, "validating-webhook-configuration", "",
+		"With --cert-mode=self: the ValidatingWebhookConfiguration to write the CA into.")
+	fs.StringVar(&f.mutatingConfig, "mutating-webhook-configuration", "",
+		"With --cert-mode=self: the MutatingWebhookConfiguration to write the CA into.")
+	fs.DurationVar(&f.serverCertDuration, "server-cert-duration", 365*24*time.Hour, "With --cert-mode=self: how long a serving certificate is valid.")
+	fs.DurationVar(&f.certLookahead, "cert-lookahead", 90*24*time.Hour, "With --cert-mode=self: how long before expiry certificates are renewed.")
+	fs.DurationVar(&f.certCheckFrequency, "cert-check-frequency", 12*time.Hour, "With --cert-mode=self: how often expiry is checked.")
 	f.zap.BindFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -120,6 +176,11 @@ func main() {
 	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&f.zap)))
 	setupLog := ctrl.Log.WithName("setup")
 	storeOpts, guardOpts, err := f.guardOptions()
+	if err != nil {
+		setupLog.Error(err, "invalid flags")
+		os.Exit(2)
+	}
+	certOpts, err := f.certOptions()
 	if err != nil {
 		setupLog.Error(err, "invalid flags")
 		os.Exit(2)
@@ -145,6 +206,11 @@ func main() {
 		KeyName:  f.webhookKeyName,
 		TLSOpts:  tlsOpts,
 	})
+	certsReady := make(chan struct{})
+	if certOpts != nil {
+		// A self-managed certificate does not exist before the rotator writes it.
+		webhookServer = certs.WaitFor(webhookServer, certsReady)
+	}
 
 	mgr, err := ctrl.NewManager(ctrl.GetConfigOrDie(), ctrl.Options{
 		Scheme:                  scheme,
@@ -157,6 +223,18 @@ func main() {
 	if err != nil {
 		setupLog.Error(err, "unable to create the manager")
 		os.Exit(1)
+	}
+
+	if certOpts != nil {
+		certsChecker, err := certs.Setup(mgr, *certOpts, certsReady)
+		if err != nil {
+			setupLog.Error(err, "unable to manage the webhook certificate")
+			os.Exit(1)
+		}
+		if err := mgr.AddReadyzCheck("certificate", certsChecker); err != nil {
+			setupLog.Error(err, "unable to add the readiness check")
+			os.Exit(1)
+		}
 	}
 
 	store, err := completionstore.New(storeOpts)

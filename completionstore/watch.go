@@ -59,6 +59,9 @@ type WatchOptions struct {
 	Registerer prometheus.Registerer
 }
 
+// The guard lists and watches Workflows for its store; nothing else of Argo's.
+// +kubebuilder:rbac:groups=argoproj.io,resources=workflows,verbs=get;list;watch
+
 // Watch feeds store from the manager's Workflow informer and runs the store's sweeper in the
 // manager. The manager's scheme must know argo.Workflow (argo.AddToScheme), and its cache
 // should be configured with CacheByObject. The returned checker passes once the informer has

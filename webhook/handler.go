@@ -43,6 +43,15 @@ var (
 	_ admission.Handler = (*mutator)(nil)
 )
 
+// The live read GETs the owning Workflow (rbac on completionstore.Watch); the audit writes
+// Events on it through the events.k8s.io API.
+// +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
+//
+// The two admission paths, as the API server is to call them. The chart renders these with
+// its selectors, match conditions and failure policy; make verify checks it against them.
+// +kubebuilder:webhook:path=/validate-pod,mutating=false,failurePolicy=ignore,sideEffects=NoneOnDryRun,groups="",resources=pods,verbs=create,versions=v1,name=validate.exit-guard.io,admissionReviewVersions=v1,timeoutSeconds=5,matchPolicy=Equivalent
+// +kubebuilder:webhook:path=/mutate-pod,mutating=true,failurePolicy=ignore,sideEffects=NoneOnDryRun,groups="",resources=pods,verbs=create,versions=v1,name=mutate.exit-guard.io,admissionReviewVersions=v1,timeoutSeconds=5,matchPolicy=Equivalent,reinvocationPolicy=Never
+
 // Setup registers the guard's two admission paths on the manager's webhook server. Workflows
 // are read live through the manager's API reader (no cache), so the manager's scheme must know
 // argo.Workflow (argo.AddToScheme).

@@ -1,0 +1,166 @@
+{{/* The chart's name. */}}
+{{- define "exit-guard.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* The prefix of every resource name. */}}
+{{- define "exit-guard.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else if contains (include "exit-guard.name" .) .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name (include "exit-guard.name" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+
+{{/* Labels of the guard's pods, for selectors. */}}
+{{- define "exit-guard.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "exit-guard.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{/* Labels of every resource. */}}
+{{- define "exit-guard.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{ include "exit-guard.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/* Metadata annotations of every resource. */}}
+{{- define "exit-guard.annotations" -}}
+{{- with .Values.commonAnnotations }}
+annotations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}
+
+{{/* The ServiceAccount the guard runs as. */}}
+{{- define "exit-guard.serviceAccountName" -}}
+{{- if eq .Values.installMode "sidecar" }}
+{{- .Values.sidecar.controllerServiceAccount }}
+{{- else if .Values.serviceAccount.create }}
+{{- default (include "exit-guard.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/* The image reference: a digest wins over a tag. */}}
+{{- define "exit-guard.image" -}}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+{{- end }}
+
+{{- define "exit-guard.serviceName" -}}
+{{- printf "%s-webhook" (include "exit-guard.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "exit-guard.secretName" -}}
+{{- printf "%s-webhook-tls" (include "exit-guard.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "exit-guard.webhookConfigName" -}}
+{{- include "exit-guard.fullname" . }}
+{{- end }}
+
+{{/* The DNS name the API server calls. */}}
+{{- define "exit-guard.dnsName" -}}
+{{- printf "%s.%s.svc" (include "exit-guard.serviceName" .) .Release.Namespace }}
+{{- end }}
+
+{{/* true when the mutating webhook (which marks suspect pods) is registered instead of the validating one. */}}
+{{- define "exit-guard.mutating" -}}
+{{- if has .Values.guard.mode (list "warn" "dry-run") }}true{{ end }}
+{{- end }}
+
+{{/* The guard's command line. */}}
+{{- define "exit-guard.args" -}}
+- --mode={{ .Values.guard.mode }}
+- --deny-phases={{ join "," .Values.guard.denyPhases }}
+- --cover-hooks={{ .Values.guard.coverHooks }}
+- --strict={{ .Values.guard.strict }}
+- --store-first={{ .Values.guard.storeFirst }}
+- --live-read-timeout={{ .Values.guard.liveReadTimeout }}
+- --namespaces={{ join "," .Values.guard.namespaces }}
+- --completion-ttl={{ .Values.guard.completionTTL }}
+- --webhook-port={{ .Values.webhook.port }}
+- --webhook-cert-path=/tmp/k8s-webhook-server/serving-certs
+- --metrics-bind-address=:{{ .Values.metrics.port }}
+- --health-probe-bind-address=:{{ .Values.probePort }}
+- --zap-log-level={{ .Values.logging.level }}
+- --zap-encoder={{ .Values.logging.format }}
+{{- if eq .Values.certificates.mode "self" }}
+- --cert-mode=self
+- --cert-secret={{ include "exit-guard.secretName" . }}
+- --cert-dns-name={{ include "exit-guard.dnsName" . }}
+{{- if include "exit-guard.mutating" . }}
+- --mutating-webhook-configuration={{ include "exit-guard.webhookConfigName" . }}
+{{- else }}
+- --validating-webhook-configuration={{ include "exit-guard.webhookConfigName" . }}
+{{- end }}
+- --server-cert-duration={{ .Values.certificates.self.serverCertDuration }}
+- --cert-lookahead={{ .Values.certificates.self.lookahead }}
+- --cert-check-frequency={{ .Values.certificates.self.checkFrequency }}
+{{- end }}
+{{- end }}
+
+{{/* The guard's container, in the Deployment and in the sidecar snippet. */}}
+{{- define "exit-guard.container" -}}
+name: exit-guard
+image: {{ include "exit-guard.image" . }}
+imagePullPolicy: {{ .Values.image.pullPolicy }}
+args:
+  {{- include "exit-guard.args" . | nindent 2 }}
+env:
+  - name: POD_NAMESPACE
+    valueFrom:
+      fieldRef:
+        fieldPath: metadata.namespace
+ports:
+  - name: webhook
+    containerPort: {{ .Values.webhook.port }}
+    protocol: TCP
+  - name: metrics
+    containerPort: {{ .Values.metrics.port }}
+    protocol: TCP
+  - name: probes
+    containerPort: {{ .Values.probePort }}
+    protocol: TCP
+livenessProbe:
+  httpGet:
+    path: /healthz
+    port: probes
+  periodSeconds: 10
+readinessProbe:
+  httpGet:
+    path: /readyz
+    port: probes
+  periodSeconds: 5
+resources:
+  {{- toYaml .Values.resources | nindent 2 }}
+securityContext:
+  {{- toYaml .Values.securityContext | nindent 2 }}
+volumeMounts:
+  - name: exit-guard-webhook-tls
+    mountPath: /tmp/k8s-webhook-server/serving-certs
+    readOnly: true
+{{- end }}
+
+{{/* The volume holding the serving certificate. */}}
+{{- define "exit-guard.volume" -}}
+name: exit-guard-webhook-tls
+secret:
+  secretName: {{ include "exit-guard.secretName" . }}
+  {{- if eq .Values.certificates.mode "self" }}
+  # The guard fills the Secret after the pod starts.
+  optional: true
+  {{- end }}
+{{- end }}

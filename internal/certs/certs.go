@@ -1,0 +1,119 @@
+// Package certs lets exit-guard manage its own webhook serving certificate: a CA and a serving
+// certificate kept in a Secret, the CA written into the guard's webhook configurations, and
+// both renewed before they expire. The work is done by open-policy-agent/cert-controller's
+// rotator, a well-kept library used by Gatekeeper; this package only configures it and holds
+// the webhook server back until the certificate is on disk.
+//
+// The Secret is mounted into the guard's pod at the certificate folder; the kubelet refreshes
+// the files when the rotator updates the Secret, and controller-runtime's certificate watcher
+// serves the new certificate without a restart.
+package certs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/open-policy-agent/cert-controller/pkg/rotator"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
+	"sigs.k8s.io/controller-runtime/pkg/webhook"
+)
+
+// The rotator keeps the CA and certificate in a Secret of the guard's namespace and writes the
+// CA into the guard's webhook configurations.
+// +kubebuilder:rbac:groups="",namespace=exit-guard,resources=secrets,verbs=get;list;watch;update
+// +kubebuilder:rbac:groups=admissionregistration.k8s.io,resources=validatingwebhookconfigurations;mutatingwebhookconfigurations,verbs=get;list;watch;update
+
+// Options configures self-managed certificates.
+type Options struct {
+	// Secret holds ca.crt, ca.key, tls.crt and tls.key.
+	Secret types.NamespacedName
+	// CertDir is where the Secret is mounted; the webhook server reads tls.crt and tls.key there.
+	CertDir string
+	// DNSName is the Service's name the API server calls, <service>.<namespace>.svc.
+	DNSName string
+	// ValidatingWebhooks and MutatingWebhooks name the webhook configurations whose caBundle
+	// the guard writes. Name only those that exist.
+	ValidatingWebhooks []string
+	MutatingWebhooks   []string
+	// ServerCertDuration is how long a serving certificate is valid (default one year).
+	ServerCertDuration time.Duration
+	// Lookahead is how long before expiry a certificate is renewed (default 90 days).
+	Lookahead time.Duration
+	// CheckFrequency is how often expiry is checked (default 12 hours).
+	CheckFrequency time.Duration
+}
+
+// Setup adds the rotator to mgr. It closes ready once the certificate is mounted and the CA is
+// in every named webhook configuration, and returns a readiness check that passes from then
+// on. The webhook server given to the manager should be WaitFor(server, ready).
+func Setup(mgr manager.Manager, opts Options, ready chan struct{}) (healthz.Checker, error) {
+	if opts.Secret.Namespace == "" || opts.Secret.Name == "" {
+		return nil, errors.New("certs: the certificate Secret needs a namespace and a name")
+	}
+	if opts.DNSName == "" {
+		return nil, errors.New("certs: the webhook Service's DNS name is required")
+	}
+	if len(opts.ValidatingWebhooks)+len(opts.MutatingWebhooks) == 0 {
+		return nil, errors.New("certs: name at least one webhook configuration to write the CA into")
+	}
+	var hooks []rotator.WebhookInfo
+	for _, n := range opts.ValidatingWebhooks {
+		hooks = append(hooks, rotator.WebhookInfo{Name: n, Type: rotator.Validating})
+	}
+	for _, n := range opts.MutatingWebhooks {
+		hooks = append(hooks, rotator.WebhookInfo{Name: n, Type: rotator.Mutating})
+	}
+	err := rotator.AddRotator(mgr, &rotator.CertRotator{
+		SecretKey:              opts.Secret,
+		CertDir:                opts.CertDir,
+		CAName:                 "exit-guard-ca",
+		CAOrganization:         "exit-guard",
+		DNSName:                opts.DNSName,
+		IsReady:                ready,
+		Webhooks:               hooks,
+		FieldOwner:             "exit-guard",
+		ServerCertDuration:     opts.ServerCertDuration,
+		LookaheadInterval:      opts.Lookahead,
+		RotationCheckFrequency: opts.CheckFrequency,
+		// Every replica serves webhooks and needs the certificate; writes of the same Secret
+		// by two replicas are ordered by resourceVersion conflicts.
+		RequireLeaderElection: false,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("certs: adding the certificate rotator: %w", err)
+	}
+	return func(*http.Request) error {
+		select {
+		case <-ready:
+			return nil
+		default:
+			return errors.New("the webhook certificate is not mounted or its CA is not in the webhook configurations yet")
+		}
+	}, nil
+}
+
+// WaitFor returns a webhook server that starts serving only once ready is closed: the server
+// reads its certificate when it starts, and a self-managed one does not exist before that.
+func WaitFor(s webhook.Server, ready <-chan struct{}) webhook.Server {
+	return &waitingServer{Server: s, ready: ready}
+}
+
+type waitingServer struct {
+	webhook.Server
+	ready <-chan struct{}
+}
+
+// Start waits for the certificate, then serves.
+func (w *waitingServer) Start(ctx context.Context) error {
+	select {
+	case <-ctx.Done():
+		return nil
+	case <-w.ready:
+	}
+	return w.Server.Start(ctx)
+}
