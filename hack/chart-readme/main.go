@@ -39,7 +39,7 @@ func run(dir string) error {
 	}
 	var values map[string]any
 	if err := yaml.Unmarshal(raw, &values); err != nil {
-		return fmt.Errorf("values.yaml: %w", err)
+		return fmt.Errorf("parsing values.yaml: %w", err)
 	}
 	chartRaw, err := os.ReadFile(filepath.Join(dir, "Chart.yaml"))
 	if err != nil {
@@ -49,7 +49,7 @@ func run(dir string) error {
 		Name, Description, Version, AppVersion string
 	}
 	if err := yaml.Unmarshal(chartRaw, &chart); err != nil {
-		return fmt.Errorf("Chart.yaml: %w", err)
+		return fmt.Errorf("parsing Chart.yaml: %w", err)
 	}
 
 	var rows []row
