@@ -54,6 +54,7 @@ type flags struct {
 	certSecret         string
 	certNamespace      string
 	certDNSName        string
+	certExtraDNSNames  string
 	validatingConfig   string
 	mutatingConfig     string
 	serverCertDuration time.Duration
@@ -75,6 +76,7 @@ func (f *flags) certOptions() (*certs.Options, error) {
 		Secret:             types.NamespacedName{Namespace: f.certNamespace, Name: f.certSecret},
 		CertDir:            f.webhookCertPath,
 		DNSName:            f.certDNSName,
+		ExtraDNSNames:      splitList(f.certExtraDNSNames),
 		ServerCertDuration: f.serverCertDuration,
 		Lookahead:          f.certLookahead,
 		CheckFrequency:     f.certCheckFrequency,
@@ -101,12 +103,7 @@ func (f *flags) guardOptions() (completionstore.Options, webhook.Options, error)
 	if err != nil {
 		return completionstore.Options{}, webhook.Options{}, err
 	}
-	var namespaces []string
-	for _, ns := range strings.Split(f.namespaces, ",") {
-		if ns = strings.TrimSpace(ns); ns != "" {
-			namespaces = append(namespaces, ns)
-		}
-	}
+	namespaces := splitList(f.namespaces)
 	return completionstore.Options{TTL: f.completionTTL, SweepInterval: f.sweepInterval},
 		webhook.Options{
 			Mode:            mode,
@@ -117,6 +114,17 @@ func (f *flags) guardOptions() (completionstore.Options, webhook.Options, error)
 			LiveReadTimeout: f.liveReadTimeout,
 			Namespaces:      namespaces,
 		}, nil
+}
+
+// splitList splits a comma-separated flag value, dropping empty items.
+func splitList(s string) []string {
+	var out []string
+	for _, item := range strings.Split(s, ",") {
+		if item = strings.TrimSpace(item); item != "" {
+			out = append(out, item)
+		}
+	}
+	return out
 }
 
 func parseFlags(args []string) (*flags, error) {
@@ -154,6 +162,7 @@ func parseFlags(args []string) (*flags, error) {
 	fs.StringVar(&f.certSecret, "cert-secret", "exit-guard-webhook-tls", "With --cert-mode=self: the Secret that holds the CA and serving certificate.")
 	fs.StringVar(&f.certNamespace, "cert-namespace", os.Getenv("POD_NAMESPACE"), "With --cert-mode=self: the namespace of that Secret (default $POD_NAMESPACE).")
 	fs.StringVar(&f.certDNSName, "cert-dns-name", "", "With --cert-mode=self: the webhook Service's DNS name, <service>.<namespace>.svc.")
+	fs.StringVar(&f.certExtraDNSNames, "cert-extra-dns-names", "", "With --cert-mode=self: comma-separated further DNS names of the serving certificate.")
 	fs.StringVar(&f.validatingConfig, "validating-webhook-configuration", "",
 		"With --cert-mode=self: the ValidatingWebhookConfiguration to write the CA into.")
 	fs.StringVar(&f.mutatingConfig, "mutating-webhook-configuration", "",

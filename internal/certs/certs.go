@@ -36,6 +36,8 @@ type Options struct {
 	CertDir string
 	// DNSName is the Service's name the API server calls, <service>.<namespace>.svc.
 	DNSName string
+	// ExtraDNSNames are further names the serving certificate is valid for.
+	ExtraDNSNames []string
 	// ValidatingWebhooks and MutatingWebhooks name the webhook configurations whose caBundle
 	// the guard writes. Name only those that exist.
 	ValidatingWebhooks []string
@@ -74,6 +76,7 @@ func Setup(mgr manager.Manager, opts Options, ready chan struct{}) (healthz.Chec
 		CAName:                 "exit-guard-ca",
 		CAOrganization:         "exit-guard",
 		DNSName:                opts.DNSName,
+		ExtraDNSNames:          opts.ExtraDNSNames,
 		IsReady:                ready,
 		Webhooks:               hooks,
 		FieldOwner:             "exit-guard",

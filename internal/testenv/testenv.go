@@ -32,6 +32,8 @@ type Options struct {
 	ValidatingWebhooks []*admissionregistrationv1.ValidatingWebhookConfiguration
 	// MutatingWebhooks are registered the same way.
 	MutatingWebhooks []*admissionregistrationv1.MutatingWebhookConfiguration
+	// CRDDirs are folders of further CRDs to install, besides test/crds.
+	CRDDirs []string
 	// APIServerFlags are extra kube-apiserver flags, as name=value.
 	APIServerFlags map[string]string
 }
@@ -92,7 +94,7 @@ func Start(opts Options) (*Env, error) {
 	}
 	te := &envtest.Environment{
 		BinaryAssetsDirectory: assets,
-		CRDDirectoryPaths:     []string{filepath.Join(RepoRoot(), "test", "crds")},
+		CRDDirectoryPaths:     append([]string{filepath.Join(RepoRoot(), "test", "crds")}, opts.CRDDirs...),
 		ErrorIfCRDPathMissing: true,
 		WebhookInstallOptions: envtest.WebhookInstallOptions{
 			ValidatingWebhooks: opts.ValidatingWebhooks,

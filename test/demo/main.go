@@ -10,14 +10,10 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
@@ -160,81 +156,25 @@ func startGuard(ctx context.Context, env *testenv.Env, bin string, verbose bool)
 	if _, err := os.Stat(bin); err != nil {
 		return nil, "", fmt.Errorf("no guard binary at %s: run 'make build' (make demo does): %w", bin, err)
 	}
-	dir, err := os.MkdirTemp("", "exit-guard-demo")
-	if err != nil {
-		return nil, "", err
+	say("== Starting %s (enforce mode; webhook on port %d)", bin, env.WebhookPort)
+	out := io.Discard
+	if verbose {
+		out = os.Stdout
 	}
-	kubeconfig := filepath.Join(dir, "kubeconfig")
-	if err := os.WriteFile(kubeconfig, env.KubeConfig(), 0o600); err != nil {
-		return nil, "", err
-	}
-	probe, err := freeAddr()
-	if err != nil {
-		return nil, "", err
-	}
-	metricsAddr, err = freeAddr()
-	if err != nil {
-		return nil, "", err
-	}
-	// bin is the operator's own --guard flag: running it is the point.
-	cmd := exec.Command(bin, //nolint:gosec // G204: see above
+	g, err := testenv.StartGuard(ctx, bin, env.KubeConfig(), []string{
 		"--webhook-port", strconv.Itoa(env.WebhookPort),
 		"--webhook-cert-path", env.WebhookCertDir,
-		"--health-probe-bind-address", probe,
-		"--metrics-bind-address", metricsAddr,
-		"--zap-encoder", "console")
-	cmd.Env = append(os.Environ(), "KUBECONFIG="+kubeconfig)
-	cmd.Stdout, cmd.Stderr = io.Discard, io.Discard
-	if verbose {
-		cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
-	}
-	if err := cmd.Start(); err != nil {
-		return nil, "", err
-	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	stop = func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case err := <-exited:
-			if err != nil && verbose {
-				say("exit-guard stopped: %v", err)
-			}
-		case <-time.After(30 * time.Second):
-			_ = cmd.Process.Kill()
-		}
-		_ = os.RemoveAll(dir)
-	}
-	say("== Starting %s (enforce mode; webhook on port %d)", bin, env.WebhookPort)
-	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 60*time.Second, true, func(ctx context.Context) (bool, error) {
-		select {
-		case err := <-exited:
-			return false, fmt.Errorf("exit-guard exited early; rerun with -v to see its log: %w", err)
-		default:
-		}
-		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+probe+"/readyz", nil)
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			return false, nil
-		}
-		_ = resp.Body.Close()
-		return resp.StatusCode == http.StatusOK, nil
-	})
+		"--zap-encoder", "console",
+	}, out)
 	if err != nil {
-		stop()
-		return nil, "", fmt.Errorf("exit-guard never became ready: %w", err)
+		return nil, "", fmt.Errorf("%w (rerun with -v to see its log)", err)
 	}
 	say("exit-guard is ready: its Workflow cache has synced and its webhook serves TLS.")
-	return stop, metricsAddr, nil
-}
-
-func freeAddr() (string, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", err
-	}
-	addr := l.Addr().String()
-	return addr, l.Close()
+	return func() {
+		if err := g.Stop(); err != nil && verbose {
+			say("exit-guard stopped: %v", err)
+		}
+	}, g.MetricsAddr, nil
 }
 
 func newWorkflow(ctx context.Context, c client.Client, ns string) (*unstructured.Unstructured, error) {

@@ -1,0 +1,113 @@
+package testenv
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"k8s.io/apimachinery/pkg/util/wait"
+)
+
+// BuildGuard builds the exit-guard binary into dir and returns its path.
+func BuildGuard(dir string) (string, error) {
+	bin := filepath.Join(dir, "exit-guard")
+	cmd := exec.Command("go", "build", "-o", bin, ".")
+	cmd.Dir = RepoRoot()
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("building exit-guard: %w: %s", err, out)
+	}
+	return bin, nil
+}
+
+// Guard is an exit-guard process.
+type Guard struct {
+	// ProbeAddr and MetricsAddr are its health and metrics endpoints on loopback.
+	ProbeAddr, MetricsAddr string
+	cmd                    *exec.Cmd
+	exited                 chan error
+	dir                    string
+}
+
+// StartGuard runs bin with args against the API server that kubeconfig reaches, with its probe
+// and metrics endpoints on free loopback ports (appended after args, so they win), and waits
+// until /readyz answers 200. Its output goes to out.
+func StartGuard(ctx context.Context, bin string, kubeconfig []byte, args []string, out io.Writer) (*Guard, error) {
+	dir, err := os.MkdirTemp("", "exit-guard-run")
+	if err != nil {
+		return nil, err
+	}
+	g := &Guard{exited: make(chan error, 1), dir: dir}
+	kc := filepath.Join(dir, "kubeconfig")
+	if err := os.WriteFile(kc, kubeconfig, 0o600); err != nil {
+		return nil, err
+	}
+	if g.ProbeAddr, err = FreeAddr(); err != nil {
+		return nil, err
+	}
+	if g.MetricsAddr, err = FreeAddr(); err != nil {
+		return nil, err
+	}
+	args = append(append([]string{}, args...),
+		"--health-probe-bind-address="+g.ProbeAddr, "--metrics-bind-address="+g.MetricsAddr)
+	g.cmd = exec.Command(bin, args...) //nolint:gosec // G204: the binary this repository built
+	g.cmd.Env = append(os.Environ(), "KUBECONFIG="+kc)
+	g.cmd.Stdout, g.cmd.Stderr = out, out
+	if err := g.cmd.Start(); err != nil {
+		return nil, err
+	}
+	go func() { g.exited <- g.cmd.Wait() }()
+	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 90*time.Second, true, func(ctx context.Context) (bool, error) {
+		select {
+		case err := <-g.exited:
+			return false, fmt.Errorf("exit-guard exited before it was ready: %w", err)
+		default:
+		}
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+g.ProbeAddr+"/readyz", nil)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return false, nil
+		}
+		_ = resp.Body.Close()
+		return resp.StatusCode == http.StatusOK, nil
+	})
+	if err != nil {
+		g.Stop()
+		return nil, fmt.Errorf("exit-guard never became ready: %w", err)
+	}
+	return g, nil
+}
+
+// Stop sends SIGTERM and waits for the process to end (killing it after 30 s). It returns the
+// process's exit error, if any.
+func (g *Guard) Stop() error {
+	defer func() { _ = os.RemoveAll(g.dir) }()
+	if g.cmd.Process == nil {
+		return nil
+	}
+	_ = g.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case err := <-g.exited:
+		return err
+	case <-time.After(30 * time.Second):
+		_ = g.cmd.Process.Kill()
+		return errors.New("exit-guard did not stop within 30 s of SIGTERM")
+	}
+}
+
+// FreeAddr returns a loopback address with a port that was free a moment ago.
+func FreeAddr() (string, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	addr := l.Addr().String()
+	return addr, l.Close()
+}
