@@ -1,0 +1,240 @@
+package chart
+
+import (
+	"crypto/x509"
+	"encoding/pem"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/rand"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/exit-guard/exit-guard/internal/testenv"
+)
+
+func convert[T any](t *testing.T, u *unstructured.Unstructured) *T {
+	t.Helper()
+	out := new(T)
+	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, out); err != nil {
+		t.Fatalf("converting %s %s: %v", u.GetKind(), u.GetName(), err)
+	}
+	return out
+}
+
+func TestEveryProfileLintsAndRenders(t *testing.T) {
+	for _, p := range profiles {
+		t.Run(p.name, func(t *testing.T) {
+			runHelm(t, append([]string{"lint", chartDir, "--strict", "--kube-version", "1.37.2"}, p.args()...)...)
+			objs := render(t, p, "eg", "argo")
+			sidecar := strings.HasPrefix(p.name, "sidecar")
+			mutating := p.name == "self-managed-warn" || p.name == "dry-run"
+			if got := len(find(objs, "MutatingWebhookConfiguration")); got != map[bool]int{true: 1, false: 0}[mutating] {
+				t.Errorf("%d MutatingWebhookConfigurations", got)
+			}
+			if got := len(find(objs, "ValidatingWebhookConfiguration")); got != map[bool]int{true: 0, false: 1}[mutating] {
+				t.Errorf("%d ValidatingWebhookConfigurations", got)
+			}
+			binding := convert[rbacv1.ClusterRoleBinding](t, find(objs, "ClusterRoleBinding")[0])
+			svc := convert[corev1.Service](t, only(t, objs, "Service"))
+			if sidecar {
+				if n := len(find(objs, "Deployment")) + len(find(objs, "ServiceAccount")) + len(find(objs, "PodDisruptionBudget")); n != 0 {
+					t.Errorf("sidecar mode rendered %d Deployments, ServiceAccounts or PDBs", n)
+				}
+				if binding.Subjects[0].Name != "argo-workflows-workflow-controller" {
+					t.Errorf("sidecar RBAC bound to %q, want the controller's ServiceAccount", binding.Subjects[0].Name)
+				}
+				if diff := cmp.Diff(map[string]string{"app.kubernetes.io/component": "workflow-controller"}, svc.Spec.Selector); diff != "" {
+					t.Errorf("sidecar Service selector (-want +got):\n%s", diff)
+				}
+				return
+			}
+			dep := convert[appsv1.Deployment](t, only(t, objs, "Deployment"))
+			checkDeployment(t, p, dep)
+			if binding.Subjects[0].Name != dep.Spec.Template.Spec.ServiceAccountName {
+				t.Errorf("RBAC bound to %q, the pod runs as %q", binding.Subjects[0].Name, dep.Spec.Template.Spec.ServiceAccountName)
+			}
+			if len(find(objs, "PodDisruptionBudget")) != 1 {
+				t.Error("no PodDisruptionBudget for a multi-replica Deployment")
+			}
+			if p.name == "everything" {
+				for _, kind := range []string{"ServiceMonitor", "NetworkPolicy"} {
+					if len(find(objs, kind)) != 1 {
+						t.Errorf("no %s", kind)
+					}
+				}
+				c := dep.Spec.Template.Spec.Containers[0]
+				if !strings.HasSuffix(c.Image, "@sha256:"+strings.Repeat("ab", 32)) {
+					t.Errorf("image %q does not use the digest", c.Image)
+				}
+				if dep.Labels["team"] != "platform" || dep.Annotations["owner"] != "platform-team" {
+					t.Errorf("common labels/annotations missing: %v %v", dep.Labels, dep.Annotations)
+				}
+				for _, arg := range []string{"--strict=true", "--deny-phases=Succeeded,Failed,Error", "--namespaces=argo,ci", "--zap-log-level=debug"} {
+					if !contains(c.Args, arg) {
+						t.Errorf("args %v lack %s", c.Args, arg)
+					}
+				}
+			}
+		})
+	}
+}
+
+func checkDeployment(t *testing.T, p profile, dep *appsv1.Deployment) {
+	t.Helper()
+	spec := dep.Spec.Template.Spec
+	if p.name != "everything" && *dep.Spec.Replicas != 2 {
+		t.Errorf("replicas = %d, want 2 by default", *dep.Spec.Replicas)
+	}
+	if len(spec.TopologySpreadConstraints) == 0 || spec.TopologySpreadConstraints[0].TopologyKey != "kubernetes.io/hostname" {
+		t.Errorf("replicas are not spread across nodes: %+v", spec.TopologySpreadConstraints)
+	}
+	c := spec.Containers[0]
+	if c.ReadinessProbe == nil || c.ReadinessProbe.HTTPGet.Path != "/readyz" {
+		t.Errorf("readiness probe %+v, want the guard's /readyz", c.ReadinessProbe)
+	}
+	sc := c.SecurityContext
+	if sc == nil || sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem || *sc.AllowPrivilegeEscalation ||
+		len(sc.Capabilities.Drop) != 1 || sc.Capabilities.Drop[0] != "ALL" {
+		t.Errorf("container security context %+v is not restricted", sc)
+	}
+	if psc := spec.SecurityContext; psc == nil || !*psc.RunAsNonRoot || psc.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault {
+		t.Errorf("pod security context %+v is not restricted", psc)
+	}
+	if c.Resources.Requests.Memory().IsZero() {
+		t.Error("no resource requests")
+	}
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+// TestRenderedManifestsAreAcceptedByTheAPIServer creates every rendered object of every
+// profile with a server-side dry run: schema, CEL match conditions and admission included. The
+// guard's pod template must also pass the restricted Pod Security profile.
+func TestRenderedManifestsAreAcceptedByTheAPIServer(t *testing.T) {
+	for _, p := range profiles {
+		t.Run(p.name, func(t *testing.T) {
+			ns := newNamespace(t, map[string]string{"pod-security.kubernetes.io/enforce": "restricted"})
+			for _, o := range render(t, p, "eg-"+rand.String(4), ns) {
+				if err := env.Client.Create(t.Context(), o, client.DryRunAll); err != nil {
+					t.Errorf("API server refused %s %s: %v", o.GetKind(), o.GetName(), err)
+				}
+				if o.GetKind() != "Deployment" {
+					continue
+				}
+				dep := convert[appsv1.Deployment](t, o)
+				pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "guard-pod", Labels: dep.Spec.Template.Labels},
+					Spec: dep.Spec.Template.Spec}
+				pod.Spec.PriorityClassName = ""
+				if err := env.Client.Create(t.Context(), pod, client.DryRunAll); err != nil {
+					t.Errorf("the guard's pod is refused in a namespace enforcing the restricted profile: %v", err)
+				}
+			}
+		})
+	}
+}
+
+func newNamespace(t *testing.T, labels map[string]string) string {
+	t.Helper()
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "chart-" + rand.String(6), Labels: labels}}
+	if err := env.Client.Create(t.Context(), ns); err != nil {
+		t.Fatal(err)
+	}
+	return ns.Name
+}
+
+// TestChartMatchesTheGeneratedManifests checks the chart's webhooks and RBAC against config/,
+// which controller-gen generates from the markers in the code.
+func TestChartMatchesTheGeneratedManifests(t *testing.T) {
+	root := testenv.RepoRoot()
+	generated := map[string]map[string]any{}
+	raw, err := os.ReadFile(filepath.Join(root, "config", "webhook", "manifests.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, o := range decodeAll(t, raw) {
+		generated[o.GetKind()] = o.Object["webhooks"].([]any)[0].(map[string]any)
+	}
+	for _, p := range []profile{profiles[0], {name: "warn", set: []string{"guard.mode=warn"}}} {
+		for _, o := range render(t, p, "eg", "argo") {
+			want, ok := generated[o.GetKind()]
+			if !ok {
+				continue
+			}
+			got := o.Object["webhooks"].([]any)[0].(map[string]any)
+			for _, field := range []string{"name", "rules", "sideEffects", "admissionReviewVersions", "matchPolicy", "reinvocationPolicy"} {
+				if diff := cmp.Diff(want[field], got[field]); diff != "" {
+					t.Errorf("%s %s differs from config/webhook (-generated +chart):\n%s", o.GetKind(), field, diff)
+				}
+			}
+			wantPath := want["clientConfig"].(map[string]any)["service"].(map[string]any)["path"]
+			if gotPath := got["clientConfig"].(map[string]any)["service"].(map[string]any)["path"]; gotPath != wantPath {
+				t.Errorf("%s path %v, generated %v", o.GetKind(), gotPath, wantPath)
+			}
+		}
+	}
+
+	rules := func(file string) map[string][]rbacv1.PolicyRule {
+		raw, err := os.ReadFile(filepath.Join(root, "config", file))
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := map[string][]rbacv1.PolicyRule{}
+		for _, o := range decodeAll(t, raw) {
+			out[o.GetKind()] = convert[rbacv1.ClusterRole](t, o).Rules
+		}
+		return out
+	}
+	guard, certRules := rules("rbac/role.yaml"), rules("rbac-certs/role.yaml")
+	objs := render(t, profile{name: "self", set: []string{"certificates.mode=self"}}, "eg", "argo")
+	for _, o := range append(find(objs, "ClusterRole"), find(objs, "Role")...) {
+		want := guard["ClusterRole"]
+		if strings.HasSuffix(o.GetName(), "-certs") {
+			want = certRules[o.GetKind()]
+		}
+		if diff := cmp.Diff(want, convert[rbacv1.ClusterRole](t, o).Rules); diff != "" {
+			t.Errorf("%s %s rules differ from config/ (-generated +chart):\n%s", o.GetKind(), o.GetName(), diff)
+		}
+	}
+}
+
+// TestChartCertificateIsValidForTheService checks the chart-generated certificate the way the
+// API server will: it chains to the caBundle of the webhook configuration and names the Service.
+func TestChartCertificateIsValidForTheService(t *testing.T) {
+	objs := render(t, profiles[0], "eg", "argo")
+	secret := convert[corev1.Secret](t, only(t, objs, "Secret"))
+	vwc := convert[admissionregistrationv1.ValidatingWebhookConfiguration](t, only(t, objs, "ValidatingWebhookConfiguration"))
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(vwc.Webhooks[0].ClientConfig.CABundle) {
+		t.Fatal("the caBundle holds no certificate")
+	}
+	block, _ := pem.Decode(secret.Data["tls.crt"])
+	if block == nil {
+		t.Fatal("tls.crt holds no certificate")
+	}
+	cert, err := x509.ParseCertificate(block.Bytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc := vwc.Webhooks[0].ClientConfig.Service
+	if _, err := cert.Verify(x509.VerifyOptions{Roots: pool, DNSName: svc.Name + "." + svc.Namespace + ".svc",
+		KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}); err != nil {
+		t.Errorf("the serving certificate does not verify for the Service: %v", err)
+	}
+}
