@@ -1,0 +1,238 @@
+package chart
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	authorizationv1 "k8s.io/api/authorization/v1"
+	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/util/rand"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/exit-guard/exit-guard/internal/argo"
+	"github.com/exit-guard/exit-guard/internal/testenv"
+)
+
+// syncBuffer collects a guard's output.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// install creates the rendered objects for real, except the Deployment (no kubelet runs its
+// pods here: the test runs the guard itself) and the webhook configurations, which it returns.
+func install(t *testing.T, objs []*unstructured.Unstructured) (webhooks []*unstructured.Unstructured) {
+	t.Helper()
+	for _, o := range objs {
+		switch o.GetKind() {
+		case "Deployment", "PodDisruptionBudget":
+			continue
+		case "ValidatingWebhookConfiguration", "MutatingWebhookConfiguration":
+			webhooks = append(webhooks, o)
+			continue
+		}
+		if err := env.Client.Create(t.Context(), o); err != nil {
+			t.Fatalf("creating %s %s: %v", o.GetKind(), o.GetName(), err)
+		}
+		obj := o
+		t.Cleanup(func() { _ = env.Client.Delete(context.Background(), obj) })
+	}
+	return webhooks
+}
+
+// registerAt creates a rendered webhook configuration with only its clientConfig changed: the
+// API server calls url, trusting caBundle (none: keep the field empty for the guard to fill).
+// The test process cannot be reached through the Service (EndpointSlices refuse loopback).
+func registerAt(t *testing.T, wh *unstructured.Unstructured, url string, caBundle []byte) {
+	t.Helper()
+	hooks, _, _ := unstructured.NestedSlice(wh.Object, "webhooks")
+	for i := range hooks {
+		h := hooks[i].(map[string]any)
+		cc := h["clientConfig"].(map[string]any)
+		path := cc["service"].(map[string]any)["path"].(string)
+		newCC := map[string]any{"url": url + path}
+		if caBundle != nil {
+			newCC["caBundle"] = base64.StdEncoding.EncodeToString(caBundle)
+		}
+		h["clientConfig"] = newCC
+	}
+	if err := unstructured.SetNestedSlice(wh.Object, hooks, "webhooks"); err != nil {
+		t.Fatal(err)
+	}
+	if err := env.Client.Create(t.Context(), wh); err != nil {
+		t.Fatalf("registering %s: %v", wh.GetName(), err)
+	}
+	t.Cleanup(func() { _ = env.Client.Delete(context.Background(), wh) })
+}
+
+// kubeconfigAs is a kubeconfig that impersonates the ServiceAccount namespace/name: the guard
+// then has exactly the permissions the chart grants it.
+func kubeconfigAs(t *testing.T, namespace, name string) []byte {
+	t.Helper()
+	cfg := env.Config
+	kc := clientcmdapi.NewConfig()
+	kc.Clusters["test"] = &clientcmdapi.Cluster{Server: cfg.Host, CertificateAuthorityData: cfg.CAData}
+	kc.AuthInfos["sa"] = &clientcmdapi.AuthInfo{
+		ClientCertificateData: cfg.CertData, ClientKeyData: cfg.KeyData,
+		Impersonate:       "system:serviceaccount:" + namespace + ":" + name,
+		ImpersonateGroups: []string{"system:serviceaccounts", "system:serviceaccounts:" + namespace, "system:authenticated"},
+	}
+	kc.Contexts["sa"] = &clientcmdapi.Context{Cluster: "test", AuthInfo: "sa"}
+	kc.CurrentContext = "sa"
+	out, err := clientcmd.Write(*kc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// guardArgs are the args of the rendered Deployment's container, then the test's overrides.
+func guardArgs(t *testing.T, objs []*unstructured.Unstructured, overrides ...string) []string {
+	t.Helper()
+	dep := convert[appsv1.Deployment](t, only(t, objs, "Deployment"))
+	return append(append([]string{}, dep.Spec.Template.Spec.Containers[0].Args...), overrides...)
+}
+
+func createWorkflow(t *testing.T, ns string, phase argo.Phase) *unstructured.Unstructured {
+	t.Helper()
+	wf := &unstructured.Unstructured{}
+	wf.SetGroupVersionKind(argo.WorkflowGVK)
+	wf.SetNamespace(ns)
+	wf.SetGenerateName("notify-on-failure-")
+	wf.Object["spec"] = map[string]any{"entrypoint": "main", "onExit": "exit-handler"}
+	if err := env.Client.Create(t.Context(), wf); err != nil {
+		t.Fatal(err)
+	}
+	wf.Object["status"] = map[string]any{"phase": string(phase)}
+	if err := env.Client.Update(t.Context(), wf); err != nil {
+		t.Fatal(err)
+	}
+	return wf
+}
+
+// exitPod is the reference scenario's exit-handler pod of wf, as Argo builds it.
+func exitPod(wf *unstructured.Unstructured) *corev1.Pod {
+	yes := true
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{
+			Namespace:   wf.GetNamespace(),
+			Name:        wf.GetName() + "-notify-failure-" + rand.String(6),
+			Labels:      map[string]string{argo.LabelWorkflow: wf.GetName(), argo.LabelOnExit: "true", "workflows.argoproj.io/completed": "false"},
+			Annotations: map[string]string{argo.AnnotationNodeName: wf.GetName() + ".onExit[0].notify"},
+			OwnerReferences: []metav1.OwnerReference{{APIVersion: "argoproj.io/v1alpha1", Kind: "Workflow",
+				Name: wf.GetName(), UID: wf.GetUID(), Controller: &yes, BlockOwnerDeletion: &yes}},
+		},
+		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "main", Image: "busybox"}}},
+	}
+}
+
+func waitDeniedEvent(t *testing.T, wf *unstructured.Unstructured) {
+	t.Helper()
+	err := wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		var list eventsv1.EventList
+		if err := env.Client.List(ctx, &list, client.InNamespace(wf.GetNamespace())); err != nil {
+			return false, err
+		}
+		for _, e := range list.Items {
+			if e.Regarding.UID == wf.GetUID() && e.Reason == "ExitHandlerDenied" {
+				return true, nil
+			}
+		}
+		return false, nil
+	})
+	if err != nil {
+		t.Fatalf("no ExitHandlerDenied Event on %s: %v", wf.GetName(), err)
+	}
+}
+
+// TestGuardDoesItsJobWithTheChartsPermissions installs the default profile, runs the guard as
+// the chart's ServiceAccount (impersonated) with the rendered Deployment's arguments, and has
+// the API server call it through the chart's webhook configuration as rendered (clientConfig
+// aside). It then checks that permissions the guard does not need are not granted.
+func TestGuardDoesItsJobWithTheChartsPermissions(t *testing.T) {
+	ns := newNamespace(t, nil)
+	objs := render(t, profiles[0], "perm", ns)
+	webhooks := install(t, objs)
+	sa := only(t, objs, "ServiceAccount").GetName()
+
+	out := &syncBuffer{}
+	g, err := testenv.StartGuard(t.Context(), guardBin, kubeconfigAs(t, ns, sa), guardArgs(t, objs,
+		"--webhook-port="+strconv.Itoa(env.WebhookPort), "--webhook-cert-path="+env.WebhookCertDir), out)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	defer func() { _ = g.Stop() }()
+	registerAt(t, webhooks[0], fmt.Sprintf("https://%s:%d", env.WebhookHost, env.WebhookPort), env.WebhookCAData)
+
+	done := createWorkflow(t, ns, argo.PhaseSucceeded)
+	err = env.Client.Create(t.Context(), exitPod(done))
+	if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "exit-guard refused") {
+		t.Fatalf("stale exit-handler pod: err = %v, want refused by exit-guard\n%s", err, out)
+	}
+	waitDeniedEvent(t, done)
+	running := createWorkflow(t, ns, argo.PhaseRunning)
+	if err := env.Client.Create(t.Context(), exitPod(running)); err != nil {
+		t.Errorf("exit-handler pod of a running workflow: %v", err)
+	}
+	if strings.Contains(strings.ToLower(out.String()), "forbidden") {
+		t.Errorf("the guard hit a permission it lacks:\n%s", out)
+	}
+
+	user := "system:serviceaccount:" + ns + ":" + sa
+	for _, tc := range []struct {
+		attrs authorizationv1.ResourceAttributes
+		want  bool
+	}{
+		{authorizationv1.ResourceAttributes{Group: "argoproj.io", Resource: "workflows", Verb: "watch"}, true},
+		{authorizationv1.ResourceAttributes{Group: "argoproj.io", Resource: "workflows", Verb: "get", Namespace: "other"}, true},
+		{authorizationv1.ResourceAttributes{Group: "events.k8s.io", Resource: "events", Verb: "create", Namespace: "other"}, true},
+		{authorizationv1.ResourceAttributes{Group: "argoproj.io", Resource: "workflows", Verb: "update", Namespace: ns}, false},
+		{authorizationv1.ResourceAttributes{Group: "argoproj.io", Resource: "workflows", Verb: "delete", Namespace: ns}, false},
+		{authorizationv1.ResourceAttributes{Group: "argoproj.io", Resource: "workflows", Verb: "patch", Namespace: ns}, false},
+		{authorizationv1.ResourceAttributes{Resource: "pods", Verb: "create", Namespace: ns}, false},
+		{authorizationv1.ResourceAttributes{Resource: "pods", Verb: "list"}, false},
+		{authorizationv1.ResourceAttributes{Resource: "secrets", Verb: "get", Namespace: ns}, false},
+		{authorizationv1.ResourceAttributes{Resource: "secrets", Verb: "list"}, false},
+		{authorizationv1.ResourceAttributes{Resource: "configmaps", Verb: "list"}, false},
+		{authorizationv1.ResourceAttributes{Group: "admissionregistration.k8s.io", Resource: "validatingwebhookconfigurations", Verb: "update"}, false},
+		{authorizationv1.ResourceAttributes{Group: "coordination.k8s.io", Resource: "leases", Verb: "create", Namespace: ns}, false},
+	} {
+		name := fmt.Sprintf("%s %s.%s in %q", tc.attrs.Verb, tc.attrs.Resource, tc.attrs.Group, tc.attrs.Namespace)
+		sar := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
+			User: user, Groups: []string{"system:serviceaccounts", "system:serviceaccounts:" + ns, "system:authenticated"},
+			ResourceAttributes: &tc.attrs}}
+		if err := env.Client.Create(t.Context(), sar); err != nil {
+			t.Fatal(err)
+		}
+		if sar.Status.Allowed != tc.want {
+			t.Errorf("%s: allowed = %v, want %v", name, sar.Status.Allowed, tc.want)
+		}
+	}
+}
