@@ -1,0 +1,176 @@
+package chart
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/base64"
+	"encoding/hex"
+	"errors"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/exit-guard/exit-guard/internal/argo"
+	"github.com/exit-guard/exit-guard/internal/testenv"
+)
+
+// mountSecret does what the kubelet does for a Secret volume: it writes the Secret's keys into
+// dir and rewrites them whenever the Secret changes, all keys switching at once (each file is a
+// link through the "..data" link, which is replaced by a rename, as the kubelet's atomic writer
+// does).
+func mountSecret(ctx context.Context, t *testing.T, key types.NamespacedName, dir string) {
+	t.Helper()
+	write := func(s *corev1.Secret) error {
+		gen, err := os.MkdirTemp(dir, "..gen-")
+		if err != nil {
+			return err
+		}
+		for name, data := range s.Data {
+			if err := os.WriteFile(filepath.Join(gen, name), data, 0o600); err != nil {
+				return err
+			}
+		}
+		tmp := filepath.Join(dir, "..data_tmp")
+		_ = os.Remove(tmp)
+		if err := os.Symlink(filepath.Base(gen), tmp); err != nil {
+			return err
+		}
+		if err := os.Rename(tmp, filepath.Join(dir, "..data")); err != nil {
+			return err
+		}
+		for name := range s.Data {
+			link := filepath.Join(dir, name)
+			if _, err := os.Lstat(link); os.IsNotExist(err) {
+				if err := os.Symlink(filepath.Join("..data", name), link); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	}
+	go func() {
+		var lastRV string
+		for ctx.Err() == nil {
+			var s corev1.Secret
+			if err := env.Client.Get(ctx, key, &s); err == nil && s.ResourceVersion != lastRV && len(s.Data["tls.crt"]) > 0 {
+				if err := write(&s); err != nil {
+					t.Errorf("mounting the Secret: %v", err)
+					return
+				}
+				lastRV = s.ResourceVersion
+			}
+			select {
+			case <-ctx.Done():
+			case <-time.After(100 * time.Millisecond):
+			}
+		}
+	}()
+}
+
+// servedCert returns the fingerprint of the certificate the guard serves, verified against the
+// caBundle the guard wrote into its webhook configuration. (Not the serial number: the rotator
+// gives every serving certificate serial 1.)
+func servedCert(addr string, caBundle []byte) (string, error) {
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(caBundle) {
+		return "", errors.New("no CA in the caBundle")
+	}
+	conn, err := tls.DialWithDialer(&net.Dialer{Timeout: 3 * time.Second}, "tcp", addr, &tls.Config{RootCAs: pool, ServerName: "localhost", MinVersion: tls.VersionTLS12})
+	if err != nil {
+		return "", err
+	}
+	defer func() { _ = conn.Close() }()
+	sum := sha256.Sum256(conn.ConnectionState().PeerCertificates[0].Raw)
+	return hex.EncodeToString(sum[:]), nil
+}
+
+// TestSelfManagedCertificateRotatesUnderLoad runs the guard in certificate mode "self" with
+// the chart's permissions, renewing its serving certificate every two seconds, while the API
+// server keeps sending it admissions: every stale pod must be refused (the webhook fails open,
+// so a failed call would show as an admitted pod) across several certificates.
+func TestSelfManagedCertificateRotatesUnderLoad(t *testing.T) {
+	ns := newNamespace(t, nil)
+	objs := render(t, profile{name: "self", set: []string{"certificates.mode=self"}}, "rot", ns)
+	webhooks := install(t, objs)
+	sa := only(t, objs, "ServiceAccount").GetName()
+	secret := types.NamespacedName{Namespace: ns, Name: only(t, objs, "Secret").GetName()}
+
+	// The webhook configuration as rendered, with no caBundle: the guard writes it.
+	registerAt(t, webhooks[0], "https://localhost:"+strconv.Itoa(env.WebhookPort), nil)
+
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	certDir := t.TempDir()
+	mountSecret(ctx, t, secret, certDir)
+
+	out := &syncBuffer{}
+	g, err := testenv.StartGuard(ctx, guardBin, kubeconfigAs(t, ns, sa), guardArgs(t, objs,
+		"--webhook-port="+strconv.Itoa(env.WebhookPort), "--webhook-cert-path="+certDir,
+		"--cert-namespace="+ns,
+		// The API server reaches the test process as localhost, not through the Service.
+		"--cert-extra-dns-names=localhost",
+		// Certificates valid for an hour, renewed when less than 59m57s remain: a new one about
+		// every 3 s, checked every second.
+		"--server-cert-duration=1h", "--cert-lookahead=59m57s", "--cert-check-frequency=1s"), out)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	defer func() { _ = g.Stop() }()
+
+	caBundle := func() []byte {
+		wh := webhooks[0].DeepCopy()
+		if err := env.Client.Get(t.Context(), types.NamespacedName{Name: wh.GetName()}, wh); err != nil {
+			t.Fatal(err)
+		}
+		hooks, _, _ := unstructured.NestedSlice(wh.Object, "webhooks")
+		ca, _, _ := unstructured.NestedString(hooks[0].(map[string]any), "clientConfig", "caBundle")
+		pem, err := base64.StdEncoding.DecodeString(ca)
+		if err != nil || len(pem) == 0 {
+			t.Fatalf("the guard wrote no caBundle (%v)", err)
+		}
+		return pem
+	}()
+
+	done := createWorkflow(t, ns, argo.PhaseSucceeded)
+	addr := "127.0.0.1:" + strconv.Itoa(env.WebhookPort)
+	certs := map[string]bool{}
+	attempts, refused := 0, 0
+	deadline := time.Now().Add(15 * time.Second)
+	for time.Now().Before(deadline) || len(certs) < 3 {
+		if time.Now().After(deadline.Add(45 * time.Second)) {
+			break
+		}
+		attempts++
+		err := env.Client.Create(t.Context(), exitPod(done))
+		switch {
+		case apierrors.IsForbidden(err):
+			refused++
+		case err == nil:
+			t.Errorf("attempt %d: a stale pod was admitted: the webhook call failed", attempts)
+		default:
+			t.Errorf("attempt %d: %v", attempts, err)
+		}
+		if s, err := servedCert(addr, caBundle); err == nil {
+			certs[s] = true
+		} else {
+			t.Errorf("the served certificate does not verify against the caBundle: %v", err)
+		}
+	}
+	t.Logf("%d admissions, %d refused, %d serving certificates seen", attempts, refused, len(certs))
+	if len(certs) < 3 {
+		t.Errorf("saw %d serving certificates, want rotation to at least 3\n%s", len(certs), out)
+	}
+	if refused != attempts {
+		t.Errorf("%d of %d stale pods refused, want all", refused, attempts)
+	}
+}
