@@ -1,6 +1,7 @@
 package chart
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"crypto/tls"
@@ -15,6 +16,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -172,5 +176,53 @@ func TestSelfManagedCertificateRotatesUnderLoad(t *testing.T) {
 	}
 	if refused != attempts {
 		t.Errorf("%d of %d stale pods refused, want all", refused, attempts)
+	}
+}
+
+// TestChartCertificateSurvivesUpgrade installs the chart with helm into the test API server,
+// upgrades it with other values, and checks that the Secret and the caBundle did not change:
+// a new CA on upgrade would break admission until every guard pod reloads. Two renders with
+// no cluster give two CAs, so what keeps it is the chart's lookup of the installed Secret.
+func TestChartCertificateSurvivesUpgrade(t *testing.T) {
+	ns := newNamespace(t, nil)
+	kc := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := os.WriteFile(kc, env.KubeConfig(), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	helmArgs := func(args ...string) []string {
+		return append(args, "--kubeconfig", kc, "--namespace", ns)
+	}
+	state := func() (secret map[string][]byte, caBundle []byte) {
+		var s corev1.Secret
+		if err := env.Client.Get(t.Context(), types.NamespacedName{Namespace: ns, Name: "up-exit-guard-webhook-tls"}, &s); err != nil {
+			t.Fatal(err)
+		}
+		var vwc admissionregistrationv1.ValidatingWebhookConfiguration
+		if err := env.Client.Get(t.Context(), types.NamespacedName{Name: "up-exit-guard"}, &vwc); err != nil {
+			t.Fatal(err)
+		}
+		return s.Data, vwc.Webhooks[0].ClientConfig.CABundle
+	}
+	runHelm(t, helmArgs("install", "up", chartDir)...)
+	t.Cleanup(func() { runHelm(t, helmArgs("uninstall", "up")...) })
+	secret1, ca1 := state()
+	runHelm(t, helmArgs("upgrade", "up", chartDir, "--set", "logging.level=debug", "--set", "replicaCount=3")...)
+	secret2, ca2 := state()
+	if diff := cmp.Diff(secret1, secret2); diff != "" {
+		t.Errorf("helm upgrade changed the certificate Secret (-before +after):\n%s", diff)
+	}
+	if !bytes.Equal(ca1, ca2) || !bytes.Equal(ca1, secret1["ca.crt"]) {
+		t.Error("helm upgrade changed the caBundle, or it is not the Secret's CA")
+	}
+	var dep appsv1.Deployment
+	if err := env.Client.Get(t.Context(), types.NamespacedName{Namespace: ns, Name: "up-exit-guard"}, &dep); err != nil || *dep.Spec.Replicas != 3 {
+		t.Errorf("the upgrade did not apply: replicas %v, err %v", dep.Spec.Replicas, err)
+	}
+
+	// The control: without an installed Secret to look up, each render makes a new CA.
+	a := only(t, render(t, profiles[0], "up", "elsewhere"), "Secret").Object["data"]
+	b := only(t, render(t, profiles[0], "up", "elsewhere"), "Secret").Object["data"]
+	if cmp.Equal(a, b) {
+		t.Error("two renders with no cluster made the same certificate: the test proves nothing")
 	}
 }
