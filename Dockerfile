@@ -7,6 +7,7 @@ RUN go mod download
 COPY main.go ./
 COPY completionstore/ completionstore/
 COPY internal/argo/ internal/argo/
+COPY internal/certs/ internal/certs/
 COPY webhook/ webhook/
 ARG TARGETOS=linux
 ARG TARGETARCH=amd64

@@ -19,7 +19,7 @@ import (
 // BuildGuard builds the exit-guard binary into dir and returns its path.
 func BuildGuard(dir string) (string, error) {
 	bin := filepath.Join(dir, "exit-guard")
-	cmd := exec.Command("go", "build", "-o", bin, ".")
+	cmd := exec.Command("go", "build", "-o", bin, ".") //nolint:gosec // G204: builds this repository into a temporary folder
 	cmd.Dir = RepoRoot()
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return "", fmt.Errorf("building exit-guard: %w: %s", err, out)
@@ -79,8 +79,7 @@ func StartGuard(ctx context.Context, bin string, kubeconfig []byte, args []strin
 		return resp.StatusCode == http.StatusOK, nil
 	})
 	if err != nil {
-		g.Stop()
-		return nil, fmt.Errorf("exit-guard never became ready: %w", err)
+		return nil, errors.Join(fmt.Errorf("exit-guard never became ready: %w", err), g.Stop())
 	}
 	return g, nil
 }

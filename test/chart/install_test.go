@@ -201,6 +201,44 @@ func TestGuardDoesItsJobWithTheChartsPermissions(t *testing.T) {
 	if err := env.Client.Create(t.Context(), exitPod(running)); err != nil {
 		t.Errorf("exit-handler pod of a running workflow: %v", err)
 	}
+	checkPermissions(t, ns, sa, out)
+}
+
+// TestWarnModeMarksThroughTheChartsMutatingWebhook does the same in warn mode, where the chart
+// registers the mutating webhook: the stale pod is admitted and marked.
+func TestWarnModeMarksThroughTheChartsMutatingWebhook(t *testing.T) {
+	ns := newNamespace(t, nil)
+	objs := render(t, profile{name: "warn", set: []string{"guard.mode=warn"}}, "warn", ns)
+	webhooks := install(t, objs)
+	if len(webhooks) != 1 || webhooks[0].GetKind() != "MutatingWebhookConfiguration" {
+		t.Fatalf("warn mode rendered %v, want one MutatingWebhookConfiguration", webhooks)
+	}
+	out := &syncBuffer{}
+	g, err := testenv.StartGuard(t.Context(), guardBin, kubeconfigAs(t, ns, only(t, objs, "ServiceAccount").GetName()), guardArgs(t, objs,
+		"--webhook-port="+strconv.Itoa(env.WebhookPort), "--webhook-cert-path="+env.WebhookCertDir), out)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	defer func() { _ = g.Stop() }()
+	registerAt(t, webhooks[0], fmt.Sprintf("https://%s:%d", env.WebhookHost, env.WebhookPort), env.WebhookCAData)
+
+	pod := exitPod(createWorkflow(t, ns, argo.PhaseSucceeded))
+	if err := env.Client.Create(t.Context(), pod); err != nil {
+		t.Fatalf("warn mode refused a pod: %v", err)
+	}
+	if pod.Labels["exit-guard.io/suspect"] != "true" || pod.Annotations["exit-guard.io/suspect-reason"] == "" {
+		t.Errorf("the stale pod was not marked: labels %v annotations %v", pod.Labels, pod.Annotations)
+	}
+	ok := exitPod(createWorkflow(t, ns, argo.PhaseRunning))
+	if err := env.Client.Create(t.Context(), ok); err != nil || ok.Labels["exit-guard.io/suspect"] != "" {
+		t.Errorf("a running workflow's pod: err %v, labels %v; want admitted unmarked", err, ok.Labels)
+	}
+}
+
+// checkPermissions checks what the ServiceAccount may do: what the guard needs, and nothing of
+// what it does not.
+func checkPermissions(t *testing.T, ns, sa string, out *syncBuffer) {
+	t.Helper()
 	if strings.Contains(strings.ToLower(out.String()), "forbidden") {
 		t.Errorf("the guard hit a permission it lacks:\n%s", out)
 	}
