@@ -32,7 +32,8 @@ type Guard struct {
 	// ProbeAddr and MetricsAddr are its health and metrics endpoints on loopback.
 	ProbeAddr, MetricsAddr string
 	cmd                    *exec.Cmd
-	exited                 chan error
+	exited                 chan struct{} // closed when the process has ended
+	exitErr                error
 	dir                    string
 }
 
@@ -44,7 +45,7 @@ func StartGuard(ctx context.Context, bin string, kubeconfig []byte, args []strin
 	if err != nil {
 		return nil, err
 	}
-	g := &Guard{exited: make(chan error, 1), dir: dir}
+	g := &Guard{exited: make(chan struct{}), dir: dir}
 	kc := filepath.Join(dir, "kubeconfig")
 	if err := os.WriteFile(kc, kubeconfig, 0o600); err != nil {
 		return nil, err
@@ -63,11 +64,11 @@ func StartGuard(ctx context.Context, bin string, kubeconfig []byte, args []strin
 	if err := g.cmd.Start(); err != nil {
 		return nil, err
 	}
-	go func() { g.exited <- g.cmd.Wait() }()
+	go func() { g.exitErr = g.cmd.Wait(); close(g.exited) }()
 	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 90*time.Second, true, func(ctx context.Context) (bool, error) {
 		select {
-		case err := <-g.exited:
-			return false, fmt.Errorf("exit-guard exited before it was ready: %w", err)
+		case <-g.exited:
+			return false, fmt.Errorf("exit-guard exited before it was ready: %w", g.exitErr)
 		default:
 		}
 		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+g.ProbeAddr+"/readyz", nil)
@@ -93,8 +94,8 @@ func (g *Guard) Stop() error {
 	}
 	_ = g.cmd.Process.Signal(syscall.SIGTERM)
 	select {
-	case err := <-g.exited:
-		return err
+	case <-g.exited:
+		return g.exitErr
 	case <-time.After(30 * time.Second):
 		_ = g.cmd.Process.Kill()
 		return errors.New("exit-guard did not stop within 30 s of SIGTERM")
