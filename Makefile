@@ -40,6 +40,18 @@ test: $(HELM) ## Run every test with the race detector against a real kube-apise
 	@assets=$$(hack/envtest-binaries.sh ensure) && \
 	  KUBEBUILDER_ASSETS="$$assets" HELM="$(HELM)" $(GO) test -race -count=1 $(GOTESTFLAGS) ./...
 
+# Workflows per run of the Argo proof (make e2e-argo); CI runs fewer.
+E2E_TRIES ?= 5
+
+.PHONY: argo-controllers
+argo-controllers: ## Build Argo's workflow-controller v3.4.17, v3.7.18 and v4.0.5 from Go modules into the user cache.
+	@hack/argo-controllers.sh ensure >/dev/null
+
+.PHONY: e2e-argo
+e2e-argo: argo-controllers ## Reproduce the stale exit handler on real Argo controllers, then refuse it (E2E_TRIES per run).
+	@assets=$$(hack/envtest-binaries.sh ensure) && \
+	  KUBEBUILDER_ASSETS="$$assets" E2E_TRIES=$(E2E_TRIES) $(GO) test -tags e2e -count=1 -v -timeout 90m ./test/e2e
+
 .PHONY: manifests
 manifests: $(CONTROLLER_GEN) ## Generate config/ from the code's markers, copy it into the chart, write the chart README.
 	$(CONTROLLER_GEN) rbac:roleName=exit-guard paths=./completionstore/... paths=./webhook/... output:rbac:dir=config/rbac \

@@ -34,6 +34,9 @@ type Options struct {
 	MutatingWebhooks []*admissionregistrationv1.MutatingWebhookConfiguration
 	// CRDDirs are folders of further CRDs to install, besides test/crds.
 	CRDDirs []string
+	// OwnCRDs installs only CRDDirs, not the project's Workflow CRD of test/crds (for Argo's
+	// own CRDs).
+	OwnCRDs bool
 	// APIServerFlags are extra kube-apiserver flags, as name=value.
 	APIServerFlags map[string]string
 }
@@ -92,9 +95,13 @@ func Start(opts Options) (*Env, error) {
 	if err != nil {
 		return nil, err
 	}
+	crdDirs := append([]string{filepath.Join(RepoRoot(), "test", "crds")}, opts.CRDDirs...)
+	if opts.OwnCRDs {
+		crdDirs = opts.CRDDirs
+	}
 	te := &envtest.Environment{
 		BinaryAssetsDirectory: assets,
-		CRDDirectoryPaths:     append([]string{filepath.Join(RepoRoot(), "test", "crds")}, opts.CRDDirs...),
+		CRDDirectoryPaths:     crdDirs,
 		ErrorIfCRDPathMissing: true,
 		WebhookInstallOptions: envtest.WebhookInstallOptions{
 			ValidatingWebhooks: opts.ValidatingWebhooks,

@@ -1,0 +1,433 @@
+//go:build e2e
+
+// Package e2e proves exit-guard on real Argo workflow-controllers: it reproduces the stale
+// exit handler on an exposed controller, then shows the guard refusing it. Run it with
+// `make e2e-argo` (E2E_TRIES workflows per run, default 5); docs/argo-e2e.md has the figures.
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/exit-guard/exit-guard/internal/argo"
+	"github.com/exit-guard/exit-guard/internal/testenv"
+	"github.com/exit-guard/exit-guard/webhook"
+)
+
+const (
+	namespace = "argo-e2e"
+	// watchLag is how late the controller's Workflow watch events arrive. It must exceed the
+	// gap between the last incomplete write and completion plus podGC's 5 s delay.
+	watchLag = 9 * time.Second
+	// settle is how long a run waits after its last workflow completed for a stale replay.
+	settle = 30 * time.Second
+)
+
+var guardBin string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "exit-guard-e2e")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	if guardBin, err = testenv.BuildGuard(dir); err != nil {
+		fmt.Fprintln(os.Stderr, "FAIL:", err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	_ = os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+func tries(t *testing.T) int {
+	t.Helper()
+	n := 5
+	if s := os.Getenv("E2E_TRIES"); s != "" {
+		var err error
+		if n, err = strconv.Atoi(s); err != nil || n < 1 {
+			t.Fatalf("E2E_TRIES=%q: want a positive number", s)
+		}
+	}
+	return n
+}
+
+// controller returns the cached workflow-controller of version and its CRD folder.
+func controller(t *testing.T, version string) (bin, crds string) {
+	t.Helper()
+	out, err := exec.Command(filepath.Join(testenv.RepoRoot(), "hack", "argo-controllers.sh"), "path").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(strings.TrimSpace(string(out)), version)
+	bin, crds = filepath.Join(dir, "workflow-controller"), filepath.Join(dir, "crds")
+	if _, err := os.Stat(bin); err != nil {
+		t.Fatalf("no workflow-controller %s at %s: run 'make e2e-argo' (it builds the controllers from Go modules)", version, bin)
+	}
+	return bin, crds
+}
+
+type guardMode int
+
+const (
+	noGuard guardMode = iota
+	guardDirect
+	// guardLagging: the guard's own Workflow watch lags as much as the controller's.
+	guardLagging
+)
+
+// outcome is what became of one workflow.
+type outcome struct {
+	name        string
+	wantFail    bool
+	phase       argo.Phase
+	notifyPods  int // exit-handler notification pods the API server admitted
+	denials     int // ExitHandlerDenied Events
+}
+
+// run starts an API server with Argo's CRDs, the controller of version behind a lagging proxy,
+// the kubelet stand-in, and the guard as mode says; runs ok succeeding and failing workflows
+// of the reference shape; and returns what became of each.
+func run(t *testing.T, version string, mode guardMode, ok, failing int) []outcome {
+	t.Helper()
+	ctrlBin, crds := controller(t, version)
+	opts := testenv.Options{CRDDirs: []string{crds}, OwnCRDs: true}
+	if mode != noGuard {
+		path := webhook.ValidatePath
+		ignore := admissionregistrationv1.Ignore
+		sideEffects := admissionregistrationv1.SideEffectClassNoneOnDryRun
+		timeout := int32(5)
+		opts.ValidatingWebhooks = []*admissionregistrationv1.ValidatingWebhookConfiguration{{
+			ObjectMeta: metav1.ObjectMeta{Name: "exit-guard"},
+			Webhooks: []admissionregistrationv1.ValidatingWebhook{{
+				Name:         "validate.exit-guard.io",
+				ClientConfig: admissionregistrationv1.WebhookClientConfig{Service: &admissionregistrationv1.ServiceReference{Namespace: "x", Name: "x", Path: &path}},
+				Rules: []admissionregistrationv1.RuleWithOperations{{
+					Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Create},
+					Rule:       admissionregistrationv1.Rule{APIGroups: []string{""}, APIVersions: []string{"v1"}, Resources: []string{"pods"}},
+				}},
+				ObjectSelector: &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{Key: argo.LabelWorkflow, Operator: metav1.LabelSelectorOpExists}}},
+				FailurePolicy:  &ignore, SideEffects: &sideEffects, TimeoutSeconds: &timeout, AdmissionReviewVersions: []string{"v1"},
+			}},
+		}}
+	}
+	env, err := testenv.Start(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = env.Stop() }()
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	c := env.Client
+
+	for _, o := range []client.Object{
+		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace}},
+		&corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: "default"}},
+		&corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: "workflow-controller-configmap"}},
+	} {
+		if err := c.Create(ctx, o); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	if mode != noGuard {
+		kc := env.KubeConfig()
+		if mode == guardLagging {
+			p, err := startLagProxy(env.Config, watchLag)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer func() { _ = p.Close() }()
+			kc = plainKubeconfig(t, p.URL())
+		}
+		var guardOut bytes.Buffer
+		g, err := testenv.StartGuard(ctx, guardBin, kc, []string{
+			"--webhook-port=" + strconv.Itoa(env.WebhookPort), "--webhook-cert-path=" + env.WebhookCertDir}, &lockedWriter{w: &guardOut})
+		if err != nil {
+			t.Fatalf("%v\n%s", err, guardOut.String())
+		}
+		defer func() { _ = g.Stop() }()
+	}
+
+	k := newKubelet(c, namespace)
+	go k.run(ctx)
+
+	proxy, err := startLagProxy(env.Config, watchLag)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = proxy.Close() }()
+	kcFile := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := os.WriteFile(kcFile, plainKubeconfig(t, proxy.URL()), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	logFile := filepath.Join(t.TempDir(), "controller.log")
+	logOut, err := os.Create(logFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = logOut.Close() }()
+	cmd := exec.Command(ctrlBin, "--kubeconfig="+kcFile, "--namespaced", "--managed-namespace="+namespace,
+		"--namespace="+namespace, "--executor-image=executor:e2e", "--loglevel=info")
+	cmd.Env = append(os.Environ(), "LEADER_ELECTION_DISABLE=true", "DEFAULT_REQUEUE_TIME=1s")
+	cmd.Stdout, cmd.Stderr = logOut, logOut
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		done := make(chan struct{})
+		go func() { _ = cmd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(20 * time.Second):
+			_ = cmd.Process.Kill()
+		}
+	}()
+
+	var wfs []*unstructured.Unstructured
+	for i := range ok + failing {
+		wf := referenceWorkflow(i >= ok)
+		if err := c.Create(ctx, wf); err != nil {
+			t.Fatal(err)
+		}
+		wfs = append(wfs, wf)
+		// Stagger the starts, as a real queue would.
+		select {
+		case <-ctx.Done():
+		case <-time.After(2 * time.Second):
+		}
+	}
+	err = wait.PollUntilContextTimeout(ctx, time.Second, 4*time.Minute, true, func(ctx context.Context) (bool, error) {
+		for _, wf := range wfs {
+			if !phase(ctx, c, wf).Terminal() {
+				return false, nil
+			}
+		}
+		return true, nil
+	})
+	if err != nil {
+		logs, _ := os.ReadFile(logFile)
+		t.Fatalf("workflows did not complete on %s: %v\ncontroller log:\n%s", version, err, tail(logs, 60))
+	}
+	// Give a stale copy time to come back, be reconciled, and try its exit handler.
+	select {
+	case <-ctx.Done():
+	case <-time.After(settle):
+	}
+
+	var out []outcome
+	for i, wf := range wfs {
+		o := outcome{name: wf.GetName(), wantFail: i >= ok, phase: phase(ctx, c, wf),
+			notifyPods: len(k.pods(wf.GetName(), ".onExit")), denials: denials(ctx, t, c, wf)}
+		out = append(out, o)
+	}
+	logs, _ := os.ReadFile(logFile)
+	t.Logf("%s, guard %v: %d workflows; controller log lines about stale copies: %d", version, mode, len(wfs),
+		strings.Count(string(logs), "stale"))
+	return out
+}
+
+type lockedWriter struct {
+	mu sync.Mutex
+	w  *bytes.Buffer
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
+}
+
+func tail(b []byte, lines int) string {
+	all := strings.Split(string(b), "\n")
+	if len(all) > lines {
+		all = all[len(all)-lines:]
+	}
+	return strings.Join(all, "\n")
+}
+
+func phase(ctx context.Context, c client.Client, wf *unstructured.Unstructured) argo.Phase {
+	got := &argo.Workflow{}
+	if err := c.Get(ctx, client.ObjectKeyFromObject(wf), got); err != nil {
+		return ""
+	}
+	return got.Status.Phase
+}
+
+func denials(ctx context.Context, t *testing.T, c client.Client, wf *unstructured.Unstructured) int {
+	var list eventsv1.EventList
+	if err := c.List(ctx, &list, client.InNamespace(namespace)); err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, e := range list.Items {
+		if e.Regarding.UID == wf.GetUID() && e.Reason == webhook.EventReasonDenied {
+			n++
+			if e.Series != nil {
+				n += int(e.Series.Count) - 1
+			}
+		}
+	}
+	return n
+}
+
+// plainKubeconfig reaches server over plain HTTP with no credentials (the proxy adds them).
+func plainKubeconfig(t *testing.T, server string) []byte {
+	t.Helper()
+	kc := clientcmdapi.NewConfig()
+	kc.Clusters["proxy"] = &clientcmdapi.Cluster{Server: server}
+	kc.AuthInfos["proxy"] = &clientcmdapi.AuthInfo{}
+	kc.Contexts["proxy"] = &clientcmdapi.Context{Cluster: "proxy", AuthInfo: "proxy"}
+	kc.CurrentContext = "proxy"
+	out, err := clientcmd.Write(*kc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// referenceWorkflow is the reference scenario of ARGO.md in the shape that lets a stale copy
+// through: two parallel main pods, podGC OnPodCompletion, and an exit handler that notifies
+// only when {{workflow.status}} != Succeeded. A failing one has its second pod fail.
+func referenceWorkflow(fail bool) *unstructured.Unstructured {
+	second := "b"
+	if fail {
+		second = "fail"
+	}
+	container := func(name, msg string) map[string]any {
+		return map[string]any{"name": name, "container": map[string]any{"image": "busybox", "command": []any{"sh", "-c", "echo " + msg}}}
+	}
+	wf := &unstructured.Unstructured{}
+	wf.SetGroupVersionKind(argo.WorkflowGVK)
+	wf.SetNamespace(namespace)
+	wf.SetGenerateName("notify-on-failure-")
+	wf.Object["spec"] = map[string]any{
+		"entrypoint": "main",
+		"onExit":     "exit-handler",
+		"podGC":      map[string]any{"strategy": "OnPodCompletion"},
+		"templates": []any{
+			map[string]any{"name": "main", "steps": []any{[]any{
+				map[string]any{"name": "a", "template": "work"},
+				map[string]any{"name": second, "template": "work"},
+			}}},
+			container("work", "working"),
+			container("notify-failure", "workflow failed"),
+			map[string]any{"name": "exit-handler", "steps": []any{[]any{map[string]any{
+				"name": "notify", "template": "notify-failure", "when": "{{workflow.status}} != Succeeded"}}}},
+		},
+	}
+	return wf
+}
+
+// tally counts a run's outcomes.
+type tally struct {
+	succeeded, reproduced, refused, wrongDenials, failedNotified, failed int
+}
+
+func count(outs []outcome) tally {
+	var t tally
+	for _, o := range outs {
+		if o.wantFail {
+			t.failed++
+			if o.notifyPods > 0 {
+				t.failedNotified++
+			}
+			t.wrongDenials += o.denials
+			continue
+		}
+		if o.phase == argo.PhaseSucceeded {
+			t.succeeded++
+		}
+		if o.phase == argo.PhaseSucceeded && o.notifyPods > 0 {
+			t.reproduced++
+		}
+		if o.denials > 0 {
+			t.refused++
+		}
+	}
+	return t
+}
+
+func report(t *testing.T, what string, outs []outcome) tally {
+	t.Helper()
+	c := count(outs)
+	for _, o := range outs {
+		t.Logf("  %s: phase %s, notification pods %d, denials %d (should fail: %v)", o.name, o.phase, o.notifyPods, o.denials, o.wantFail)
+	}
+	t.Logf("RESULT %s: %d succeeding workflows (%d ended Succeeded), false notification sent %d, stale attempts refused %d; "+
+		"%d failing workflows, notified %d; wrong denials %d",
+		what, len(outs)-c.failed, c.succeeded, c.reproduced, c.refused, c.failed, c.failedNotified, c.wrongDenials)
+	return c
+}
+
+func TestExposedControllerSendsTheFalseNoticeAndTheGuardRefusesIt(t *testing.T) {
+	n := tries(t)
+	t.Run("v3.4.17 without the guard", func(t *testing.T) {
+		c := report(t, "v3.4.17 without the guard", run(t, "v3.4.17", noGuard, n, 0))
+		if c.reproduced == 0 {
+			t.Errorf("the stale exit handler was not reproduced in %d tries: the proof below proves nothing", n)
+		}
+	})
+	for _, mode := range []guardMode{guardDirect, guardLagging} {
+		name := map[guardMode]string{guardDirect: "v3.4.17 with the guard", guardLagging: "v3.4.17 with the guard, its watch lagging too"}[mode]
+		t.Run(name, func(t *testing.T) {
+			c := report(t, name, run(t, "v3.4.17", mode, n, 1))
+			if c.reproduced != 0 {
+				t.Errorf("%d false notifications went out with the guard on", c.reproduced)
+			}
+			if c.succeeded != n {
+				t.Errorf("%d of %d workflows ended Succeeded", c.succeeded, n)
+			}
+			if c.refused == 0 {
+				t.Errorf("no stale attempt was refused in %d tries: the guard was not shown at work", n)
+			}
+			if c.wrongDenials != 0 || c.failedNotified != c.failed {
+				t.Errorf("failing workflows: %d of %d notified, %d wrong denials", c.failedNotified, c.failed, c.wrongDenials)
+			}
+		})
+	}
+}
+
+func TestFixedControllerNeedsNoGuard(t *testing.T) {
+	c := report(t, "v3.7.18 with the guard", run(t, "v3.7.18", guardDirect, tries(t), 1))
+	if c.reproduced != 0 || c.refused != 0 {
+		t.Errorf("v3.7.18: %d false notifications, %d refusals; want none", c.reproduced, c.refused)
+	}
+	if c.wrongDenials != 0 || c.failedNotified != c.failed {
+		t.Errorf("failing workflows: %d of %d notified, %d wrong denials", c.failedNotified, c.failed, c.wrongDenials)
+	}
+}
+
+func TestV4Controller(t *testing.T) {
+	n := tries(t)
+	without := report(t, "v4.0.5 without the guard", run(t, "v4.0.5", noGuard, n, 0))
+	with := report(t, "v4.0.5 with the guard", run(t, "v4.0.5", guardDirect, n, 1))
+	if with.reproduced != 0 {
+		t.Errorf("%d false notifications went out with the guard on", with.reproduced)
+	}
+	if with.wrongDenials != 0 || with.failedNotified != with.failed {
+		t.Errorf("failing workflows: %d of %d notified, %d wrong denials", with.failedNotified, with.failed, with.wrongDenials)
+	}
+	t.Logf("v4.0.5 exposed in this run: %v (%d of %d without the guard)", without.reproduced > 0, without.reproduced, n)
+}

@@ -1,0 +1,127 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+)
+
+// kubelet stands in for the kubelet, which these tests do not run: it watches the pods of a
+// namespace and, after a time given by the pod's node, writes their status through the status
+// subresource: every container terminated, the pod Succeeded (or Failed, for a node named
+// "fail"). It records every pod it saw created.
+type kubelet struct {
+	c  client.Client
+	ns string
+
+	mu   sync.Mutex
+	seen map[string]seenPod // by pod name
+}
+
+type seenPod struct {
+	workflow string
+	node     string
+	at       time.Time
+	done     bool
+}
+
+func newKubelet(c client.Client, ns string) *kubelet {
+	return &kubelet{c: c, ns: ns, seen: map[string]seenPod{}}
+}
+
+// runtimeOf is how long the pod of node runs, and whether it fails. The main template runs
+// two pods in parallel, "a" for 12 s and "b" for 10 s: the shorter one's finish makes an
+// incomplete status write shortly before the workflow completes.
+func runtimeOf(node string) (time.Duration, bool) {
+	switch {
+	case strings.HasSuffix(node, ".a"):
+		return 12 * time.Second, false
+	case strings.HasSuffix(node, ".b"):
+		return 10 * time.Second, false
+	case strings.HasSuffix(node, ".fail"):
+		return 3 * time.Second, true
+	default:
+		return time.Second, false
+	}
+}
+
+func (k *kubelet) run(ctx context.Context) {
+	for ctx.Err() == nil {
+		var pods corev1.PodList
+		if err := k.c.List(ctx, &pods, client.InNamespace(k.ns)); err == nil {
+			for i := range pods.Items {
+				k.step(ctx, &pods.Items[i])
+			}
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+func (k *kubelet) step(ctx context.Context, pod *corev1.Pod) {
+	k.mu.Lock()
+	s, ok := k.seen[pod.Name]
+	if !ok {
+		s = seenPod{workflow: pod.Labels["workflows.argoproj.io/workflow"], node: pod.Annotations["workflows.argoproj.io/node-name"], at: time.Now()}
+		k.seen[pod.Name] = s
+	}
+	k.mu.Unlock()
+	d, fail := runtimeOf(s.node)
+	if s.done || pod.DeletionTimestamp != nil || time.Since(s.at) < d {
+		return
+	}
+	started := metav1.NewTime(s.at)
+	now := metav1.Now()
+	term := func(c corev1.Container, code int32) corev1.ContainerStatus {
+		reason := "Completed"
+		if code != 0 {
+			reason = "Error"
+		}
+		return corev1.ContainerStatus{Name: c.Name, Image: c.Image, ImageID: c.Image, ContainerID: "containerd://" + pod.Name + "-" + c.Name,
+			State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: code, Reason: reason, StartedAt: started, FinishedAt: now}}}
+	}
+	pod.Status.Phase = corev1.PodSucceeded
+	pod.Status.StartTime = &started
+	pod.Status.InitContainerStatuses = nil
+	pod.Status.ContainerStatuses = nil
+	for _, c := range pod.Spec.InitContainers {
+		pod.Status.InitContainerStatuses = append(pod.Status.InitContainerStatuses, term(c, 0))
+	}
+	for _, c := range pod.Spec.Containers {
+		code := int32(0)
+		if fail && c.Name == "main" {
+			code = 1
+			pod.Status.Phase = corev1.PodFailed
+		}
+		pod.Status.ContainerStatuses = append(pod.Status.ContainerStatuses, term(c, code))
+	}
+	if err := k.c.Status().Update(ctx, pod); err != nil {
+		return // deleted or changed meanwhile: the next round sees it again
+	}
+	k.mu.Lock()
+	s.done = true
+	k.seen[pod.Name] = s
+	k.mu.Unlock()
+}
+
+// pods returns the pods seen for workflow whose node name contains part.
+func (k *kubelet) pods(workflow, part string) []string {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	var out []string
+	for name, s := range k.seen {
+		if s.workflow == workflow && strings.Contains(s.node, part) {
+			out = append(out, name)
+		}
+	}
+	return out
+}
