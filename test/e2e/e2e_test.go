@@ -98,11 +98,11 @@ const (
 
 // outcome is what became of one workflow.
 type outcome struct {
-	name        string
-	wantFail    bool
-	phase       argo.Phase
-	notifyPods  int // exit-handler notification pods the API server admitted
-	denials     int // ExitHandlerDenied Events
+	name       string
+	wantFail   bool
+	phase      argo.Phase
+	notifyPods int // exit-handler notification pods the API server admitted
+	denials    int // ExitHandlerDenied Events
 }
 
 // run starts an API server with Argo's CRDs, the controller of version behind a lagging proxy,
@@ -181,7 +181,11 @@ func run(t *testing.T, version string, mode guardMode, ok, failing int) []outcom
 	if err := os.WriteFile(kcFile, plainKubeconfig(t, proxy.URL()), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	logFile := filepath.Join(t.TempDir(), "controller.log")
+	logDir := os.Getenv("E2E_LOG_DIR") // keep the controllers' logs there
+	if logDir == "" {
+		logDir = t.TempDir()
+	}
+	logFile := filepath.Join(logDir, fmt.Sprintf("controller-%s-%d-%d.log", version, mode, time.Now().Unix()))
 	logOut, err := os.Create(logFile)
 	if err != nil {
 		t.Fatal(err)

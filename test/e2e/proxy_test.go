@@ -131,4 +131,3 @@ func (p *lagProxy) lag(ctx context.Context, w io.Writer, flusher http.Flusher, b
 		}
 	}
 }
-

@@ -14,8 +14,9 @@ import (
 )
 
 // kubelet stands in for the kubelet, which these tests do not run: it watches the pods of a
-// namespace and, after a time given by the pod's node, writes their status through the status
-// subresource: every container terminated, the pod Succeeded (or Failed, for a node named
+// namespace and writes their status through the status subresource, as a kubelet would: a
+// moment after creation every container running, the pod Running; after a time given by the
+// pod's node every container terminated, the pod Succeeded (or Failed, for a node named
 // "fail"). It records every pod it saw created.
 type kubelet struct {
 	c  client.Client
@@ -29,6 +30,7 @@ type seenPod struct {
 	workflow string
 	node     string
 	at       time.Time
+	running  bool
 	done     bool
 }
 
@@ -76,10 +78,36 @@ func (k *kubelet) step(ctx context.Context, pod *corev1.Pod) {
 	}
 	k.mu.Unlock()
 	d, fail := runtimeOf(s.node)
-	if s.done || pod.DeletionTimestamp != nil || time.Since(s.at) < d {
+	if s.done || pod.DeletionTimestamp != nil {
 		return
 	}
 	started := metav1.NewTime(s.at)
+	if !s.running {
+		pod.Status.Phase = corev1.PodRunning
+		pod.Status.StartTime = &started
+		pod.Status.InitContainerStatuses, pod.Status.ContainerStatuses = nil, nil
+		for _, c := range pod.Spec.InitContainers {
+			pod.Status.InitContainerStatuses = append(pod.Status.InitContainerStatuses, corev1.ContainerStatus{
+				Name: c.Name, Image: c.Image, ImageID: c.Image, ContainerID: "containerd://" + pod.Name + "-" + c.Name,
+				State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{Reason: "Completed", StartedAt: started, FinishedAt: started}}})
+		}
+		for _, c := range pod.Spec.Containers {
+			pod.Status.ContainerStatuses = append(pod.Status.ContainerStatuses, corev1.ContainerStatus{
+				Name: c.Name, Image: c.Image, ImageID: c.Image, ContainerID: "containerd://" + pod.Name + "-" + c.Name, Ready: true, Started: ptrTrue(),
+				State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: started}}})
+		}
+		if err := k.c.Status().Update(ctx, pod); err != nil {
+			return
+		}
+		k.mu.Lock()
+		s.running = true
+		k.seen[pod.Name] = s
+		k.mu.Unlock()
+		return
+	}
+	if time.Since(s.at) < d {
+		return
+	}
 	now := metav1.Now()
 	term := func(c corev1.Container, code int32) corev1.ContainerStatus {
 		reason := "Completed"
@@ -125,3 +153,5 @@ func (k *kubelet) pods(workflow, part string) []string {
 	}
 	return out
 }
+
+func ptrTrue() *bool { b := true; return &b }
