@@ -247,8 +247,8 @@ func run(t *testing.T, version string, mode guardMode, ok, failing int) []outcom
 		out = append(out, o)
 	}
 	logs, _ := os.ReadFile(logFile)
-	t.Logf("%s, guard %v: %d workflows; controller log lines about stale copies: %d", version, mode, len(wfs),
-		strings.Count(string(logs), "stale"))
+	t.Logf("%s, guard %v: %d workflows; the controller's own stale-copy check fired %d times", version, mode, len(wfs),
+		strings.Count(string(logs), "Rejecting stale copy"))
 	return out
 }
 

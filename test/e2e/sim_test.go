@@ -10,6 +10,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
@@ -23,10 +24,11 @@ type kubelet struct {
 	ns string
 
 	mu   sync.Mutex
-	seen map[string]seenPod // by pod name
+	seen map[types.UID]seenPod // by pod UID: a stale copy re-creates pods under the same name
 }
 
 type seenPod struct {
+	name     string
 	workflow string
 	node     string
 	at       time.Time
@@ -35,7 +37,7 @@ type seenPod struct {
 }
 
 func newKubelet(c client.Client, ns string) *kubelet {
-	return &kubelet{c: c, ns: ns, seen: map[string]seenPod{}}
+	return &kubelet{c: c, ns: ns, seen: map[types.UID]seenPod{}}
 }
 
 // runtimeOf is how long the pod of node runs, and whether it fails. The main template runs
@@ -71,10 +73,10 @@ func (k *kubelet) run(ctx context.Context) {
 
 func (k *kubelet) step(ctx context.Context, pod *corev1.Pod) {
 	k.mu.Lock()
-	s, ok := k.seen[pod.Name]
+	s, ok := k.seen[pod.UID]
 	if !ok {
-		s = seenPod{workflow: pod.Labels["workflows.argoproj.io/workflow"], node: pod.Annotations["workflows.argoproj.io/node-name"], at: time.Now()}
-		k.seen[pod.Name] = s
+		s = seenPod{name: pod.Name, workflow: pod.Labels["workflows.argoproj.io/workflow"], node: pod.Annotations["workflows.argoproj.io/node-name"], at: time.Now()}
+		k.seen[pod.UID] = s
 	}
 	k.mu.Unlock()
 	d, fail := runtimeOf(s.node)
@@ -101,7 +103,7 @@ func (k *kubelet) step(ctx context.Context, pod *corev1.Pod) {
 		}
 		k.mu.Lock()
 		s.running = true
-		k.seen[pod.Name] = s
+		k.seen[pod.UID] = s
 		k.mu.Unlock()
 		return
 	}
@@ -137,7 +139,7 @@ func (k *kubelet) step(ctx context.Context, pod *corev1.Pod) {
 	}
 	k.mu.Lock()
 	s.done = true
-	k.seen[pod.Name] = s
+	k.seen[pod.UID] = s
 	k.mu.Unlock()
 }
 
@@ -146,9 +148,9 @@ func (k *kubelet) pods(workflow, part string) []string {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	var out []string
-	for name, s := range k.seen {
+	for _, s := range k.seen {
 		if s.workflow == workflow && strings.Contains(s.node, part) {
-			out = append(out, name)
+			out = append(out, s.name)
 		}
 	}
 	return out
