@@ -86,6 +86,14 @@ func run(dir string) error {
 		doc = nil
 	}
 
+	documented := map[string]bool{}
+	for _, r := range rows {
+		documented[r.key] = true
+	}
+	if missing := undocumented(values, "", documented); len(missing) > 0 {
+		return fmt.Errorf("values.yaml: no \"# --\" comment for %s", strings.Join(missing, ", "))
+	}
+
 	var b bytes.Buffer
 	fmt.Fprintf(&b, "# %s\n\n%s\n\nChart version %s, app version %s.\n\n", chart.Name, chart.Description, chart.Version, chart.AppVersion)
 	b.WriteString("This file is generated from the comments of values.yaml by `make manifests`; edit those.\n\n")
@@ -112,4 +120,22 @@ func lookup(values map[string]any, path []string) (string, bool) {
 		return "", false
 	}
 	return string(out), true
+}
+
+// undocumented lists the values under prefix that neither carry a comment nor sit under a
+// commented key.
+func undocumented(v map[string]any, prefix string, documented map[string]bool) []string {
+	var out []string
+	for k, child := range v {
+		key := strings.TrimPrefix(prefix+"."+k, ".")
+		if documented[key] {
+			continue
+		}
+		if m, ok := child.(map[string]any); ok && len(m) > 0 {
+			out = append(out, undocumented(m, key, documented)...)
+			continue
+		}
+		out = append(out, key)
+	}
+	return out
 }
