@@ -1,13 +1,10 @@
 package webhook
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"net/http"
 	"os"
-	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -36,35 +33,7 @@ import (
 var env *testenv.Env
 
 // guardLog collects the JSON log lines of every guard the tests run.
-var guardLog = &syncBuffer{}
-
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-// lines returns the log lines that contain every one of subs.
-func (b *syncBuffer) lines(subs ...string) []string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	var out []string
-	for _, l := range strings.Split(b.buf.String(), "\n") {
-		ok := true
-		for _, s := range subs {
-			ok = ok && strings.Contains(l, s)
-		}
-		if ok && l != "" {
-			out = append(out, l)
-		}
-	}
-	return out
-}
+var guardLog = &testenv.Output{}
 
 // The webhook configurations of these tests send every pod creation to the guard (the
 // chart's selectors narrow that; here the handler itself must admit what is not its own),

@@ -59,7 +59,7 @@ func TestStaleExitHandlerOfSucceededWorkflowIsDeniedWithAnEvent(t *testing.T) {
 	if got := h.counter(t, "exit_guard_decisions_total", map[string]string{"verdict": "denied", "reason": "workflow-completed"}); got != 1 {
 		t.Errorf("denied decisions counted = %v, want 1", got)
 	}
-	lines := guardLog.lines(`"msg":"stale workflow pod refused"`, `"workflowUID":"`+string(wf.GetUID())+`"`)
+	lines := guardLog.Lines(`"msg":"stale workflow pod refused"`, `"workflowUID":"`+string(wf.GetUID())+`"`)
 	if len(lines) != 1 {
 		t.Fatalf("%d log lines for the denial, want 1", len(lines))
 	}

@@ -10,10 +10,14 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"sigs.k8s.io/yaml"
 )
 
 // BuildGuard builds the exit-guard binary into dir and returns its path.
@@ -110,4 +114,29 @@ func FreeAddr() (string, error) {
 	}
 	addr := l.Addr().String()
 	return addr, l.Close()
+}
+
+// GuardWebhook is the guard's ValidatingWebhookConfiguration as config/webhook generates it
+// from the code's markers, with the chart's object selector (only pods that Argo made). Give
+// it to Options.ValidatingWebhooks: envtest points it at the local serving address.
+func GuardWebhook() (*admissionregistrationv1.ValidatingWebhookConfiguration, error) {
+	raw, err := os.ReadFile(filepath.Join(RepoRoot(), "config", "webhook", "manifests.yaml"))
+	if err != nil {
+		return nil, err
+	}
+	for _, doc := range strings.Split(string(raw), "\n---") {
+		var vwc admissionregistrationv1.ValidatingWebhookConfiguration
+		if err := yaml.Unmarshal([]byte(doc), &vwc); err != nil {
+			return nil, fmt.Errorf("config/webhook/manifests.yaml: %w", err)
+		}
+		if vwc.Kind != "ValidatingWebhookConfiguration" {
+			continue
+		}
+		for i := range vwc.Webhooks {
+			vwc.Webhooks[i].ObjectSelector = &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{
+				Key: "workflows.argoproj.io/workflow", Operator: metav1.LabelSelectorOpExists}}}
+		}
+		return &vwc, nil
+	}
+	return nil, errors.New("config/webhook/manifests.yaml has no ValidatingWebhookConfiguration: run make manifests")
 }

@@ -117,7 +117,7 @@ func TestSelfManagedCertificateRotatesUnderLoad(t *testing.T) {
 	certDir := t.TempDir()
 	mountSecret(ctx, t, secret, certDir)
 
-	out := &syncBuffer{}
+	out := &testenv.Output{}
 	g, err := testenv.StartGuard(ctx, guardBin, kubeconfigAs(t, ns, sa), guardArgs(t, objs,
 		"--webhook-port="+strconv.Itoa(env.WebhookPort), "--webhook-cert-path="+certDir,
 		"--cert-namespace="+ns,

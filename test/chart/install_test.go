@@ -1,13 +1,11 @@
 package chart
 
 import (
-	"bytes"
 	"context"
 	"encoding/base64"
 	"fmt"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -27,24 +25,6 @@ import (
 	"github.com/exit-guard/exit-guard/internal/argo"
 	"github.com/exit-guard/exit-guard/internal/testenv"
 )
-
-// syncBuffer collects a guard's output.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
 
 // install creates the rendered objects for real, except the Deployment (no kubelet runs its
 // pods here: the test runs the guard itself) and the webhook configurations, which it returns.
@@ -182,7 +162,7 @@ func TestGuardDoesItsJobWithTheChartsPermissions(t *testing.T) {
 	webhooks := install(t, objs)
 	sa := only(t, objs, "ServiceAccount").GetName()
 
-	out := &syncBuffer{}
+	out := &testenv.Output{}
 	g, err := testenv.StartGuard(t.Context(), guardBin, kubeconfigAs(t, ns, sa), guardArgs(t, objs,
 		"--webhook-port="+strconv.Itoa(env.WebhookPort), "--webhook-cert-path="+env.WebhookCertDir), out)
 	if err != nil {
@@ -213,7 +193,7 @@ func TestWarnModeMarksThroughTheChartsMutatingWebhook(t *testing.T) {
 	if len(webhooks) != 1 || webhooks[0].GetKind() != "MutatingWebhookConfiguration" {
 		t.Fatalf("warn mode rendered %v, want one MutatingWebhookConfiguration", webhooks)
 	}
-	out := &syncBuffer{}
+	out := &testenv.Output{}
 	g, err := testenv.StartGuard(t.Context(), guardBin, kubeconfigAs(t, ns, only(t, objs, "ServiceAccount").GetName()), guardArgs(t, objs,
 		"--webhook-port="+strconv.Itoa(env.WebhookPort), "--webhook-cert-path="+env.WebhookCertDir), out)
 	if err != nil {
@@ -237,7 +217,7 @@ func TestWarnModeMarksThroughTheChartsMutatingWebhook(t *testing.T) {
 
 // checkPermissions checks what the ServiceAccount may do: what the guard needs, and nothing of
 // what it does not.
-func checkPermissions(t *testing.T, ns, sa string, out *syncBuffer) {
+func checkPermissions(t *testing.T, ns, sa string, out *testenv.Output) {
 	t.Helper()
 	if strings.Contains(strings.ToLower(out.String()), "forbidden") {
 		t.Errorf("the guard hit a permission it lacks:\n%s", out)

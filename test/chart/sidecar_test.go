@@ -100,7 +100,7 @@ func TestSidecarRunsAsTheControllersServiceAccount(t *testing.T) {
 	if err := env.Client.Create(t.Context(), &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: sa}}); err != nil {
 		t.Fatal(err)
 	}
-	out := &syncBuffer{}
+	out := &testenv.Output{}
 	args := append(append([]string{}, c.Args...),
 		"--webhook-port="+strconv.Itoa(env.WebhookPort), "--webhook-cert-path="+env.WebhookCertDir)
 	g, err := testenv.StartGuard(t.Context(), guardBin, kubeconfigAs(t, ns, sa), args, out)

@@ -47,26 +47,10 @@ func run(guardBin string, verbose bool) error {
 	defer cancel()
 
 	say("== Starting a local kube-apiserver and etcd (built from Go modules by hack/envtest-binaries.sh)")
-	path := webhook.ValidatePath
-	ignore := admissionregistrationv1.Ignore
-	none := admissionregistrationv1.SideEffectClassNoneOnDryRun
-	timeout := int32(5)
-	vwc := &admissionregistrationv1.ValidatingWebhookConfiguration{
-		ObjectMeta: metav1.ObjectMeta{Name: "exit-guard"},
-		Webhooks: []admissionregistrationv1.ValidatingWebhook{{
-			Name:         "validate.exit-guard.io",
-			ClientConfig: admissionregistrationv1.WebhookClientConfig{Service: &admissionregistrationv1.ServiceReference{Namespace: "exit-guard", Name: "exit-guard", Path: &path}},
-			Rules: []admissionregistrationv1.RuleWithOperations{{
-				Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Create},
-				Rule:       admissionregistrationv1.Rule{APIGroups: []string{""}, APIVersions: []string{"v1"}, Resources: []string{"pods"}},
-			}},
-			// Only pods that Argo made are ever sent; the guard fails open.
-			ObjectSelector:          &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{Key: argo.LabelWorkflow, Operator: metav1.LabelSelectorOpExists}}},
-			FailurePolicy:           &ignore,
-			SideEffects:             &none,
-			TimeoutSeconds:          &timeout,
-			AdmissionReviewVersions: []string{"v1"},
-		}},
+	// The webhook as generated from the code's markers: failing open, only for Argo's pods.
+	vwc, err := testenv.GuardWebhook()
+	if err != nil {
+		return err
 	}
 	env, err := testenv.Start(testenv.Options{ValidatingWebhooks: []*admissionregistrationv1.ValidatingWebhookConfiguration{vwc}})
 	if err != nil {

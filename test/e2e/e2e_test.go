@@ -6,7 +6,6 @@
 package e2e
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"os"
@@ -14,7 +13,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -113,23 +111,11 @@ func run(t *testing.T, version string, mode guardMode, ok, failing int) []outcom
 	ctrlBin, crds := controller(t, version)
 	opts := testenv.Options{CRDDirs: []string{crds}, OwnCRDs: true}
 	if mode != noGuard {
-		path := webhook.ValidatePath
-		ignore := admissionregistrationv1.Ignore
-		sideEffects := admissionregistrationv1.SideEffectClassNoneOnDryRun
-		timeout := int32(5)
-		opts.ValidatingWebhooks = []*admissionregistrationv1.ValidatingWebhookConfiguration{{
-			ObjectMeta: metav1.ObjectMeta{Name: "exit-guard"},
-			Webhooks: []admissionregistrationv1.ValidatingWebhook{{
-				Name:         "validate.exit-guard.io",
-				ClientConfig: admissionregistrationv1.WebhookClientConfig{Service: &admissionregistrationv1.ServiceReference{Namespace: "x", Name: "x", Path: &path}},
-				Rules: []admissionregistrationv1.RuleWithOperations{{
-					Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Create},
-					Rule:       admissionregistrationv1.Rule{APIGroups: []string{""}, APIVersions: []string{"v1"}, Resources: []string{"pods"}},
-				}},
-				ObjectSelector: &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{Key: argo.LabelWorkflow, Operator: metav1.LabelSelectorOpExists}}},
-				FailurePolicy:  &ignore, SideEffects: &sideEffects, TimeoutSeconds: &timeout, AdmissionReviewVersions: []string{"v1"},
-			}},
-		}}
+		vwc, err := testenv.GuardWebhook()
+		if err != nil {
+			t.Fatal(err)
+		}
+		opts.ValidatingWebhooks = []*admissionregistrationv1.ValidatingWebhookConfiguration{vwc}
 	}
 	env, err := testenv.Start(opts)
 	if err != nil {
@@ -160,9 +146,9 @@ func run(t *testing.T, version string, mode guardMode, ok, failing int) []outcom
 			defer func() { _ = p.Close() }()
 			kc = plainKubeconfig(t, p.URL())
 		}
-		var guardOut bytes.Buffer
+		guardOut := &testenv.Output{}
 		g, err := testenv.StartGuard(ctx, guardBin, kc, []string{
-			"--webhook-port=" + strconv.Itoa(env.WebhookPort), "--webhook-cert-path=" + env.WebhookCertDir}, &lockedWriter{w: &guardOut})
+			"--webhook-port=" + strconv.Itoa(env.WebhookPort), "--webhook-cert-path=" + env.WebhookCertDir}, guardOut)
 		if err != nil {
 			t.Fatalf("%v\n%s", err, guardOut.String())
 		}
@@ -250,17 +236,6 @@ func run(t *testing.T, version string, mode guardMode, ok, failing int) []outcom
 	t.Logf("%s, guard %v: %d workflows; the controller's own stale-copy check fired %d times", version, mode, len(wfs),
 		strings.Count(string(logs), "Rejecting stale copy"))
 	return out
-}
-
-type lockedWriter struct {
-	mu sync.Mutex
-	w  *bytes.Buffer
-}
-
-func (l *lockedWriter) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.w.Write(p)
 }
 
 func tail(b []byte, lines int) string {
