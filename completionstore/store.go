@@ -50,6 +50,18 @@ type Observation struct {
 	Deleted bool
 }
 
+// ObservationOf is the observation a workflow object makes.
+func ObservationOf(wf *argo.Workflow, deleted bool) Observation {
+	return Observation{
+		UID:             wf.UID,
+		Namespace:       wf.Namespace,
+		Name:            wf.Name,
+		ResourceVersion: wf.ResourceVersion,
+		Phase:           wf.Status.Phase,
+		Deleted:         deleted,
+	}
+}
+
 // Record is what the store knows of one workflow: the newest observation of its UID (for a
 // tombstone, Phase is the phase last seen before the deletion) and when it was recorded.
 type Record struct {
@@ -109,9 +121,11 @@ func New(opts Options) (*Store, error) {
 // TTL is how long records are kept after their last change.
 func (s *Store) TTL() time.Duration { return s.ttl }
 
-// Observe records o unless the store holds a newer state of the same UID. A deletion wins over
-// an update at the same resourceVersion (the informer reports a deletion it missed with the
-// last object it had). A tombstone is never undone: UIDs are not reused.
+// Observe records o unless the store holds a newer state of the same UID. A deletion of a
+// known UID always wins, whatever its resourceVersion: the informer reports a deletion it
+// missed (DeletedFinalStateUnknown) with the last object it had, which can be older than what
+// a live read has since recorded. The tombstone keeps the newest resourceVersion and phase
+// known. A tombstone is never undone: UIDs are not reused.
 func (s *Store) Observe(o Observation) Result {
 	if o.UID == "" {
 		return Invalid
@@ -131,6 +145,10 @@ func (s *Store) Observe(o Observation) Result {
 		switch {
 		case old.Deleted:
 			return Stale
+		case o.Deleted && cmp <= 0:
+			// The deletion, reported with an older (or the same) copy: the newer state's
+			// resourceVersion and phase stay, as a tombstone.
+			o.ResourceVersion, o.Phase = old.ResourceVersion, old.Phase
 		case cmp < 0, cmp == 0 && !o.Deleted:
 			return Stale
 		}

@@ -79,6 +79,23 @@ func TestObserveKeepsTheNewestStateOfEachUID(t *testing.T) {
 		wantPhase: argo.PhaseFailed, wantRV: "30", wantDel: true,
 		results: []Result{Applied, Stale},
 	}, {
+		name: "a deletion reported with an older copy than a live read gave still wins",
+		// Seen at 100 by the watch, read live at 105; the informer relists and reports the
+		// deletion it missed (DeletedFinalStateUnknown) with the object it had, at 100.
+		events:    []Observation{obs("a", "100", argo.PhaseRunning), obs("a", "105", argo.PhaseSucceeded), deleted(obs("a", "100", argo.PhaseRunning))},
+		wantPhase: argo.PhaseSucceeded, wantRV: "105", wantDel: true,
+		results: []Result{Applied, Applied, Applied},
+	}, {
+		name:      "a deletion of a UID never seen makes a tombstone",
+		events:    []Observation{deleted(obs("a", "7", argo.PhaseRunning))},
+		wantPhase: argo.PhaseRunning, wantRV: "7", wantDel: true,
+		results: []Result{Applied},
+	}, {
+		name:      "a second deletion changes nothing",
+		events:    []Observation{deleted(obs("a", "30", argo.PhaseSucceeded)), deleted(obs("a", "20", argo.PhaseRunning))},
+		wantPhase: argo.PhaseSucceeded, wantRV: "30", wantDel: true,
+		results: []Result{Applied, Stale},
+	}, {
 		name:      "a duplicate event is stale",
 		events:    []Observation{obs("a", "20", argo.PhaseSucceeded), obs("a", "20", argo.PhaseSucceeded)},
 		wantPhase: argo.PhaseSucceeded, wantRV: "20",

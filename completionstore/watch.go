@@ -128,18 +128,6 @@ func (f *feeder) observe(obj any, deleted bool) {
 	f.metrics.observations.WithLabelValues(r.String()).Inc()
 }
 
-// ObservationOf is the observation a workflow object makes.
-func ObservationOf(wf *argo.Workflow, deleted bool) Observation {
-	return Observation{
-		UID:             wf.UID,
-		Namespace:       wf.Namespace,
-		Name:            wf.Name,
-		ResourceVersion: wf.ResourceVersion,
-		Phase:           wf.Status.Phase,
-		Deleted:         deleted,
-	}
-}
-
 // String names a Result, as in metrics.
 func (r Result) String() string {
 	switch r {
