@@ -222,18 +222,29 @@ func (g *guard) liveRead(ctx context.Context, namespace, name string) (*argo.Wor
 	// still being dialled is shared and outlives one request), and the API server must never
 	// see the webhook time out. The channel is buffered, so a late read ends on its own.
 	type answer struct {
-		wf  *argo.Workflow
-		err error
+		wf       *argo.Workflow
+		err      error
+		panicked any
 	}
 	done := make(chan answer, 1)
 	go func() {
+		// A panic here would end the process: hand it to the request's goroutine, whose
+		// panic controller-runtime recovers into an HTTP error (withHTTPStatus).
+		defer func() {
+			if p := recover(); p != nil {
+				done <- answer{panicked: p}
+			}
+		}()
 		wf := &argo.Workflow{}
 		err := g.reader.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, wf)
-		done <- answer{wf, err}
+		done <- answer{wf: wf, err: err}
 	}()
 	var a answer
 	select {
 	case a = <-done:
+		if a.panicked != nil {
+			panic(a.panicked)
+		}
 	case <-ctx.Done():
 		a.err = ctx.Err()
 	}

@@ -56,7 +56,12 @@ var (
 // are read live through the manager's API reader (no cache), so the manager's scheme must know
 // argo.Workflow (argo.AddToScheme).
 func Setup(mgr manager.Manager, store *completionstore.Store, opts Options) error {
-	g, err := newGuard(mgr.GetAPIReader(), store, opts)
+	return setup(mgr, mgr.GetAPIReader(), store, opts)
+}
+
+// setup is Setup with the reader of live reads given.
+func setup(mgr manager.Manager, reader client.Reader, store *completionstore.Store, opts Options) error {
+	g, err := newGuard(reader, store, opts)
 	if err != nil {
 		return err
 	}
@@ -72,9 +77,15 @@ func Setup(mgr manager.Manager, store *completionstore.Store, opts Options) erro
 		return fmt.Errorf("webhook: registering metrics: %w", err)
 	}
 	srv := mgr.GetWebhookServer()
-	srv.Register(ValidatePath, withHTTPStatus(&admission.Webhook{Handler: &validator{g}}))
-	srv.Register(MutatePath, withHTTPStatus(&admission.Webhook{Handler: &mutator{g}}))
+	srv.Register(ValidatePath, serve(&validator{g}))
+	srv.Register(MutatePath, serve(&mutator{g}))
 	return nil
+}
+
+// serve is the HTTP handler of an admission handler: controller-runtime's decoding and panic
+// recovery, then withHTTPStatus.
+func serve(h admission.Handler) http.Handler {
+	return withHTTPStatus(&admission.Webhook{Handler: h})
 }
 
 func newGuard(reader client.Reader, store *completionstore.Store, opts Options) (*guard, error) {
@@ -161,7 +172,7 @@ func (v *validator) Handle(ctx context.Context, req admission.Request) admission
 	msg := denialMessage(f, d)
 	switch v.opts.Mode {
 	case ModeEnforce:
-		return withAudit(admission.Denied(msg), f, d, out)
+		return policyDenial(ctx, withAudit(admission.Denied(msg), f, d, out))
 	case ModeWarn:
 		return withAudit(admission.Allowed(string(d.reason)).WithWarnings("exit-guard (warn mode) would refuse this pod: "+msg), f, d, out)
 	default:
@@ -265,21 +276,46 @@ func withAudit(r admission.Response, f podFacts, d decision, verdict string) adm
 	return r
 }
 
-// withHTTPStatus answers a malformed request with an HTTP 400 (or 413), not only a 400 inside
-// an AdmissionReview, so that a caller sees the error and an API server applies the webhook's
-// failurePolicy instead of reading a refusal. Every other answer is passed through unchanged.
+// policyMark is put in each request's context by withHTTPStatus; the validator sets it when it
+// answers with one of its own policy refusals, and only then.
+type policyMark struct{ denied bool }
+
+type policyMarkKey struct{}
+
+// policyDenial marks r as the guard's own policy refusal and returns it. It is the last thing
+// the validator does, so a panic on the way to a refusal leaves the mark unset.
+func policyDenial(ctx context.Context, r admission.Response) admission.Response {
+	if m, ok := ctx.Value(policyMarkKey{}).(*policyMark); ok {
+		m.denied = true
+	}
+	return r
+}
+
+// withHTTPStatus makes every refusal that is not one of the guard's policy decisions an HTTP
+// error: a malformed request gets HTTP 400 (or 413), and anything else (a panic that
+// controller-runtime recovered into an answer with code 500, any future bug) HTTP 500. The API
+// server then applies the webhook's failurePolicy instead of reading a refusal: an
+// AdmissionReview with allowed: false in an HTTP 200 is a denial whatever that policy says.
+// Admissions and the guard's own refusals pass through unchanged.
 func withHTTPStatus(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mark := &policyMark{}
+		r = r.WithContext(context.WithValue(r.Context(), policyMarkKey{}, mark))
 		rec := &bufferedWriter{header: w.Header()}
 		h.ServeHTTP(rec, r)
 		status := http.StatusOK
-		var review admissionv1.AdmissionReview
 		// Admissions are the common case: parse only refusals.
-		if bytes.Contains(rec.body.Bytes(), []byte(`"allowed":false`)) &&
-			json.Unmarshal(rec.body.Bytes(), &review) == nil && review.Response != nil &&
-			!review.Response.Allowed && review.Response.Result != nil {
-			if c := int(review.Response.Result.Code); c == http.StatusBadRequest || c == http.StatusRequestEntityTooLarge {
-				status = c
+		if !mark.denied && bytes.Contains(rec.body.Bytes(), []byte(`"allowed":false`)) {
+			var review admissionv1.AdmissionReview
+			switch err := json.Unmarshal(rec.body.Bytes(), &review); {
+			case err != nil || review.Response == nil:
+				status = http.StatusInternalServerError
+			case review.Response.Allowed:
+			case review.Response.Result != nil && review.Response.Result.Code >= 400 && review.Response.Result.Code < 600 &&
+				review.Response.Result.Code != http.StatusForbidden:
+				status = int(review.Response.Result.Code)
+			default:
+				status = http.StatusInternalServerError
 			}
 		}
 		w.WriteHeader(status)

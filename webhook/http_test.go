@@ -2,6 +2,7 @@ package webhook
 
 import (
 	"bytes"
+	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
@@ -9,11 +10,18 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	admissionv1 "k8s.io/api/admission/v1"
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/rand"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	"github.com/exit-guard/exit-guard/completionstore"
@@ -150,4 +158,80 @@ func FuzzRead(f *testing.F) {
 			_ = classify(meta)
 		}
 	})
+}
+
+// panickingReader is a live read with a bug in it.
+type panickingReader struct{ calls atomic.Int32 }
+
+func (r *panickingReader) Get(context.Context, client.ObjectKey, client.Object, ...client.GetOption) error {
+	r.calls.Add(1)
+	panic("a bug in the live read")
+}
+
+func (r *panickingReader) List(context.Context, client.ObjectList, ...client.ListOption) error {
+	panic("not used")
+}
+
+// TestHandlerFailuresReachTheAPIServerAsHTTPErrors: a panic in the guard is not a refusal. It
+// reaches the API server as an HTTP 500, so that the webhook's failurePolicy applies: with
+// Ignore, the pod is admitted.
+func TestHandlerFailuresReachTheAPIServerAsHTTPErrors(t *testing.T) {
+	reader := &panickingReader{}
+	startGuard(t, Options{}, harnessOptions{noWatch: true, reader: reader})
+	// A namespace the test webhooks (failurePolicy Fail) do not see; one webhook that fails
+	// open is registered for it alone.
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "t-" + rand.String(8), Labels: map[string]string{"exit-guard-fail-open": "true"}}}
+	if err := env.Client.Create(t.Context(), ns); err != nil {
+		t.Fatal(err)
+	}
+	wf := createWorkflow(t, ns.Name, "done", argo.PhaseSucceeded)
+
+	raw, _ := json.Marshal(exitPod(wf))
+	code, rev, body := post(t, ValidatePath, "application/json", review(admissionv1.AdmissionRequest{
+		UID: "panic-1", Resource: metav1.GroupVersionResource{Version: "v1", Resource: "pods"}, Operation: admissionv1.Create,
+		Namespace: ns.Name, Object: runtime.RawExtension{Raw: raw}}))
+	if code != http.StatusInternalServerError {
+		t.Errorf("HTTP status %d for a handler that panicked, want 500: %s", code, body)
+	}
+	if rev.Response == nil || rev.Response.Result == nil || !strings.Contains(rev.Response.Result.Message, "panic") {
+		t.Errorf("answer %s does not say the handler panicked", body)
+	}
+
+	ignore := admissionregistrationv1.Ignore
+	none := admissionregistrationv1.SideEffectClassNone
+	url := fmt.Sprintf("https://%s:%d%s", env.WebhookHost, env.WebhookPort, ValidatePath)
+	vwc := &admissionregistrationv1.ValidatingWebhookConfiguration{
+		ObjectMeta: metav1.ObjectMeta{Name: "exit-guard-fail-open-" + ns.Name},
+		Webhooks: []admissionregistrationv1.ValidatingWebhook{{
+			Name:                    "validate.exit-guard.io",
+			ClientConfig:            admissionregistrationv1.WebhookClientConfig{URL: &url, CABundle: env.WebhookCAData},
+			Rules:                   []admissionregistrationv1.RuleWithOperations{{Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Create}, Rule: admissionregistrationv1.Rule{APIGroups: []string{""}, APIVersions: []string{"v1"}, Resources: []string{"pods"}}}},
+			NamespaceSelector:       &metav1.LabelSelector{MatchLabels: ns.Labels},
+			ObjectSelector:          &metav1.LabelSelector{MatchLabels: map[string]string{argo.LabelWorkflow: wf.GetName()}},
+			FailurePolicy:           &ignore,
+			SideEffects:             &none,
+			AdmissionReviewVersions: []string{"v1"},
+		}},
+	}
+	if err := env.Client.Create(t.Context(), vwc); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = env.Client.Delete(context.Background(), vwc) })
+	// The API server takes the new configuration in a moment later: create until the guard
+	// is called, and judge the create that called it.
+	err := wait.PollUntilContextTimeout(t.Context(), 50*time.Millisecond, 30*time.Second, true,
+		func(ctx context.Context) (bool, error) {
+			before := reader.calls.Load()
+			err := env.Client.Create(ctx, exitPod(wf), client.DryRunAll)
+			if reader.calls.Load() == before {
+				return false, nil
+			}
+			if err != nil {
+				t.Errorf("pod refused when the guard failed and the webhook fails open: %v", err)
+			}
+			return true, nil
+		})
+	if err != nil {
+		t.Fatalf("the API server never called the guard: %v", err)
+	}
 }

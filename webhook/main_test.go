@@ -87,6 +87,8 @@ type harnessOptions struct {
 	// noWatch runs the webhook with no Workflow watch: the store knows only what a test puts
 	// in it, as when the guard's own watch lags behind the API server.
 	noWatch bool
+	// reader, when set, replaces the API reader of live reads.
+	reader client.Reader
 }
 
 func testScheme(t testing.TB) *runtime.Scheme {
@@ -131,7 +133,11 @@ func startGuard(t *testing.T, opts Options, ho harnessOptions) *harness {
 		}
 	}
 	opts.Registerer = h.registry
-	if err := Setup(mgr, h.store, opts); err != nil {
+	reader := ho.reader
+	if reader == nil {
+		reader = mgr.GetAPIReader()
+	}
+	if err := setup(mgr, reader, h.store, opts); err != nil {
 		t.Fatal(err)
 	}
 	done := make(chan error, 1)
