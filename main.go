@@ -46,6 +46,8 @@ type flags struct {
 	strict          bool
 	storeFirst      bool
 	liveReadTimeout time.Duration
+	liveReadBudget  time.Duration
+	storeFallback   string
 	namespaces      string
 	completionTTL   time.Duration
 	sweepInterval   time.Duration
@@ -103,6 +105,10 @@ func (f *flags) guardOptions() (completionstore.Options, webhook.Options, error)
 	if err != nil {
 		return completionstore.Options{}, webhook.Options{}, err
 	}
+	fallback, err := webhook.ParseStoreFallback(f.storeFallback)
+	if err != nil {
+		return completionstore.Options{}, webhook.Options{}, err
+	}
 	namespaces := splitList(f.namespaces)
 	return completionstore.Options{TTL: f.completionTTL, SweepInterval: f.sweepInterval},
 		webhook.Options{
@@ -112,6 +118,8 @@ func (f *flags) guardOptions() (completionstore.Options, webhook.Options, error)
 			Strict:          f.strict,
 			StoreFirst:      f.storeFirst,
 			LiveReadTimeout: f.liveReadTimeout,
+			LiveReadBudget:  f.liveReadBudget,
+			StoreFallback:   fallback,
 			Namespaces:      namespaces,
 		}, nil
 }
@@ -153,7 +161,11 @@ func parseFlags(args []string) (*flags, error) {
 	fs.BoolVar(&f.storeFirst, "store-first", false,
 		"Admit exit-handler pods from the store without a live read when it holds no completion (lower latency; a lagging watch then lets stale pods through).")
 	fs.DurationVar(&f.liveReadTimeout, "live-read-timeout", time.Second,
-		"Deadline of the live read of a pod's workflow; past it the store decides. Keep it well below the webhook's timeoutSeconds.")
+		"How long one attempt of the live read of a pod's workflow may take before another starts beside it.")
+	fs.DurationVar(&f.liveReadBudget, "live-read-budget", 4*time.Second,
+		"How long the live read may take in all, retries included; past it the store decides. Keep it at least a second below the webhook's timeoutSeconds.")
+	fs.StringVar(&f.storeFallback, "store-fallback", string(webhook.FallbackTombstone),
+		"What the store alone may refuse when no live read answers within the budget: tombstone (only workflows seen deleted) or completion (also workflows seen completed; a workflow retried in that moment is then refused too).")
 	fs.StringVar(&f.namespaces, "namespaces", "", "Comma-separated namespaces to watch and guard; empty means all.")
 	fs.DurationVar(&f.completionTTL, "completion-ttl", 10*time.Minute, "How long the store remembers a workflow after its last change.")
 	fs.DurationVar(&f.sweepInterval, "sweep-interval", 30*time.Second, "How often expired records are removed from the store.")

@@ -19,17 +19,20 @@ func TestFlagsBecomeGuardOptions(t *testing.T) {
 		wantErr bool
 	}{
 		{name: "the defaults enforce on Succeeded with live reads",
-			want:    webhook.Options{Mode: webhook.ModeEnforce, DenyPhases: []argo.Phase{argo.PhaseSucceeded}, LiveReadTimeout: time.Second},
+			want: webhook.Options{Mode: webhook.ModeEnforce, DenyPhases: []argo.Phase{argo.PhaseSucceeded}, LiveReadTimeout: time.Second,
+				LiveReadBudget: 4 * time.Second, StoreFallback: webhook.FallbackTombstone},
 			wantTTL: 10 * time.Minute},
 		{name: "every policy flag is carried over",
 			args: []string{"--mode=warn", "--deny-phases=succeeded, Failed,Error", "--cover-hooks", "--strict", "--store-first",
-				"--live-read-timeout=300ms", "--namespaces=a, b,", "--completion-ttl=1h"},
+				"--live-read-timeout=300ms", "--live-read-budget=2s", "--store-fallback=completion", "--namespaces=a, b,", "--completion-ttl=1h"},
 			want: webhook.Options{Mode: webhook.ModeWarn, DenyPhases: []argo.Phase{argo.PhaseSucceeded, argo.PhaseFailed, argo.PhaseError},
-				Hooks: true, Strict: true, StoreFirst: true, LiveReadTimeout: 300 * time.Millisecond, Namespaces: []string{"a", "b"}},
+				Hooks: true, Strict: true, StoreFirst: true, LiveReadTimeout: 300 * time.Millisecond, LiveReadBudget: 2 * time.Second,
+				StoreFallback: webhook.FallbackCompletion, Namespaces: []string{"a", "b"}},
 			wantTTL: time.Hour},
 		{name: "an unknown mode is refused", args: []string{"--mode=block"}, wantErr: true},
 		{name: "a non-terminal deny phase is refused", args: []string{"--deny-phases=Running"}, wantErr: true},
 		{name: "an empty deny-phase list is refused", args: []string{"--deny-phases=,"}, wantErr: true},
+		{name: "an unknown store fallback is refused", args: []string{"--store-fallback=always"}, wantErr: true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -54,7 +54,8 @@ func (g *guard) audit(ctx context.Context, req admission.Request, f podFacts, d 
 	}
 
 	log := logf.FromContext(ctx)
-	if !d.deny && d.reason != reasonUnverified && !log.V(1).Enabled() {
+	unverified := d.reason == reasonUnverified || d.reason == reasonUnconfirmedCompletion
+	if !d.deny && !unverified && !log.V(1).Enabled() {
 		// The common case: an admission nobody asked to see logged costs no log values.
 		return verdict
 	}
@@ -69,9 +70,12 @@ func (g *guard) audit(ctx context.Context, req admission.Request, f podFacts, d 
 		log = log.WithValues("liveReadError", d.liveErr.Error())
 	}
 	if !d.deny {
-		if d.reason == reasonUnverified {
+		switch d.reason {
+		case reasonUnverified:
 			log.Info("pod admitted unverified: the live read failed and the store knows nothing of its workflow")
-		} else {
+		case reasonUnconfirmedCompletion:
+			log.Info("pod admitted unverified: the live read failed and only the store says its workflow completed")
+		default:
 			log.V(1).Info("pod admitted")
 		}
 		return verdict
@@ -110,6 +114,7 @@ type guardMetrics struct {
 	decisions        *prometheus.CounterVec
 	liveRead         *prometheus.HistogramVec
 	liveReadFailures *prometheus.CounterVec
+	liveReadAttempts *prometheus.CounterVec
 }
 
 func newGuardMetrics() *guardMetrics {
@@ -128,11 +133,15 @@ func newGuardMetrics() *guardMetrics {
 			Name: "exit_guard_live_read_failures_total",
 			Help: "Live reads that failed or ran out of time, so that the store decided, by kind (timeout, error).",
 		}, []string{"kind"}),
+		liveReadAttempts: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "exit_guard_live_read_retries_total",
+			Help: "Further attempts within one live read, by cause: error (the last attempt failed; retried after a pause), hedged (the last attempt had not answered within --live-read-timeout; another started beside it).",
+		}, []string{"cause"}),
 	}
 }
 
 func (m *guardMetrics) register(reg prometheus.Registerer) error {
-	for _, c := range []prometheus.Collector{m.decisions, m.liveRead, m.liveReadFailures} {
+	for _, c := range []prometheus.Collector{m.decisions, m.liveRead, m.liveReadFailures, m.liveReadAttempts} {
 		if err := reg.Register(c); err != nil {
 			return err
 		}

@@ -37,6 +37,9 @@ const (
 	reasonPhaseAllowed        reason = "phase-not-denied"
 	reasonNotSeenCompleted    reason = "not-seen-completed"
 	reasonUnverified          reason = "unverified-fail-open"
+	// reasonUnconfirmedCompletion: the store says completed, no live read answered, and the
+	// store fallback lets only tombstones refuse.
+	reasonUnconfirmedCompletion reason = "unconfirmed-completion"
 )
 
 // Reasons to refuse.
@@ -172,6 +175,10 @@ func (g *guard) liveDecide(ctx context.Context, d decision) decision {
 		}
 		d = g.fromRecord(d, rec)
 		d.liveErr = err
+		if d.deny && d.reason == reasonWorkflowCompleted && g.opts.StoreFallback != FallbackCompletion {
+			// The store's completion may be a retry not yet delivered: not sure enough.
+			d.deny, d.reason = false, reasonUnconfirmedCompletion
+		}
 		return d
 	case wf.UID != d.wfUID:
 		// The name now belongs to another workflow: the pod's owner was deleted.
@@ -208,26 +215,41 @@ func (g *guard) byPhase(d decision) decision {
 	return d
 }
 
-// errLiveReadTimeout marks a live read that ran out of time.
+// errLiveReadTimeout marks a live read that ran out of its budget.
 var errLiveReadTimeout = errors.New("live read of the workflow ran out of time")
 
+const (
+	// maxLiveReadAttempts bounds the attempts of one live read: a hedge per attempt timeout
+	// and a few quick retries fit in the default budget (4 s of 1 s attempts).
+	maxLiveReadAttempts = 8
+	// firstRetryDelay is the pause after an attempt that failed fast (a refused connection, a
+	// 429 or 5xx answer); it doubles with each retry.
+	firstRetryDelay = 50 * time.Millisecond
+)
+
 // liveRead GETs the workflow from the API server (no resourceVersion: a consistent read, never
-// the watch cache) within the live-read deadline. Only metadata and status.phase are decoded.
+// the watch cache) within the live-read budget. Only metadata and status.phase are decoded.
+//
+// The budget is used whole: an attempt that fails fast is retried after a short pause, and one
+// that has not answered within the attempt timeout gets another attempt beside it (a hedge),
+// the first answer winning. A 404 is an answer; 401, 403 and 400 end the read at once, as no
+// retry mends them.
 func (g *guard) liveRead(ctx context.Context, namespace, name string) (*argo.Workflow, error) {
-	ctx, cancel := context.WithTimeout(ctx, g.opts.LiveReadTimeout)
+	ctx, cancel := context.WithTimeout(ctx, g.opts.LiveReadBudget)
 	defer cancel()
 	start := time.Now()
-	// The read runs aside and the decision waits for it only until the deadline: an HTTP
-	// client does not always give up at its context's deadline (an HTTP/2 connection that is
-	// still being dialled is shared and outlives one request), and the API server must never
-	// see the webhook time out. The channel is buffered, so a late read ends on its own.
+	// Attempts run aside and the decision waits for them only until the budget runs out: an
+	// HTTP client does not always give up at its context's deadline (an HTTP/2 connection
+	// that is still being dialled is shared and outlives one request), and the API server must
+	// never see the webhook time out. The channel holds every attempt's answer, so that a
+	// late attempt ends on its own.
 	type answer struct {
 		wf       *argo.Workflow
 		err      error
 		panicked any
 	}
-	done := make(chan answer, 1)
-	go func() {
+	done := make(chan answer, maxLiveReadAttempts)
+	attempt := func() {
 		// A panic here would end the process: hand it to the request's goroutine, whose
 		// panic controller-runtime recovers into an HTTP error (withHTTPStatus).
 		defer func() {
@@ -238,27 +260,58 @@ func (g *guard) liveRead(ctx context.Context, namespace, name string) (*argo.Wor
 		wf := &argo.Workflow{}
 		err := g.reader.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, wf)
 		done <- answer{wf: wf, err: err}
-	}()
+	}
+	attempts := 1
+	go attempt()
+	next := time.NewTimer(g.opts.LiveReadTimeout)
+	defer next.Stop()
+	delay := firstRetryDelay
+	cause := "hedged" // why the next attempt starts
 	var a answer
-	select {
-	case a = <-done:
-		if a.panicked != nil {
-			panic(a.panicked)
+loop:
+	for {
+		select {
+		case a = <-done:
+			switch {
+			case a.panicked != nil:
+				panic(a.panicked)
+			case a.err == nil, apierrors.IsNotFound(a.err), permanent(a.err):
+				break loop
+			default:
+				// This attempt failed: retry after a pause, not later than a hedge would.
+				next.Reset(min(delay, g.opts.LiveReadTimeout))
+				delay *= 2
+				cause = "error"
+			}
+		case <-next.C:
+			if attempts == maxLiveReadAttempts {
+				continue
+			}
+			g.metrics.liveReadAttempts.WithLabelValues(cause).Inc()
+			attempts++
+			go attempt()
+			next.Reset(g.opts.LiveReadTimeout)
+			cause = "hedged"
+		case <-ctx.Done():
+			a.err = errors.Join(errLiveReadTimeout, a.err, ctx.Err())
+			break loop
 		}
-	case <-ctx.Done():
-		a.err = ctx.Err()
 	}
 	result := "found"
 	switch {
 	case a.err == nil:
 	case apierrors.IsNotFound(a.err):
 		result = "not-found"
-	case ctx.Err() != nil:
+	case errors.Is(a.err, errLiveReadTimeout):
 		result = "timeout"
-		a.err = errors.Join(errLiveReadTimeout, a.err)
 	default:
 		result = "error"
 	}
 	g.metrics.liveRead.WithLabelValues(result).Observe(time.Since(start).Seconds())
 	return a.wf, a.err
+}
+
+// permanent says whether a failed read would fail again however often it is retried.
+func permanent(err error) bool {
+	return apierrors.IsForbidden(err) || apierrors.IsUnauthorized(err) || apierrors.IsBadRequest(err)
 }

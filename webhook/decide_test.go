@@ -136,8 +136,10 @@ func TestDecisionTable(t *testing.T) {
 		{row: "8 live 404", pod: podOf(deletedWF, kindExitHandler), deny: true, reason: reasonWorkflowDeleted, source: sourceLive},
 		{row: "9 live other UID", pod: podOf(replaced, kindExitHandler), deny: true, reason: reasonWorkflowReplaced, source: sourceLive},
 		{row: "10 read fails, store tombstone", pod: podOf(wfs[argo.PhaseRunning], kindExitHandler), reader: failing, store: storeTombstone, deny: true, reason: reasonWorkflowDeleted, source: sourceStore},
-		{row: "11 read fails, store Succeeded", pod: podOf(wfs[argo.PhaseRunning], kindExitHandler), reader: failing, store: storeSucceeded, deny: true, reason: reasonWorkflowCompleted, source: sourceStore},
-		{row: "11 read times out, store Succeeded", pod: podOf(wfs[argo.PhaseRunning], kindExitHandler), reader: hanging, store: storeSucceeded, deny: true, reason: reasonWorkflowCompleted, source: sourceStore},
+		{row: "11 read fails, store Succeeded, default fallback", pod: podOf(wfs[argo.PhaseRunning], kindExitHandler), reader: failing, store: storeSucceeded, reason: reasonUnconfirmedCompletion, source: sourceStore},
+		{row: "11 read times out, store Succeeded, default fallback", pod: podOf(wfs[argo.PhaseRunning], kindExitHandler), reader: hanging, store: storeSucceeded, reason: reasonUnconfirmedCompletion, source: sourceStore},
+		{row: "11 read fails, store Succeeded, completion fallback", pod: podOf(wfs[argo.PhaseRunning], kindExitHandler), opts: Options{StoreFallback: FallbackCompletion}, reader: failing, store: storeSucceeded, deny: true, reason: reasonWorkflowCompleted, source: sourceStore},
+		{row: "11 read times out, store Succeeded, completion fallback", pod: podOf(wfs[argo.PhaseRunning], kindExitHandler), opts: Options{StoreFallback: FallbackCompletion}, reader: hanging, store: storeSucceeded, deny: true, reason: reasonWorkflowCompleted, source: sourceStore},
 		{row: "12 read fails, store Failed", pod: podOf(wfs[argo.PhaseRunning], kindExitHandler), reader: failing, store: storeFailed, reason: reasonPhaseAllowed, source: sourceStore},
 		{row: "13 read fails, store Running", pod: podOf(wfs[argo.PhaseSucceeded], kindExitHandler), reader: failing, store: storeRunning, reason: reasonWorkflowActive, source: sourceStore},
 		{row: "14 read times out, store empty", pod: podOf(wfs[argo.PhaseSucceeded], kindExitHandler), reader: hanging, reason: reasonUnverified},
@@ -147,7 +149,8 @@ func TestDecisionTable(t *testing.T) {
 		{row: "16 store-first, store Failed", pod: podOf(wfs[argo.PhaseFailed], kindExitHandler), opts: Options{StoreFirst: true}, reader: failing, store: storeFailed, reason: reasonPhaseAllowed, source: sourceStore},
 		{row: "17 store-first, store Succeeded, live says Running (a retry)", pod: podOf(wfs[argo.PhaseRunning], kindExitHandler), opts: Options{StoreFirst: true}, store: storeSucceeded, reason: reasonWorkflowActive, source: sourceLive},
 		{row: "17 store-first, store Succeeded, live confirms", pod: podOf(wfs[argo.PhaseSucceeded], kindExitHandler), opts: Options{StoreFirst: true}, store: storeSucceeded, deny: true, reason: reasonWorkflowCompleted, source: sourceLive},
-		{row: "17 strict step pod, store Succeeded, read fails", pod: podOf(wfs[argo.PhaseSucceeded], kindStep), opts: Options{Strict: true}, reader: failing, store: storeSucceeded, deny: true, reason: reasonWorkflowCompleted, source: sourceStore},
+		{row: "17 strict step pod, store Succeeded, read fails, default fallback", pod: podOf(wfs[argo.PhaseSucceeded], kindStep), opts: Options{Strict: true}, reader: failing, store: storeSucceeded, reason: reasonUnconfirmedCompletion, source: sourceStore},
+		{row: "17 strict step pod, store Succeeded, read fails, completion fallback", pod: podOf(wfs[argo.PhaseSucceeded], kindStep), opts: Options{Strict: true, StoreFallback: FallbackCompletion}, reader: failing, store: storeSucceeded, deny: true, reason: reasonWorkflowCompleted, source: sourceStore},
 	}
 	for _, r := range rows {
 		t.Run(r.row, func(t *testing.T) {
@@ -173,7 +176,7 @@ func TestDecisionTable(t *testing.T) {
 			if reader == nil {
 				reader = live
 			}
-			r.opts.LiveReadTimeout = 500 * time.Millisecond
+			r.opts.LiveReadTimeout, r.opts.LiveReadBudget = 300*time.Millisecond, time.Second
 			g, err := newGuard(reader, store, r.opts)
 			if err != nil {
 				t.Fatal(err)

@@ -54,11 +54,43 @@ func ParseMode(s string) (Mode, error) {
 	return "", fmt.Errorf("unknown mode %q: want enforce, warn or dry-run", s)
 }
 
+// StoreFallback says what the store alone may refuse when no live read answers in time.
+type StoreFallback string
+
+// Store fallbacks.
 const (
-	// defaultLiveReadTimeout is the live read's deadline. The chart's webhook timeoutSeconds
-	// is 5 s; a second leaves ample room to fall back to the store and answer before the API
-	// server gives up on the webhook, even when it is the API server that is slow.
+	// FallbackTombstone refuses only for a workflow the store saw deleted: a deleted UID never
+	// comes back, so this refusal is always right. A completion that only the store holds
+	// admits the pod, with reason unconfirmed-completion: it may be a stale copy, or a retry
+	// the guard's watch has not delivered yet, and the guard cannot tell them apart.
+	FallbackTombstone StoreFallback = "tombstone"
+	// FallbackCompletion also refuses for a completion (in a deny phase) that only the store
+	// holds: more stale pods stopped while the API server cannot answer, at the price of
+	// refusing the exit handler of a workflow retried in that moment.
+	FallbackCompletion StoreFallback = "completion"
+)
+
+// ParseStoreFallback parses a store fallback name.
+func ParseStoreFallback(s string) (StoreFallback, error) {
+	switch f := StoreFallback(s); f {
+	case FallbackTombstone, FallbackCompletion:
+		return f, nil
+	}
+	return "", fmt.Errorf("unknown store fallback %q: want tombstone or completion", s)
+}
+
+const (
+	// defaultLiveReadTimeout is how long one attempt of the live read may take before
+	// another is started beside it (a hedge): a consistent GET answers in milliseconds when
+	// the API server is well.
 	defaultLiveReadTimeout = time.Second
+	// defaultLiveReadBudget is how long the live read may take in all, attempts and retries
+	// included. The chart's webhook timeoutSeconds is 5 s: a second is kept for the store
+	// fallback, the answer and the network, so that the API server never sees the webhook
+	// time out.
+	defaultLiveReadBudget = 4 * time.Second
+	// defaultStoreFallback: see docs/reliability.md for the figures behind it.
+	defaultStoreFallback = FallbackTombstone
 )
 
 // Options configures the guard.
@@ -78,9 +110,15 @@ type Options struct {
 	// workflow, with no live read; the live read then only confirms a denial. Lower latency,
 	// but a guard whose own watch lags admits a stale pod it would have refused.
 	StoreFirst bool
-	// LiveReadTimeout bounds the live read of the owning workflow (default 1 s); past it the
-	// store decides.
+	// LiveReadTimeout bounds one attempt of the live read of the owning workflow (default
+	// 1 s); past it another attempt starts beside it.
 	LiveReadTimeout time.Duration
+	// LiveReadBudget bounds the live read in all, retries included (default 4 s); past it
+	// the store decides, as StoreFallback says.
+	LiveReadBudget time.Duration
+	// StoreFallback is what the store alone may refuse when no live read answered within the
+	// budget (default FallbackTombstone).
+	StoreFallback StoreFallback
 	// Namespaces limits the guard to these namespaces (all when empty); pods elsewhere are
 	// admitted at once.
 	Namespaces []string
@@ -111,6 +149,21 @@ func (o *Options) complete() error {
 	}
 	if o.LiveReadTimeout == 0 {
 		o.LiveReadTimeout = defaultLiveReadTimeout
+	}
+	if o.LiveReadBudget < 0 {
+		errs = append(errs, fmt.Errorf("live read budget must not be negative, got %s", o.LiveReadBudget))
+	}
+	if o.LiveReadBudget == 0 {
+		o.LiveReadBudget = max(defaultLiveReadBudget, o.LiveReadTimeout)
+	}
+	if o.LiveReadTimeout > o.LiveReadBudget {
+		errs = append(errs, fmt.Errorf("live read timeout %s is longer than the live read budget %s", o.LiveReadTimeout, o.LiveReadBudget))
+	}
+	if o.StoreFallback == "" {
+		o.StoreFallback = defaultStoreFallback
+	}
+	if _, err := ParseStoreFallback(string(o.StoreFallback)); err != nil {
+		errs = append(errs, err)
 	}
 	for _, ns := range o.Namespaces {
 		if strings.TrimSpace(ns) == "" {

@@ -3,6 +3,7 @@ package webhook
 import (
 	"context"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -377,4 +378,106 @@ func countEvents(t *testing.T, namespace string, wf client.Object) int {
 		}
 	}
 	return n
+}
+
+// flakyReader fails the first live reads it is asked for, then reads through: hang makes the
+// first one hang until its context ends, and the rest of the failures answer 503 at once.
+// failures < 0 fails every read.
+type flakyReader struct {
+	client.Reader
+	failures int32
+	hang     bool
+	calls    atomic.Int32
+}
+
+func (r *flakyReader) Get(ctx context.Context, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+	n := r.calls.Add(1)
+	if r.failures >= 0 && n > r.failures {
+		return r.Reader.Get(ctx, key, obj, opts...)
+	}
+	if r.hang && n == 1 {
+		<-ctx.Done()
+		return ctx.Err()
+	}
+	return apierrors.NewServiceUnavailable("the API server is overloaded")
+}
+
+// retry writes what argo retry does: same UID, the completed label removed, the phase reset.
+func retry(t *testing.T, wf *unstructured.Unstructured, phase argo.Phase) {
+	t.Helper()
+	labels := wf.GetLabels()
+	delete(labels, "workflows.argoproj.io/completed")
+	wf.SetLabels(labels)
+	setPhase(t, wf, phase)
+}
+
+// A workflow Succeeded and the guard saw it; it was retried, the guard's watch has not
+// delivered the retry, and the API server answers the live read only on the third attempt
+// (the first hangs past its attempt timeout, the second fails at once). The whole budget is
+// used, and the retried workflow's exit handler runs, even with the store fallback that would
+// refuse it.
+func TestRetriedWorkflowIsAdmittedWhileLiveReadsFailAtFirst(t *testing.T) {
+	reader := &flakyReader{failures: 2, hang: true}
+	h := startGuard(t, Options{LiveReadTimeout: 300 * time.Millisecond, LiveReadBudget: 3 * time.Second, StoreFallback: FallbackCompletion},
+		harnessOptions{noWatch: true, reader: reader})
+	reader.Reader = h.client
+	ns := newNamespace(t)
+	wf := createWorkflow(t, ns, "retried", argo.PhaseSucceeded)
+	h.store.Observe(completionstore.Observation{UID: wf.GetUID(), Namespace: ns, Name: wf.GetName(),
+		ResourceVersion: wf.GetResourceVersion(), Phase: argo.PhaseSucceeded})
+	retry(t, wf, argo.PhaseRunning)
+
+	mustAdmit(t, exitPod(wf))
+	if got := reader.calls.Load(); got != 3 {
+		t.Errorf("%d live read attempts, want 3", got)
+	}
+	for cause, want := range map[string]float64{"hedged": 1, "error": 1} {
+		if got := h.counter(t, "exit_guard_live_read_retries_total", map[string]string{"cause": cause}); got != want {
+			t.Errorf("live read retries with cause %s = %v, want %v", cause, got, want)
+		}
+	}
+}
+
+// When no live read answers within the budget, the store alone decides, as --store-fallback
+// says: by default a completion it holds does not refuse (it may be a retry the watch has not
+// delivered); with "completion" it does, and that retried workflow's exit handler is refused:
+// the window docs/reliability.md measures. A tombstone refuses in both.
+func TestStoreFallbackWhenNoLiveReadAnswers(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		fallback StoreFallback
+		denied   bool
+	}{
+		{name: "default: a completion only the store holds admits", denied: false},
+		{name: "completion: it refuses", fallback: FallbackCompletion, denied: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			reader := &flakyReader{failures: -1}
+			h := startGuard(t, Options{StoreFallback: tc.fallback, LiveReadTimeout: 100 * time.Millisecond, LiveReadBudget: 500 * time.Millisecond},
+				harnessOptions{noWatch: true, reader: reader})
+			ns := newNamespace(t)
+			wf := createWorkflow(t, ns, "retried", argo.PhaseSucceeded)
+			h.store.Observe(completionstore.Observation{UID: wf.GetUID(), Namespace: ns, Name: wf.GetName(),
+				ResourceVersion: wf.GetResourceVersion(), Phase: argo.PhaseSucceeded})
+			retry(t, wf, argo.PhaseUnknown)
+			if tc.denied {
+				mustDeny(t, exitPod(wf), "as seen by store")
+			} else {
+				mustAdmit(t, exitPod(wf))
+				if got := h.counter(t, "exit_guard_decisions_total", map[string]string{"reason": string(reasonUnconfirmedCompletion)}); got != 1 {
+					t.Errorf("unconfirmed-completion decisions = %v, want 1", got)
+				}
+				if lines := guardLog.Lines(`only the store says its workflow completed`, `"workflowUID":"`+string(wf.GetUID())+`"`); len(lines) != 1 {
+					t.Errorf("%d log lines for the unconfirmed completion, want 1", len(lines))
+				}
+			}
+			if reader.calls.Load() < 2 {
+				t.Errorf("%d live read attempts in a 500 ms budget, want retries", reader.calls.Load())
+			}
+			gone := createWorkflow(t, ns, "gone", argo.PhaseSucceeded)
+			h.store.Observe(completionstore.Observation{UID: gone.GetUID(), Namespace: ns, Name: gone.GetName(),
+				ResourceVersion: gone.GetResourceVersion(), Phase: argo.PhaseSucceeded, Deleted: true})
+			mustDeny(t, exitPod(gone), "no longer exists", "as seen by store")
+		})
+	}
 }

@@ -82,7 +82,7 @@ var profiles = []profile{
 	{name: "self-managed-warn", set: []string{"certificates.mode=self", "guard.mode=warn"}},
 	{name: "dry-run", set: []string{"guard.mode=dry-run"}},
 	{name: "hooks", set: []string{"guard.coverHooks=true"}},
-	{name: "fail-closed", set: []string{"webhook.failurePolicy=Fail", "webhook.timeoutSeconds=3"}},
+	{name: "fail-closed", set: []string{"webhook.failurePolicy=Fail", "webhook.timeoutSeconds=3", "guard.liveReadBudget=2s"}},
 	{name: "sidecar", set: []string{"installMode=sidecar"}},
 	{name: "sidecar-self-managed", set: []string{"installMode=sidecar", "certificates.mode=self"}},
 	{name: "everything", set: []string{

@@ -4,6 +4,7 @@ import (
 	"crypto/x509"
 	"encoding/pem"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -236,5 +237,38 @@ func TestChartCertificateIsValidForTheService(t *testing.T) {
 	if _, err := cert.Verify(x509.VerifyOptions{Roots: pool, DNSName: svc.Name + "." + svc.Namespace + ".svc",
 		KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}); err != nil {
 		t.Errorf("the serving certificate does not verify for the Service: %v", err)
+	}
+}
+
+// TestChartRefusesTimingsThatDoNotFit: the live read's budget and a second must fit in the
+// webhook's timeoutSeconds, and one attempt in the budget.
+func TestChartRefusesTimingsThatDoNotFit(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		set     []string
+		wantErr string
+	}{
+		{name: "the defaults fit"},
+		{name: "a budget a second short of the webhook timeout fits", set: []string{"guard.liveReadBudget=9000ms", "webhook.timeoutSeconds=10"}},
+		{name: "a budget as long as the webhook timeout", set: []string{"guard.liveReadBudget=5s"}, wantErr: "does not fit in webhook.timeoutSeconds (5)"},
+		{name: "a budget less than a second short of it", set: []string{"guard.liveReadBudget=4500ms"}, wantErr: "does not fit"},
+		{name: "a shorter webhook timeout", set: []string{"webhook.timeoutSeconds=3"}, wantErr: "does not fit in webhook.timeoutSeconds (3)"},
+		{name: "an attempt longer than the budget", set: []string{"guard.liveReadTimeout=2s", "guard.liveReadBudget=1500ms"}, wantErr: "is longer than guard.liveReadBudget"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			args := []string{"template", "exit-guard", chartDir, "--namespace", "argo", "--kube-version", "1.37.2"}
+			for _, s := range tc.set {
+				args = append(args, "--set", s)
+			}
+			out, err := exec.Command(helm(t), args...).CombinedOutput() //nolint:gosec // G204: the pinned helm of this repository
+			switch {
+			case tc.wantErr == "" && err != nil:
+				t.Errorf("helm template refused %v: %v\n%s", tc.set, err, out)
+			case tc.wantErr != "" && err == nil:
+				t.Errorf("helm template accepted %v, want it refused", tc.set)
+			case tc.wantErr != "" && !strings.Contains(string(out), tc.wantErr):
+				t.Errorf("helm template refused %v saying %s, want %q", tc.set, out, tc.wantErr)
+			}
+		})
 	}
 }

@@ -89,6 +89,8 @@ annotations:
 - --strict={{ .Values.guard.strict }}
 - --store-first={{ .Values.guard.storeFirst }}
 - --live-read-timeout={{ .Values.guard.liveReadTimeout }}
+- --live-read-budget={{ .Values.guard.liveReadBudget }}
+- --store-fallback={{ .Values.guard.storeFallback }}
 - --namespaces={{ join "," .Values.guard.namespaces }}
 - --completion-ttl={{ .Values.guard.completionTTL }}
 - --webhook-port={{ .Values.webhook.port }}
@@ -163,4 +165,26 @@ secret:
   # The guard fills the Secret after the pod starts.
   optional: true
   {{- end }}
+{{- end }}
+
+{{/* A duration of the values ("250ms" or "4s", as the schema allows) in milliseconds. */}}
+{{- define "exit-guard.millis" -}}
+{{- if hasSuffix "ms" . }}{{ trimSuffix "ms" . | int }}{{ else }}{{ mul (trimSuffix "s" . | int) 1000 }}{{ end }}
+{{- end }}
+
+{{/*
+Refuses timings that do not fit: the live read (its budget) and a second for the store fallback,
+the answer and the network must fit in the webhook's timeoutSeconds, or the API server gives up
+on the guard first and applies the failure policy to every slow decision.
+*/}}
+{{- define "exit-guard.checkTimings" -}}
+{{- $timeout := include "exit-guard.millis" .Values.guard.liveReadTimeout | int }}
+{{- $budget := include "exit-guard.millis" .Values.guard.liveReadBudget | int }}
+{{- $webhook := mul .Values.webhook.timeoutSeconds 1000 | int }}
+{{- if gt $timeout $budget }}
+{{- fail (printf "guard.liveReadTimeout (%s) is longer than guard.liveReadBudget (%s)" .Values.guard.liveReadTimeout .Values.guard.liveReadBudget) }}
+{{- end }}
+{{- if gt (add $budget 1000) $webhook }}
+{{- fail (printf "guard.liveReadBudget (%s) does not fit in webhook.timeoutSeconds (%d): keep it at least 1s shorter" .Values.guard.liveReadBudget (int .Values.webhook.timeoutSeconds)) }}
+{{- end }}
 {{- end }}
