@@ -27,6 +27,10 @@ const (
 	// defaultSweepInterval bounds how long an expired record occupies memory; reads ignore
 	// expired records whatever the sweeper's pace.
 	defaultSweepInterval = 30 * time.Second
+	// defaultWatchStaleAfter: a healthy watch advances at least once a minute even when no
+	// workflow changes, as the API server sends a bookmark about every minute; three missed
+	// bookmarks mean it has stopped.
+	defaultWatchStaleAfter = 3 * time.Minute
 )
 
 // Options configures a Store. Zero values take the defaults.
@@ -35,6 +39,9 @@ type Options struct {
 	TTL time.Duration
 	// SweepInterval is how often the sweeper removes expired records (default 30 s).
 	SweepInterval time.Duration
+	// WatchStaleAfter is how long the watch may go without advancing before WatchFresh says it
+	// is stale (default 3 minutes).
+	WatchStaleAfter time.Duration
 	// Clock tells the time (default the real clock).
 	Clock clock.WithTicker
 }
@@ -89,14 +96,25 @@ type Store struct {
 	sweepInterval time.Duration
 	clock         clock.WithTicker
 
+	watchStaleAfter time.Duration
+
 	mu      sync.RWMutex
 	records map[types.UID]Record
+	// The newest resourceVersion the watch has reached, and when it got there.
+	progressRV string
+	progressAt time.Time
 }
 
 // New returns an empty Store.
 func New(opts Options) (*Store, error) {
 	if opts.TTL < 0 {
 		return nil, fmt.Errorf("completionstore: TTL must not be negative, got %s", opts.TTL)
+	}
+	if opts.WatchStaleAfter < 0 {
+		return nil, fmt.Errorf("completionstore: WatchStaleAfter must not be negative, got %s", opts.WatchStaleAfter)
+	}
+	if opts.WatchStaleAfter == 0 {
+		opts.WatchStaleAfter = defaultWatchStaleAfter
 	}
 	if opts.SweepInterval < 0 {
 		return nil, fmt.Errorf("completionstore: SweepInterval must not be negative, got %s", opts.SweepInterval)
@@ -111,10 +129,11 @@ func New(opts Options) (*Store, error) {
 		opts.Clock = clock.RealClock{}
 	}
 	return &Store{
-		ttl:           opts.TTL,
-		sweepInterval: opts.SweepInterval,
-		clock:         opts.Clock,
-		records:       make(map[types.UID]Record),
+		ttl:             opts.TTL,
+		sweepInterval:   opts.SweepInterval,
+		clock:           opts.Clock,
+		watchStaleAfter: opts.WatchStaleAfter,
+		records:         make(map[types.UID]Record),
 	}, nil
 }
 
@@ -158,6 +177,41 @@ func (s *Store) Observe(o Observation) Result {
 	}
 	s.records[o.UID] = Record{Observation: o, SeenAt: now}
 	return Applied
+}
+
+// Progress records that the watch has reached resourceVersion rv (an event or a bookmark),
+// if it is newer than any it reached before, and says whether it was.
+func (s *Store) Progress(rv string) bool {
+	if rv == "" {
+		return false
+	}
+	now := s.clock.Now()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.progressRV != "" {
+		if cmp, err := resourceversion.CompareResourceVersion(rv, s.progressRV); err != nil || cmp <= 0 {
+			return false
+		}
+	} else if _, err := resourceversion.CompareResourceVersion(rv, rv); err != nil {
+		return false
+	}
+	s.progressRV, s.progressAt = rv, now
+	return true
+}
+
+// LastProgress returns the newest resourceVersion the watch has reached and when; a zero time
+// when it has reached none.
+func (s *Store) LastProgress() (rv string, at time.Time) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.progressRV, s.progressAt
+}
+
+// WatchFresh says whether the watch has advanced within WatchStaleAfter. When it has not, the
+// store may lack any change since: completions, retries, deletions.
+func (s *Store) WatchFresh() bool {
+	_, at := s.LastProgress()
+	return !at.IsZero() && s.clock.Since(at) < s.watchStaleAfter
 }
 
 // Get returns the record of uid, if the store holds one that has not expired.

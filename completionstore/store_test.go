@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -258,5 +259,62 @@ func TestStripWorkflowKeepsOnlyWhatTheStoreNeeds(t *testing.T) {
 		Status: argo.WorkflowStatus{Phase: argo.PhaseFailed}}
 	if diff := cmp.Diff(want, out); diff != "" {
 		t.Errorf("stripped workflow (-want +got):\n%s", diff)
+	}
+}
+
+func TestWatchProgressOnlyMovesForwardAndGoesStale(t *testing.T) {
+	s, clk := newTestStore(t)
+	if s.WatchFresh() {
+		t.Error("a watch that never advanced is fresh")
+	}
+	for _, step := range []struct {
+		rv       string
+		advanced bool
+	}{{"9", true}, {"10", true}, {"9", false}, {"10", false}, {"", false}, {"not-a-number", false}, {"11", true}} {
+		if got := s.Progress(step.rv); got != step.advanced {
+			t.Errorf("Progress(%q) = %v, want %v", step.rv, got, step.advanced)
+		}
+		clk.Step(time.Second)
+	}
+	if rv, at := s.LastProgress(); rv != "11" || !at.Equal(t0.Add(6*time.Second)) {
+		t.Errorf("LastProgress = %q at %v, want 11 at %v", rv, at, t0.Add(6*time.Second))
+	}
+	clk.Step(defaultWatchStaleAfter - 2*time.Second)
+	if !s.WatchFresh() {
+		t.Error("the watch went stale before WatchStaleAfter")
+	}
+	clk.Step(time.Second)
+	if s.WatchFresh() {
+		t.Error("the watch is still fresh WatchStaleAfter after it last advanced")
+	}
+	s.Progress("12")
+	if !s.WatchFresh() {
+		t.Error("the watch is not fresh again once it advanced")
+	}
+}
+
+// fakeInformer reports a resourceVersion, as an informer does after an event or a bookmark.
+type fakeInformer struct{ rv atomic.Value }
+
+func (f *fakeInformer) LastSyncResourceVersion() string { s, _ := f.rv.Load().(string); return s }
+
+func TestProgressPollerSeesBookmarks(t *testing.T) {
+	s, clk := newTestStore(t)
+	inf := &fakeInformer{}
+	inf.rv.Store("5")
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- (&progressPoller{store: s, informer: inf, interval: time.Second}).Start(ctx) }()
+	defer func() { cancel(); <-done }()
+	for _, rv := range []string{"5", "8"} {
+		inf.rv.Store(rv)
+		if err := wait.PollUntilContextTimeout(t.Context(), time.Millisecond, 10*time.Second, true,
+			func(context.Context) (bool, error) {
+				clk.Step(time.Second) // the ticker fires when the poller waits on it
+				got, _ := s.LastProgress()
+				return got == rv, nil
+			}); err != nil {
+			t.Fatalf("the poller never recorded resourceVersion %s", rv)
+		}
 	}
 }

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strconv"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -98,6 +100,17 @@ func Watch(ctx context.Context, mgr manager.Manager, store *Store, opts WatchOpt
 	if err := mgr.Add(store); err != nil {
 		return nil, fmt.Errorf("completionstore: adding the sweeper: %w", err)
 	}
+	if rv, ok := inf.(resourceVersioner); ok {
+		if err := mgr.Add(&progressPoller{store: store, informer: rv, interval: progressPollInterval}); err != nil {
+			return nil, fmt.Errorf("completionstore: adding the watch progress poller: %w", err)
+		}
+	}
+	// Ready once synced, and ready after that however the watch fares. A stalled watch is
+	// most often the API server's doing and stalls every replica at once: were they all to
+	// go unready, the Service would lose its endpoints and the API server would admit every
+	// pod unasked (failurePolicy Ignore), while a ready guard still decides exit handlers
+	// with live reads. A stale watch shows in the metrics instead, and store-first decisions
+	// then make the live read (see Store.WatchFresh).
 	return func(*http.Request) error {
 		// The handler's own HasSynced: true once every object of the initial list has been
 		// delivered to the store, not only to the informer's cache.
@@ -107,6 +120,40 @@ func Watch(ctx context.Context, mgr manager.Manager, store *Store, opts WatchOpt
 		return nil
 	}, nil
 }
+
+// progressPollInterval is how often the informer's resourceVersion is read: bookmarks move it
+// without an event, and only the informer sees them.
+const progressPollInterval = time.Second
+
+// resourceVersioner is the part of client-go's SharedIndexInformer that says how far its watch
+// has got, bookmarks included.
+type resourceVersioner interface {
+	LastSyncResourceVersion() string
+}
+
+// progressPoller feeds the informer's resourceVersion to the store's watch progress.
+type progressPoller struct {
+	store    *Store
+	informer resourceVersioner
+	interval time.Duration
+}
+
+// Start polls until ctx is done.
+func (p *progressPoller) Start(ctx context.Context) error {
+	t := p.store.clock.NewTicker(p.interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C():
+			p.store.Progress(p.informer.LastSyncResourceVersion())
+		}
+	}
+}
+
+// NeedLeaderElection is false: every replica watches for itself.
+func (p *progressPoller) NeedLeaderElection() bool { return false }
 
 // feeder turns informer events into store observations.
 type feeder struct {
@@ -126,6 +173,9 @@ func (f *feeder) observe(obj any, deleted bool) {
 	}
 	r := f.store.Observe(ObservationOf(wf, deleted))
 	f.metrics.observations.WithLabelValues(r.String()).Inc()
+	if r != Invalid {
+		f.store.Progress(wf.ResourceVersion)
+	}
 }
 
 // String names a Result, as in metrics.
@@ -142,9 +192,11 @@ func (r Result) String() string {
 
 // storeMetrics are the store's Prometheus metrics.
 type storeMetrics struct {
-	store        *Store
-	records      *prometheus.Desc
-	observations *prometheus.CounterVec
+	store         *Store
+	records       *prometheus.Desc
+	observations  *prometheus.CounterVec
+	watchRV       *prometheus.Desc
+	watchProgress *prometheus.Desc
 }
 
 func newStoreMetrics(s *Store) *storeMetrics {
@@ -157,12 +209,18 @@ func newStoreMetrics(s *Store) *storeMetrics {
 			Name: "exit_guard_store_observations_total",
 			Help: "Workflow states offered to the completion store, by result (applied, stale, invalid).",
 		}, []string{"result"}),
+		watchRV: prometheus.NewDesc("exit_guard_watch_resource_version",
+			"The newest resourceVersion the Workflow watch has reached (events and bookmarks), as a number.", nil, nil),
+		watchProgress: prometheus.NewDesc("exit_guard_watch_last_progress_timestamp_seconds",
+			"When the Workflow watch last advanced (an event or a bookmark; the API server sends one about every minute), in Unix seconds; 0 before it ever has.", nil, nil),
 	}
 }
 
 // Describe implements prometheus.Collector.
 func (m *storeMetrics) Describe(ch chan<- *prometheus.Desc) {
 	ch <- m.records
+	ch <- m.watchRV
+	ch <- m.watchProgress
 	m.observations.Describe(ch)
 }
 
@@ -172,5 +230,15 @@ func (m *storeMetrics) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(m.records, prometheus.GaugeValue, float64(terminal), "terminal")
 	ch <- prometheus.MustNewConstMetric(m.records, prometheus.GaugeValue, float64(deleted), "deleted")
 	ch <- prometheus.MustNewConstMetric(m.records, prometheus.GaugeValue, float64(active), "active")
+	rv, at := m.store.LastProgress()
+	// resourceVersions are opaque strings to clients, but etcd's are integers: shown as one
+	// where it is, for graphs; 0 otherwise.
+	n, _ := strconv.ParseUint(rv, 10, 64)
+	ch <- prometheus.MustNewConstMetric(m.watchRV, prometheus.GaugeValue, float64(n))
+	var ts float64
+	if !at.IsZero() {
+		ts = float64(at.UnixNano()) / 1e9
+	}
+	ch <- prometheus.MustNewConstMetric(m.watchProgress, prometheus.GaugeValue, ts)
 	m.observations.Collect(ch)
 }

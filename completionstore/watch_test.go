@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"os"
 	"runtime"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -16,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	k8sruntime "k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/rand"
+	"k8s.io/apimachinery/pkg/util/resourceversion"
 	"k8s.io/apimachinery/pkg/util/wait"
 	toolscache "k8s.io/client-go/tools/cache"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -89,7 +91,8 @@ func TestWatchFeedsTheStoreFromTheAPIServer(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(t.Context())
-	synced, err := Watch(ctx, mgr, store, WatchOptions{Registerer: prometheus.NewRegistry()})
+	reg := prometheus.NewRegistry()
+	synced, err := Watch(ctx, mgr, store, WatchOptions{Registerer: reg})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -127,6 +130,29 @@ func TestWatchFeedsTheStoreFromTheAPIServer(t *testing.T) {
 		r, ok := store.Get(wf.GetUID())
 		return ok && r.Phase == argo.PhaseSucceeded && r.ResourceVersion == wf.GetResourceVersion()
 	})
+	// The watch's progress is the newest resourceVersion it reached, and is in the metrics.
+	poll("the watch's progress reaches the completion", func() bool {
+		rv, _ := store.LastProgress()
+		cmp, err := resourceversion.CompareResourceVersion(rv, wf.GetResourceVersion())
+		return err == nil && cmp >= 0 && store.WatchFresh()
+	})
+	rv, at := store.LastProgress()
+	gauges := map[string]float64{}
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if len(mf.GetMetric()) == 1 && mf.GetMetric()[0].GetGauge() != nil {
+			gauges[mf.GetName()] = mf.GetMetric()[0].GetGauge().GetValue()
+		}
+	}
+	if want, _ := strconv.ParseFloat(rv, 64); gauges["exit_guard_watch_resource_version"] != want {
+		t.Errorf("exit_guard_watch_resource_version = %v, want %v", gauges["exit_guard_watch_resource_version"], want)
+	}
+	if got := gauges["exit_guard_watch_last_progress_timestamp_seconds"]; got != float64(at.UnixNano())/1e9 {
+		t.Errorf("exit_guard_watch_last_progress_timestamp_seconds = %v, want %v", got, float64(at.UnixNano())/1e9)
+	}
 	if err := env.Client.Delete(t.Context(), wf); err != nil {
 		t.Fatal(err)
 	}

@@ -144,8 +144,10 @@ func (g *guard) decide(ctx context.Context, meta *metav1.ObjectMeta) (podFacts, 
 		return f, d
 	}
 	// Exit handlers get a live read first unless store-first is set; ordinary step pods
-	// (strict mode) always go store-first, so that the common case costs no API call.
-	if g.opts.StoreFirst || f.kind == kindStep {
+	// (strict mode) always go store-first, so that the common case costs no API call. A
+	// store whose watch has stopped advancing may lack completions: it is asked nothing
+	// until the watch moves again.
+	if (g.opts.StoreFirst || f.kind == kindStep) && g.store.WatchFresh() {
 		rec, ok := g.store.Get(f.owner.UID)
 		if !ok {
 			d.reason, d.source = reasonNotSeenCompleted, sourceStore

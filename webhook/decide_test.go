@@ -10,6 +10,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/rest"
+	clocktesting "k8s.io/utils/clock/testing"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/exit-guard/exit-guard/completionstore"
@@ -120,6 +121,8 @@ func TestDecisionTable(t *testing.T) {
 		deny   bool
 		reason reason
 		source source
+		// staleWatch: the guard's watch has not advanced for longer than WatchStaleAfter.
+		staleWatch bool
 	}{
 		{row: "1 not owned by a Workflow", pod: notOwned, reason: reasonNotWorkflowPod},
 		{row: "1 owned by a WorkflowArtifactGCTask", pod: artGC, reason: reasonNotWorkflowPod},
@@ -147,6 +150,9 @@ func TestDecisionTable(t *testing.T) {
 		{row: "15 strict step pod, store empty", pod: podOf(wfs[argo.PhaseSucceeded], kindStep), opts: Options{Strict: true}, reader: failing, reason: reasonNotSeenCompleted, source: sourceStore},
 		{row: "16 store-first, store Running", pod: podOf(wfs[argo.PhaseSucceeded], kindExitHandler), opts: Options{StoreFirst: true}, reader: failing, store: storeRunning, reason: reasonWorkflowActive, source: sourceStore},
 		{row: "16 store-first, store Failed", pod: podOf(wfs[argo.PhaseFailed], kindExitHandler), opts: Options{StoreFirst: true}, reader: failing, store: storeFailed, reason: reasonPhaseAllowed, source: sourceStore},
+		{row: "18 store-first, watch stale, live Succeeded", pod: podOf(wfs[argo.PhaseSucceeded], kindExitHandler), opts: Options{StoreFirst: true}, staleWatch: true, deny: true, reason: reasonWorkflowCompleted, source: sourceLive},
+		{row: "18 strict step pod, watch stale, live Succeeded", pod: podOf(wfs[argo.PhaseSucceeded], kindStep), opts: Options{Strict: true}, staleWatch: true, deny: true, reason: reasonWorkflowCompleted, source: sourceLive},
+		{row: "18 store-first, watch stale, read fails, store empty", pod: podOf(wfs[argo.PhaseSucceeded], kindExitHandler), opts: Options{StoreFirst: true}, reader: failing, staleWatch: true, reason: reasonUnverified},
 		{row: "17 store-first, store Succeeded, live says Running (a retry)", pod: podOf(wfs[argo.PhaseRunning], kindExitHandler), opts: Options{StoreFirst: true}, store: storeSucceeded, reason: reasonWorkflowActive, source: sourceLive},
 		{row: "17 store-first, store Succeeded, live confirms", pod: podOf(wfs[argo.PhaseSucceeded], kindExitHandler), opts: Options{StoreFirst: true}, store: storeSucceeded, deny: true, reason: reasonWorkflowCompleted, source: sourceLive},
 		{row: "17 strict step pod, store Succeeded, read fails, default fallback", pod: podOf(wfs[argo.PhaseSucceeded], kindStep), opts: Options{Strict: true}, reader: failing, store: storeSucceeded, reason: reasonUnconfirmedCompletion, source: sourceStore},
@@ -154,9 +160,14 @@ func TestDecisionTable(t *testing.T) {
 	}
 	for _, r := range rows {
 		t.Run(r.row, func(t *testing.T) {
-			store, err := completionstore.New(completionstore.Options{})
+			clk := clocktesting.NewFakeClock(time.Now())
+			store, err := completionstore.New(completionstore.Options{Clock: clk})
 			if err != nil {
 				t.Fatal(err)
+			}
+			store.Progress("1")
+			if r.staleWatch {
+				clk.Step(time.Hour)
 			}
 			if ref := metav1.GetControllerOfNoCopy(r.pod); ref != nil && r.store != storeEmpty {
 				o := completionstore.Observation{UID: ref.UID, Namespace: r.pod.Namespace, Name: ref.Name, ResourceVersion: "1"}
