@@ -25,6 +25,7 @@ import (
 	"github.com/exit-guard/exit-guard/completionstore"
 	"github.com/exit-guard/exit-guard/internal/argo"
 	"github.com/exit-guard/exit-guard/internal/certs"
+	"github.com/exit-guard/exit-guard/internal/shutdown"
 	"github.com/exit-guard/exit-guard/webhook"
 )
 
@@ -38,6 +39,7 @@ type flags struct {
 	webhookKeyName   string
 	enableHTTP2      bool
 	gracefulShutdown time.Duration
+	shutdownDelay    time.Duration
 	zap              zap.Options
 
 	mode            string
@@ -152,6 +154,10 @@ func parseFlags(args []string) (*flags, error) {
 	// requests finish before the kubelet kills the container.
 	fs.DurationVar(&f.gracefulShutdown, "graceful-shutdown-timeout", 20*time.Second,
 		"How long to wait for in-flight requests and runnables on shutdown.")
+	// Endpoints and kube-proxy take a few seconds to drop a terminating pod; the chart's
+	// terminationGracePeriodSeconds covers this delay and the graceful shutdown after it.
+	fs.DurationVar(&f.shutdownDelay, "shutdown-delay", 10*time.Second,
+		"How long to keep answering admissions after SIGTERM (unready, closing kept-alive connections) before stopping, so that the Service stops routing to this pod first.")
 	fs.StringVar(&f.mode, "mode", string(webhook.ModeEnforce),
 		"What to do with a pod the guard would refuse: enforce (deny), warn (admit with a warning, an Event and a mark) or dry-run (admit, log, count and mark).")
 	fs.StringVar(&f.denyPhases, "deny-phases", "Succeeded",
@@ -232,6 +238,12 @@ func main() {
 		// A self-managed certificate does not exist before the rotator writes it.
 		webhookServer = certs.WaitFor(webhookServer, certsReady)
 	}
+	drainer, err := shutdown.New(f.shutdownDelay, ctrl.Log.WithName("shutdown"))
+	if err != nil {
+		setupLog.Error(err, "invalid flags")
+		os.Exit(2)
+	}
+	webhookServer = drainer.Server(webhookServer)
 
 	mgr, err := ctrl.NewManager(ctrl.GetConfigOrDie(), ctrl.Options{
 		Scheme:                  scheme,
@@ -288,9 +300,13 @@ func main() {
 		setupLog.Error(err, "unable to add the readiness check")
 		os.Exit(1)
 	}
+	if err := mgr.AddReadyzCheck("not-shutting-down", drainer.Ready()); err != nil {
+		setupLog.Error(err, "unable to add the readiness check")
+		os.Exit(1)
+	}
 
 	setupLog.Info("starting manager")
-	if err := mgr.Start(ctx); err != nil {
+	if err := mgr.Start(drainer.Run(ctx)); err != nil {
 		setupLog.Error(err, "manager stopped with an error")
 		os.Exit(1)
 	}

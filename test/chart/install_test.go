@@ -97,7 +97,9 @@ func kubeconfigAs(t *testing.T, namespace, name string) []byte {
 func guardArgs(t *testing.T, objs []*unstructured.Unstructured, overrides ...string) []string {
 	t.Helper()
 	dep := convert[appsv1.Deployment](t, only(t, objs, "Deployment"))
-	return append(append([]string{}, dep.Spec.Template.Spec.Containers[0].Args...), overrides...)
+	// No drain on Stop: these tests call the guard directly, with no Service to leave.
+	args := append(append([]string{}, dep.Spec.Template.Spec.Containers[0].Args...), "--shutdown-delay=0s")
+	return append(args, overrides...)
 }
 
 func createWorkflow(t *testing.T, ns string, phase argo.Phase) *unstructured.Unstructured {

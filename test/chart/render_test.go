@@ -241,7 +241,8 @@ func TestChartCertificateIsValidForTheService(t *testing.T) {
 }
 
 // TestChartRefusesTimingsThatDoNotFit: the live read's budget and a second must fit in the
-// webhook's timeoutSeconds, and one attempt in the budget.
+// webhook's timeoutSeconds, one attempt in the budget, and the shutdown delay and graceful
+// shutdown in the pod's grace period.
 func TestChartRefusesTimingsThatDoNotFit(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
@@ -254,6 +255,8 @@ func TestChartRefusesTimingsThatDoNotFit(t *testing.T) {
 		{name: "a budget less than a second short of it", set: []string{"guard.liveReadBudget=4500ms"}, wantErr: "does not fit"},
 		{name: "a shorter webhook timeout", set: []string{"webhook.timeoutSeconds=3"}, wantErr: "does not fit in webhook.timeoutSeconds (3)"},
 		{name: "an attempt longer than the budget", set: []string{"guard.liveReadTimeout=2s", "guard.liveReadBudget=1500ms"}, wantErr: "is longer than guard.liveReadBudget"},
+		{name: "a shutdown delay that leaves no time to stop", set: []string{"shutdownDelay=25s"}, wantErr: "do not fit in terminationGracePeriodSeconds (40)"},
+		{name: "a longer grace period makes room for it", set: []string{"shutdownDelay=25s", "terminationGracePeriodSeconds=45"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			args := []string{"template", "exit-guard", chartDir, "--namespace", "argo", "--kube-version", "1.37.2"}

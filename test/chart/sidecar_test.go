@@ -102,7 +102,7 @@ func TestSidecarRunsAsTheControllersServiceAccount(t *testing.T) {
 	}
 	out := &testenv.Output{}
 	args := append(append([]string{}, c.Args...),
-		"--webhook-port="+strconv.Itoa(env.WebhookPort), "--webhook-cert-path="+env.WebhookCertDir)
+		"--webhook-port="+strconv.Itoa(env.WebhookPort), "--webhook-cert-path="+env.WebhookCertDir, "--shutdown-delay=0s")
 	g, err := testenv.StartGuard(t.Context(), guardBin, kubeconfigAs(t, ns, sa), args, out)
 	if err != nil {
 		t.Fatalf("%v\n%s", err, out)

@@ -149,6 +149,7 @@ func startGuard(ctx context.Context, env *testenv.Env, bin string, verbose bool)
 		"--webhook-port", strconv.Itoa(env.WebhookPort),
 		"--webhook-cert-path", env.WebhookCertDir,
 		"--zap-encoder", "console",
+		"--shutdown-delay", "0s", // no Service in front of it to drain
 	}, out)
 	if err != nil {
 		return nil, "", fmt.Errorf("%w (rerun with -v to see its log)", err)

@@ -148,7 +148,7 @@ func run(t *testing.T, version string, mode guardMode, ok, failing int) []outcom
 		}
 		guardOut := &testenv.Output{}
 		g, err := testenv.StartGuard(ctx, guardBin, kc, []string{
-			"--webhook-port=" + strconv.Itoa(env.WebhookPort), "--webhook-cert-path=" + env.WebhookCertDir}, guardOut)
+			"--webhook-port=" + strconv.Itoa(env.WebhookPort), "--webhook-cert-path=" + env.WebhookCertDir, "--shutdown-delay=0s"}, guardOut)
 		if err != nil {
 			t.Fatalf("%v\n%s", err, guardOut.String())
 		}

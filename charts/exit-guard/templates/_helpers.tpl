@@ -93,6 +93,7 @@ annotations:
 - --store-fallback={{ .Values.guard.storeFallback }}
 - --namespaces={{ join "," .Values.guard.namespaces }}
 - --completion-ttl={{ .Values.guard.completionTTL }}
+- --shutdown-delay={{ .Values.shutdownDelay }}
 - --webhook-port={{ .Values.webhook.port }}
 - --webhook-cert-path=/tmp/k8s-webhook-server/serving-certs
 - --metrics-bind-address=:{{ .Values.metrics.port }}
@@ -183,6 +184,10 @@ on the guard first and applies the failure policy to every slow decision.
 {{- $webhook := mul .Values.webhook.timeoutSeconds 1000 | int }}
 {{- if gt $timeout $budget }}
 {{- fail (printf "guard.liveReadTimeout (%s) is longer than guard.liveReadBudget (%s)" .Values.guard.liveReadTimeout .Values.guard.liveReadBudget) }}
+{{- end }}
+{{- $grace := mul (int .Values.terminationGracePeriodSeconds) 1000 | int }}
+{{- if and (ne .Values.installMode "sidecar") (gt (add (include "exit-guard.millis" .Values.shutdownDelay | int) 20000) $grace) }}
+{{- fail (printf "shutdownDelay (%s) and the guard's 20s graceful shutdown do not fit in terminationGracePeriodSeconds (%d)" .Values.shutdownDelay (int .Values.terminationGracePeriodSeconds)) }}
 {{- end }}
 {{- if gt (add $budget 1000) $webhook }}
 {{- fail (printf "guard.liveReadBudget (%s) does not fit in webhook.timeoutSeconds (%d): keep it at least 1s shorter" .Values.guard.liveReadBudget (int .Values.webhook.timeoutSeconds)) }}
