@@ -237,7 +237,10 @@ const (
 // the first answer winning. A 404 is an answer; 401, 403 and 400 end the read at once, as no
 // retry mends them.
 func (g *guard) liveRead(ctx context.Context, namespace, name string) (*argo.Workflow, error) {
-	ctx, cancel := context.WithTimeout(ctx, g.opts.LiveReadBudget)
+	// Not the request's cancellation: controller-runtime derives it from the manager's
+	// context, which ends at shutdown while the server still finishes the requests in flight;
+	// their reads would fail and the store would decide them. The budget bounds the read.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), g.opts.LiveReadBudget)
 	defer cancel()
 	start := time.Now()
 	// Attempts run aside and the decision waits for them only until the budget runs out: an

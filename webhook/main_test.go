@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/http"
 	"os"
+	"sync"
 	"testing"
 	"time"
 
@@ -81,6 +82,8 @@ type harness struct {
 	store    *completionstore.Store
 	registry *prometheus.Registry
 	client   client.Client // reads argo.Workflow too
+	// stop stops the guard's manager, as a SIGTERM would, and waits for it to end.
+	stop func()
 }
 
 type harnessOptions struct {
@@ -142,12 +145,13 @@ func startGuard(t *testing.T, opts Options, ho harnessOptions) *harness {
 	}
 	done := make(chan error, 1)
 	go func() { done <- mgr.Start(ctx) }()
-	t.Cleanup(func() {
+	h.stop = sync.OnceFunc(func() {
 		cancel()
 		if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
 			t.Errorf("guard manager: %v", err)
 		}
 	})
+	t.Cleanup(h.stop)
 	started := mgr.GetWebhookServer().StartedChecker()
 	req, _ := http.NewRequest(http.MethodGet, "/", nil)
 	if err := wait.PollUntilContextTimeout(t.Context(), 20*time.Millisecond, 60*time.Second, true,

@@ -481,3 +481,50 @@ func TestStoreFallbackWhenNoLiveReadAnswers(t *testing.T) {
 		})
 	}
 }
+
+// slowReader answers every live read late, so that decisions are in flight for a while.
+type slowReader struct {
+	client.Reader
+	delay    time.Duration
+	inFlight atomic.Int32
+}
+
+func (r *slowReader) Get(ctx context.Context, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+	r.inFlight.Add(1)
+	defer r.inFlight.Add(-1)
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(r.delay):
+	}
+	return r.Reader.Get(ctx, key, obj, opts...)
+}
+
+// The guard is stopped while decisions are in flight: each is still decided on its live read
+// and answered, never turned into a store fallback by the shutdown.
+func TestShutdownFinishesTheDecisionsInFlight(t *testing.T) {
+	reader := &slowReader{delay: 500 * time.Millisecond}
+	h := startGuard(t, Options{}, harnessOptions{noWatch: true, reader: reader})
+	reader.Reader = h.client
+	ns := newNamespace(t)
+	wf := createWorkflow(t, ns, "done", argo.PhaseSucceeded)
+	const n = 4
+	errs := make(chan error, n)
+	for range n {
+		go func() { errs <- env.Client.Create(context.Background(), exitPod(wf), client.DryRunAll) }()
+	}
+	waitFor := func(what string, cond func() bool) {
+		t.Helper()
+		if err := wait.PollUntilContextTimeout(t.Context(), 5*time.Millisecond, 10*time.Second, true,
+			func(context.Context) (bool, error) { return cond(), nil }); err != nil {
+			t.Fatalf("never: %s", what)
+		}
+	}
+	waitFor("every decision in flight", func() bool { return reader.inFlight.Load() == n })
+	h.stop()
+	for range n {
+		if err := <-errs; !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "as seen by live-read") {
+			t.Errorf("a decision in flight at shutdown: %v, want refused on its live read", err)
+		}
+	}
+}
