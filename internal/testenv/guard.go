@@ -106,6 +106,23 @@ func (g *Guard) Stop() error {
 	}
 }
 
+// Kill ends the process at once (SIGKILL), as a crash or an OOM kill would, and waits for it.
+// It does nothing to a process that has ended.
+func (g *Guard) Kill() error {
+	defer func() { _ = os.RemoveAll(g.dir) }()
+	if g.cmd.Process == nil {
+		return nil
+	}
+	select {
+	case <-g.exited:
+		return nil
+	default:
+	}
+	_ = g.cmd.Process.Kill()
+	<-g.exited
+	return nil
+}
+
 // FreeAddr returns a loopback address with a port that was free a moment ago.
 func FreeAddr() (string, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
