@@ -40,6 +40,16 @@ test: $(HELM) ## Run every test with the race detector against a real kube-apise
 	@assets=$$(hack/envtest-binaries.sh ensure) && \
 	  KUBEBUILDER_ASSETS="$$assets" HELM="$(HELM)" $(GO) test -race -count=1 $(GOTESTFLAGS) ./...
 
+# Histories of the randomized simulation in make soak (make test runs 3,000).
+SOAK_HISTORIES ?= 100000
+
+.PHONY: soak
+soak: ## The randomized simulation at length (SOAK_HISTORIES histories) and the fault tests; writes docs/reliability-simulation.md.
+	@assets=$$(hack/envtest-binaries.sh ensure) && \
+	  KUBEBUILDER_ASSETS="$$assets" $(GO) test -count=1 -timeout 3h -run '^TestSimulation$$' -v ./webhook \
+	    -args -sim.histories=$(SOAK_HISTORIES) -sim.report=$(CURDIR)/docs/reliability-simulation.md && \
+	  KUBEBUILDER_ASSETS="$$assets" $(GO) test -count=3 -timeout 1h -v ./test/faults
+
 # Workflows per run of the Argo proof (make e2e-argo); CI runs fewer.
 E2E_TRIES ?= 5
 

@@ -266,7 +266,7 @@ func (g *guard) liveRead(ctx context.Context, namespace, name string) (*argo.Wor
 		err := g.reader.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, wf)
 		done <- answer{wf: wf, err: err}
 	}
-	attempts := 1
+	attempts, answered := 1, 0
 	go attempt()
 	next := time.NewTimer(g.opts.LiveReadTimeout)
 	defer next.Stop()
@@ -277,10 +277,14 @@ loop:
 	for {
 		select {
 		case a = <-done:
+			answered++
 			switch {
 			case a.panicked != nil:
 				panic(a.panicked)
 			case a.err == nil, apierrors.IsNotFound(a.err), permanent(a.err):
+				break loop
+			case answered == maxLiveReadAttempts:
+				// Every attempt there may be has failed: waiting out the budget gains nothing.
 				break loop
 			default:
 				// This attempt failed: retry after a pause, not later than a hedge would.
