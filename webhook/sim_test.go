@@ -16,6 +16,7 @@ import (
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	clocktesting "k8s.io/utils/clock/testing"
@@ -678,4 +679,130 @@ func sortedKeys(m map[string]int) []string {
 	}
 	slices.Sort(keys)
 	return keys
+}
+
+// planReader fails the live-read attempts its plan says, and reads through otherwise.
+type planReader struct {
+	client.Reader
+	mu     sync.Mutex
+	plan   []bool
+	called int
+}
+
+func (p *planReader) Get(ctx context.Context, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+	p.mu.Lock()
+	k := p.called
+	p.called++
+	fail := k >= len(p.plan) || p.plan[k]
+	p.mu.Unlock()
+	if fail {
+		return apierrors.NewServiceUnavailable("simulated: the API server cannot answer")
+	}
+	return p.Reader.Get(ctx, key, obj, opts...)
+}
+
+func (p *planReader) setPlan(plan []bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.plan, p.called = plan, 0
+}
+
+// TestSimulationThroughTheAPIServer runs a sample of the simulation's histories end to end: the
+// writes are made on the real API server, the guard (with its real watch) is called by the API
+// server for each pod, and the oracle judges the answers. Time is compressed: every step runs
+// as soon as the one before it is done, so the watch lags as little as it does.
+func TestSimulationThroughTheAPIServer(t *testing.T) {
+	const histories = 40
+	for _, s := range []setting{simSettings[0], simSettings[2]} {
+		t.Run(s.name, func(t *testing.T) {
+			reader := &planReader{}
+			opts := s.opts
+			opts.LiveReadTimeout, opts.LiveReadBudget = 20*time.Millisecond, time.Second
+			h := startGuard(t, opts, harnessOptions{reader: reader})
+			reader.Reader = h.client
+			g, err := newGuard(reader, h.store, opts) // for covered() and denyPhases only
+			if err != nil {
+				t.Fatal(err)
+			}
+			var legit, stale, stopped, judged int
+			for i := range histories {
+				hist := generate(*simSeed + uint64(i))
+				ns := newNamespace(t)
+				objs := map[types.UID]*unstructured.Unstructured{}
+				wi := 0
+				for pi, p := range hist.pods {
+					for ; wi < len(hist.writes) && hist.writes[wi].at <= p.at; wi++ {
+						applyWrite(t, ns, objs, hist.writes[wi].state)
+						// The store-first decisions of --strict read the store: let the
+						// watch deliver first (the in-process simulation has the lag).
+						st, wf := hist.writes[wi].state, objs[hist.writes[wi].state.uid]
+						waitRecord(t, h.store, wf, "the write", func(r completionstore.Record) bool {
+							return r.Deleted == st.deleted && (st.deleted || r.ResourceVersion == wf.GetResourceVersion())
+						})
+					}
+					reader.setPlan(hist.plans[pi])
+					wf := objs[p.uid]
+					pod := argoPod(wf, fmt.Sprintf("pod-%d", pi), simName+"[0].main", false)
+					switch p.kind {
+					case kindExitHandler:
+						pod = argoPod(wf, fmt.Sprintf("pod-%d", pi), simName+".onExit[0].notify", true)
+					case kindHook:
+						pod = argoPod(wf, fmt.Sprintf("pod-%d", pi), simName+".hooks.running", false)
+					}
+					err := env.Client.Create(t.Context(), pod, client.DryRunAll)
+					denied := apierrors.IsForbidden(err) && strings.Contains(err.Error(), "exit-guard refused")
+					if err != nil && !denied {
+						t.Fatalf("seed %d pod %d: %v", hist.seed, pi, err)
+					}
+					state, _, _ := hist.truth(p.uid, p.at)
+					due := state.deleted || g.denyPhases[state.phase]
+					answered := slices.Contains(hist.plans[pi], false)
+					switch {
+					case !p.stale:
+						legit++
+						if denied {
+							t.Errorf("seed %d pod %d: a legitimate %s pod (workflow %s) was denied: %v", hist.seed, pi, p.kind, phaseName(state), err)
+						}
+					case g.covered(p.kind) && due && answered:
+						stale++
+						judged++
+						if !denied {
+							t.Errorf("seed %d pod %d: a stale %s pod of a workflow %s was admitted although the live read could answer", hist.seed, pi, p.kind, phaseName(state))
+						}
+						stopped++
+					default:
+						stale++
+					}
+				}
+			}
+			t.Logf("%d histories through the API server: %d legitimate pods, %d stale pods, %d of them due and answerable, all refused: %v",
+				histories, legit, stale, judged, judged == stopped)
+			if legit == 0 || judged == 0 {
+				t.Errorf("the sample made %d legitimate pods and %d stale pods to judge: nothing to check", legit, judged)
+			}
+		})
+	}
+}
+
+// applyWrite makes one write of the truth on the API server, as Argo's controller (or argo
+// retry, or the TTL controller) would.
+func applyWrite(t *testing.T, ns string, objs map[types.UID]*unstructured.Unstructured, s wfState) {
+	t.Helper()
+	wf, ok := objs[s.uid]
+	switch {
+	case !ok:
+		objs[s.uid] = createWorkflow(t, ns, simName, s.phase)
+	case s.deleted:
+		if err := env.Client.Delete(t.Context(), wf); err != nil {
+			t.Fatal(err)
+		}
+	default:
+		if !s.phase.Terminal() {
+			// argo retry removes the completed label; setPhase writes it back as false.
+			labels := wf.GetLabels()
+			delete(labels, "workflows.argoproj.io/completed")
+			wf.SetLabels(labels)
+		}
+		setPhase(t, wf, s.phase)
+	}
 }
