@@ -61,7 +61,15 @@ func run(m *testing.M) int {
 		vwc.Webhooks[i].FailurePolicy = &fail
 		vwc.Webhooks[i].NamespaceSelector = &metav1.LabelSelector{MatchLabels: map[string]string{"exit-guard-faults": "true"}}
 	}
-	return testenv.Main(m, testenv.Options{ValidatingWebhooks: []*admissionregistrationv1.ValidatingWebhookConfiguration{vwc}}, &env)
+	return testenv.Main(m, testenv.Options{
+		ValidatingWebhooks: []*admissionregistrationv1.ValidatingWebhookConfiguration{vwc},
+		APIServerFlags: map[string]string{
+			// Watches served from etcd, compacted every second: a watch that falls behind
+			// gets 410 Gone soon, as on a busy cluster (TestWatchExpires...).
+			"watch-cache":              "false",
+			"etcd-compaction-interval": "1s",
+		},
+	}, &env)
 }
 
 // replica is one guard process behind the balancer.
@@ -75,6 +83,12 @@ type replica struct {
 // waits until it is in rotation.
 func startReplica(t *testing.T, b *balancer, name string, args ...string) *replica {
 	t.Helper()
+	return startReplicaWith(t, b, name, env.KubeConfig(), args...)
+}
+
+// startReplicaWith is startReplica with the guard reaching the API server through kubeconfig.
+func startReplicaWith(t *testing.T, b *balancer, name string, kubeconfig []byte, args ...string) *replica {
+	t.Helper()
 	addr, err := testenv.FreeAddr()
 	if err != nil {
 		t.Fatal(err)
@@ -82,7 +96,7 @@ func startReplica(t *testing.T, b *balancer, name string, args ...string) *repli
 	_, port, _ := net.SplitHostPort(addr)
 	out := &testenv.Output{}
 	args = append([]string{"--webhook-port=" + port, "--webhook-cert-path=" + env.WebhookCertDir}, args...)
-	g, err := testenv.StartGuard(t.Context(), guardBin, env.KubeConfig(), args, out)
+	g, err := testenv.StartGuard(t.Context(), guardBin, kubeconfig, args, out)
 	if err != nil {
 		t.Fatalf("starting replica %s: %v\n%s", name, err, out)
 	}

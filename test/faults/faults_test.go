@@ -1,0 +1,210 @@
+package faults
+
+import (
+	"bufio"
+	"context"
+	"net/http"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/exit-guard/exit-guard/internal/argo"
+)
+
+// metric reads one sample of the guard's metrics endpoint: name with its labels as written,
+// e.g. `exit_guard_store_records{state="deleted"}`; -1 when absent.
+func (r *replica) metric(t *testing.T, sample string) float64 {
+	t.Helper()
+	req, _ := http.NewRequestWithContext(t.Context(), http.MethodGet, "http://"+r.g.MetricsAddr+"/metrics", nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("scraping replica %s: %v", r.name, err)
+	}
+	defer func() { _ = resp.Body.Close() }()
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), sample+" "); ok {
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				t.Fatalf("%s: %v", sample, err)
+			}
+			return f
+		}
+	}
+	return -1
+}
+
+// decideAll creates an exit-handler pod of each workflow (dry runs) and checks each answer:
+// refused when want says so, admitted otherwise; it counts into c.
+func decideAll(t *testing.T, c *tally, want map[*unstructured.Unstructured]bool) {
+	t.Helper()
+	for wf, deny := range want {
+		c.sent.Add(1)
+		err := env.Client.Create(t.Context(), exitPod(wf), client.DryRunAll)
+		switch {
+		case err == nil:
+			c.admitted.Add(1)
+			if deny {
+				c.wrong.Add(1)
+				t.Errorf("the exit handler of %s was admitted, want it refused", wf.GetName())
+			}
+		case apierrors.IsForbidden(err) && strings.Contains(err.Error(), "exit-guard refused"):
+			c.denied.Add(1)
+			if !deny {
+				c.wrong.Add(1)
+				t.Errorf("the exit handler of %s was refused: %v", wf.GetName(), err)
+			}
+		default:
+			c.fail(err.Error())
+			t.Errorf("the exit handler of %s: %v", wf.GetName(), err)
+		}
+	}
+}
+
+// TestLiveReadsThatHangAreDecidedInsideTheDeadline: every live read hangs; the guard answers
+// inside the webhook's timeout, from its store (here with --store-fallback=completion, so that
+// the store's every state shows in the answer).
+func TestLiveReadsThatHangAreDecidedInsideTheDeadline(t *testing.T) {
+	b, err := startBalancer(hostPort(), propagation)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = b.Close() }()
+	go b.endpoints(t.Context())
+	p := startAPIProxy(t, env.Config)
+	r := startReplicaWith(t, b, "a", p.kubeconfig(t), "--live-read-timeout=300ms", "--live-read-budget=1s", "--store-fallback=completion")
+
+	ns := newNamespace(t)
+	running := createWorkflow(t, ns, "running", argo.PhaseRunning)
+	succeeded := createWorkflow(t, ns, "succeeded", argo.PhaseSucceeded)
+	deleted := createWorkflow(t, ns, "deleted", argo.PhaseRunning)
+	if err := env.Client.Delete(t.Context(), deleted); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the guard's store to hold the deletion and the completion", func() bool {
+		return r.metric(t, `exit_guard_store_records{state="deleted"}`) >= 1 && r.metric(t, `exit_guard_store_records{state="terminal"}`) >= 1
+	})
+
+	p.hangReads.Store(true)
+	c := &tally{}
+	start := time.Now()
+	for range 5 {
+		decideAll(t, c, map[*unstructured.Unstructured]bool{running: false, succeeded: true, deleted: true})
+	}
+	took := time.Since(start)
+	t.Logf("live reads hanging: %s; %d reads held until the guard gave up; %s per decision", c, p.hung.Load(), took/time.Duration(c.sent.Load()))
+	if p.hung.Load() == 0 {
+		t.Error("no live read reached the hanging proxy: the test proved nothing")
+	}
+	if got := r.metric(t, `exit_guard_live_read_failures_total{kind="timeout"}`); got < float64(c.sent.Load()) {
+		t.Errorf("%v live reads counted as timed out, want %d", got, c.sent.Load())
+	}
+}
+
+// TestWatchExpiresWhileWorkflowsCompleteAndAreDeleted: the guard's watch stalls while
+// workflows complete and are deleted; etcd compacts past it; the stream is cut, the guard
+// watches again from its old resourceVersion, gets 410 Gone and lists anew. Its store must then
+// hold every completion and every deletion (the deletions it missed come as
+// DeletedFinalStateUnknown), and admissions flow through it all.
+func TestWatchExpiresWhileWorkflowsCompleteAndAreDeleted(t *testing.T) {
+	b, err := startBalancer(hostPort(), propagation)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = b.Close() }()
+	go b.endpoints(t.Context())
+	p := startAPIProxy(t, env.Config)
+	ns := newNamespace(t)
+	const n = 5
+	var toComplete, toDelete []*unstructured.Unstructured
+	for i := range n {
+		toComplete = append(toComplete, createWorkflow(t, ns, "complete-"+strconv.Itoa(i), argo.PhaseRunning))
+		toDelete = append(toDelete, createWorkflow(t, ns, "delete-"+strconv.Itoa(i), argo.PhaseRunning))
+	}
+	r := startReplicaWith(t, b, "a", p.kubeconfig(t), "--live-read-timeout=300ms", "--live-read-budget=1s", "--store-fallback=completion")
+	waitFor(t, "the guard's store to hold the running workflows", func() bool {
+		return r.metric(t, `exit_guard_store_records{state="active"}`) >= 2*n
+	})
+	running := createWorkflow(t, ns, "running", argo.PhaseRunning)
+	succeeded := createWorkflow(t, ns, "succeeded", argo.PhaseSucceeded)
+	loadCtx, stopLoad := context.WithCancel(t.Context())
+	c, wait := load(loadCtx, running, succeeded, 2, 20)
+
+	p.stall.Store(true)
+	p.cutWatches() // the guard watches again, into the stall
+	for i := range n {
+		wf := toComplete[i]
+		wf.Object["status"] = map[string]any{"phase": string(argo.PhaseSucceeded)}
+		if err := env.Client.Update(t.Context(), wf); err != nil {
+			t.Fatal(err)
+		}
+		// Each workflow to delete fails first, and the guard reads it live at that newer
+		// resourceVersion (an exit handler of a Failed workflow is admitted by default);
+		// the relist then reports its deletion with the older copy the informer had.
+		gone := toDelete[i]
+		gone.Object["status"] = map[string]any{"phase": string(argo.PhaseFailed)}
+		if err := env.Client.Update(t.Context(), gone); err != nil {
+			t.Fatal(err)
+		}
+		decideAll(t, &tally{}, map[*unstructured.Unstructured]bool{gone: false})
+		if err := env.Client.Delete(t.Context(), gone); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Compaction runs every second (the API server's flags, see TestMain): wait until the
+	// guard's resourceVersion is gone from etcd.
+	rv := strconv.FormatFloat(r.metric(t, "exit_guard_watch_resource_version"), 'f', 0, 64)
+	waitFor(t, "etcd to compact past the guard's watch", func() bool { return compacted(t, ns, rv) })
+	relists := r.metric(t, `exit_guard_store_observations_total{result="applied"}`)
+	lists := p.lists.Load()
+	p.stall.Store(false)
+	p.cutWatches()
+	p.hangReads.Store(true) // from here the store alone decides
+	waitFor(t, "the guard's store to hold every completion and deletion", func() bool {
+		return r.metric(t, `exit_guard_store_records{state="deleted"}`) >= n && r.metric(t, `exit_guard_store_records{state="terminal"}`) >= n+1
+	})
+	want := map[*unstructured.Unstructured]bool{running: false}
+	for i := range n {
+		want[toComplete[i]], want[toDelete[i]] = true, true
+	}
+	decideAll(t, &tally{}, want)
+	stopLoad()
+	wait()
+	t.Logf("watch expired (410) and relisted under load: %s; store observations applied after the cut: %v",
+		c, r.metric(t, `exit_guard_store_observations_total{result="applied"}`)-relists)
+	if c.failed.Load() != 0 || c.wrong.Load() != 0 {
+		t.Errorf("admissions lost or decided wrong: %s; first failures %q", c, c.failures)
+	}
+	if p.lists.Load() == lists {
+		t.Error("the guard never listed Workflows again after its watch expired: no 410, no relist; the test proved nothing")
+	}
+}
+
+// compacted says whether a Workflow watch from rv is refused with 410 Gone.
+func compacted(t *testing.T, ns, rv string) bool {
+	t.Helper()
+	c, err := client.NewWithWatch(env.Config, client.Options{Scheme: env.Scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	list := &unstructured.UnstructuredList{}
+	list.SetGroupVersionKind(argo.GroupVersion.WithKind("WorkflowList"))
+	w, err := c.Watch(t.Context(), list, client.InNamespace(ns), &client.ListOptions{Raw: &metav1.ListOptions{ResourceVersion: rv}})
+	if err != nil {
+		return apierrors.IsResourceExpired(err) || apierrors.IsGone(err)
+	}
+	defer w.Stop()
+	select {
+	case e := <-w.ResultChan():
+		return e.Type == "ERROR"
+	case <-time.After(500 * time.Millisecond):
+		return false
+	}
+}
