@@ -43,7 +43,8 @@ type Options struct {
 
 // Env is a running API server.
 type Env struct {
-	env *envtest.Environment
+	env     *envtest.Environment
+	certDir string
 	// Config reaches the API server as an administrator.
 	Config *rest.Config
 	// Client is an uncached client on Config that knows the built-in types and argo.Workflow.
@@ -116,8 +117,16 @@ func Start(opts Options) (*Env, error) {
 	for k, v := range opts.APIServerFlags {
 		api.Configure().Set(k, v)
 	}
+	// A folder of our own for the API server's certificates, so that a restart keeps them
+	// (envtest makes new ones in a new folder otherwise) and clients still trust it.
+	certDir, err := os.MkdirTemp("", "exit-guard-apiserver")
+	if err != nil {
+		return nil, err
+	}
+	api.CertDir = certDir
 	cfg, err := te.Start()
 	if err != nil {
+		_ = os.RemoveAll(certDir)
 		return nil, fmt.Errorf("starting kube-apiserver and etcd from %s: %w", assets, err)
 	}
 	scheme, err := argo.NewScheme()
@@ -131,6 +140,7 @@ func Start(opts Options) (*Env, error) {
 	wio := te.WebhookInstallOptions
 	return &Env{
 		env:            te,
+		certDir:        certDir,
 		Config:         cfg,
 		Client:         c,
 		Scheme:         scheme,
@@ -158,7 +168,19 @@ func (e *Env) AddUser(name string, groups ...string) (*rest.Config, error) {
 
 // Stop stops the API server and etcd and removes their data.
 func (e *Env) Stop() error {
+	defer func() { _ = os.RemoveAll(e.certDir) }()
 	return e.env.Stop()
+}
+
+// StopAPIServer stops kube-apiserver (etcd keeps running); StartAPIServer starts it again on
+// the same address, with the same certificates and data.
+func (e *Env) StopAPIServer() error {
+	return e.env.ControlPlane.GetAPIServer().Stop()
+}
+
+// StartAPIServer starts kube-apiserver again after StopAPIServer.
+func (e *Env) StartAPIServer() error {
+	return e.env.ControlPlane.GetAPIServer().Start()
 }
 
 // Main is the body of a TestMain that needs an API server: it starts one, runs the tests with

@@ -208,3 +208,96 @@ func compacted(t *testing.T, ns, rv string) bool {
 		return false
 	}
 }
+
+// TestReplicaKilledUnderLoad kills one of two replicas (SIGKILL: a crash, an OOM kill) while
+// admissions flow, and starts its replacement. The admissions in flight on the killed replica,
+// and those the Service still sends it until its endpoints catch up, get no answer: the API
+// server applies the failure policy to them (here Fail, so that each is counted; the chart's
+// Ignore admits them unverified). None may be decided wrong.
+func TestReplicaKilledUnderLoad(t *testing.T) {
+	b, err := startBalancer(hostPort(), propagation)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = b.Close() }()
+	go b.endpoints(t.Context())
+	a := startReplica(t, b, "a")
+	startReplica(t, b, "b")
+	ns := newNamespace(t)
+	running := createWorkflow(t, ns, "running", argo.PhaseRunning)
+	succeeded := createWorkflow(t, ns, "succeeded", argo.PhaseSucceeded)
+	loadCtx, stopLoad := context.WithCancel(t.Context())
+	c, wait := load(loadCtx, running, succeeded, 8, 80)
+	c.sentAtLeast(t, 80)
+	if err := a.g.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the killed replica out of rotation", func() bool { return !b.inRotation("a") })
+	startReplica(t, b, "a2")
+	c.sentAtLeast(t, 80)
+	stopLoad()
+	wait()
+	t.Logf("one of two replicas killed under load: %s; connections refused at the Service: %d; failures: %q", c, b.refused.Load(), c.failures)
+	if c.wrong.Load() != 0 {
+		t.Errorf("admissions decided wrong: %s", c)
+	}
+	for _, f := range c.allFailures() {
+		if !strings.Contains(f, "failed calling webhook") {
+			t.Errorf("an admission failed for another reason than the killed replica: %s", f)
+		}
+	}
+}
+
+// TestAPIServerRestartsUnderLoad stops kube-apiserver while admissions flow, starts it again,
+// and checks that the guard comes back by itself: every admission the restarted API server
+// sends it is decided right, and its watch resumes (a workflow completed after the restart
+// reaches its store).
+func TestAPIServerRestartsUnderLoad(t *testing.T) {
+	b, err := startBalancer(hostPort(), propagation)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = b.Close() }()
+	go b.endpoints(t.Context())
+	r := startReplica(t, b, "a")
+	startReplica(t, b, "b")
+	ns := newNamespace(t)
+	running := createWorkflow(t, ns, "running", argo.PhaseRunning)
+	succeeded := createWorkflow(t, ns, "succeeded", argo.PhaseSucceeded)
+	loadCtx, stopLoad := context.WithCancel(t.Context())
+	c, wait := load(loadCtx, running, succeeded, 4, 40)
+	c.sentAtLeast(t, 40)
+	if err := env.StopAPIServer(); err != nil {
+		t.Fatal(err)
+	}
+	down := c.sent.Load()
+	if err := env.StartAPIServer(); err != nil {
+		t.Fatalf("restarting the API server: %v", err)
+	}
+	up := c.sent.Load()
+	later := createWorkflow(t, ns, "completed-after-restart", argo.PhaseRunning)
+	later.Object["status"] = map[string]any{"phase": string(argo.PhaseSucceeded)}
+	if err := env.Client.Update(t.Context(), later); err != nil {
+		t.Fatal(err)
+	}
+	rv, _ := strconv.ParseFloat(later.GetResourceVersion(), 64)
+	waitFor(t, "the guard's watch to resume past the restart", func() bool {
+		return r.metric(t, "exit_guard_watch_resource_version") >= rv
+	})
+	c.sentAtLeast(t, 80)
+	stopLoad()
+	wait()
+	var apiDown, webhook int
+	for _, f := range c.allFailures() {
+		if strings.Contains(f, "failed calling webhook") {
+			webhook++
+		} else {
+			apiDown++
+		}
+	}
+	t.Logf("API server restarted under load: %s; of the failures, %d never reached an API server (%d requests were sent while it was stopping or starting) and %d were the webhook's",
+		c, apiDown, up-down, webhook)
+	if c.wrong.Load() != 0 || webhook != 0 {
+		t.Errorf("admissions the API server sent the guard were lost (%d) or decided wrong: %s", webhook, c)
+	}
+}

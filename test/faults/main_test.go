@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -68,6 +69,9 @@ func run(m *testing.M) int {
 			// gets 410 Gone soon, as on a busy cluster (TestWatchExpires...).
 			"watch-cache":              "false",
 			"etcd-compaction-interval": "1s",
+			// Without it, this API server waits on the guards' open watches and does not
+			// stop within envtest's timeout (TestAPIServerRestarts...).
+			"shutdown-watch-termination-grace-period": "1s",
 		},
 	}, &env)
 }
@@ -178,7 +182,8 @@ func exitPod(wf *unstructured.Unstructured) *corev1.Pod {
 type tally struct {
 	sent, admitted, denied, failed, wrong atomic.Int64
 	mu                                    sync.Mutex
-	failures                              []string
+	failures                              []string // the first ten
+	all                                   []string
 }
 
 func (c *tally) String() string {
@@ -191,9 +196,17 @@ func (c *tally) fail(msg string) {
 	c.failed.Add(1)
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.all = append(c.all, msg)
 	if len(c.failures) < 10 {
 		c.failures = append(c.failures, msg)
 	}
+}
+
+// allFailures returns the message of every failure.
+func (c *tally) allFailures() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return slices.Clone(c.all)
 }
 
 // hostPort is where the API server calls the webhook: the balancer listens there.
