@@ -50,6 +50,16 @@ soak: ## The randomized simulation at length (SOAK_HISTORIES histories) and the 
 	    -args -sim.histories=$(SOAK_HISTORIES) -sim.report=$(CURDIR)/docs/reliability-simulation.md && \
 	  KUBEBUILDER_ASSETS="$$assets" $(GO) test -count=3 -timeout 1h -v ./test/faults
 
+# How long make fuzz runs each fuzz target.
+FUZZTIME ?= 60s
+
+.PHONY: fuzz
+fuzz: ## Run each fuzz target of the request decoders for FUZZTIME (seeds: webhook/testdata/argo-pods).
+	@for target in FuzzAdmissionReview FuzzRead FuzzClassify; do \
+	  echo "== $$target ($(FUZZTIME))"; \
+	  $(GO) test ./webhook -run '^$$' -fuzz "^$$target$$" -fuzztime $(FUZZTIME) -fuzzminimizetime 3s || exit 1; \
+	done
+
 # Workflows per run of the Argo proof (make e2e-argo); CI runs fewer.
 E2E_TRIES ?= 5
 

@@ -142,6 +142,9 @@ func TestDenialCarriesAuditAnnotations(t *testing.T) {
 // FuzzRead feeds arbitrary pod objects to the request decoder: it must never panic, and must
 // either go on with metadata or answer.
 func FuzzRead(f *testing.F) {
+	for _, pod := range argoPods(f) {
+		f.Add(pod)
+	}
 	f.Add([]byte(`{"metadata":{"name":"p","labels":{"workflows.argoproj.io/on-exit":"true"},"ownerReferences":[{"apiVersion":"argoproj.io/v1alpha1","kind":"Workflow","name":"w","uid":"u","controller":true}]}}`))
 	f.Add([]byte(`{"metadata":null}`))
 	f.Add([]byte(`[]`))

@@ -4,6 +4,9 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"time"
@@ -77,6 +80,7 @@ func (k *kubelet) step(ctx context.Context, pod *corev1.Pod) {
 	if !ok {
 		s = seenPod{name: pod.Name, workflow: pod.Labels["workflows.argoproj.io/workflow"], node: pod.Annotations["workflows.argoproj.io/node-name"], at: time.Now()}
 		k.seen[pod.UID] = s
+		dumpPod(pod)
 	}
 	k.mu.Unlock()
 	d, fail := runtimeOf(s.node)
@@ -157,3 +161,21 @@ func (k *kubelet) pods(workflow, part string) []string {
 }
 
 func ptrTrue() *bool { b := true; return &b }
+
+// dumpPod writes a pod Argo's controller created, as it was admitted (no status, no fields the
+// API server sets), into $E2E_POD_DIR when it is set: the seeds of the webhook's fuzz tests
+// (webhook/testdata/argo-pods) come from there.
+func dumpPod(pod *corev1.Pod) {
+	dir := os.Getenv("E2E_POD_DIR")
+	if dir == "" {
+		return
+	}
+	p := pod.DeepCopy()
+	p.Status = corev1.PodStatus{}
+	p.UID, p.ResourceVersion, p.ManagedFields, p.CreationTimestamp, p.Generation = "", "", nil, metav1.Time{}, 0
+	raw, err := json.MarshalIndent(p, "", "  ")
+	if err != nil {
+		return
+	}
+	_ = os.WriteFile(filepath.Join(dir, p.Name+".json"), raw, 0o600)
+}

@@ -1,0 +1,264 @@
+package webhook
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+
+	"gomodules.xyz/jsonpatch/v2"
+	admissionv1 "k8s.io/api/admission/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/exit-guard/exit-guard/completionstore"
+	"github.com/exit-guard/exit-guard/internal/argo"
+)
+
+// The fuzz targets of everything that parses a request: the AdmissionReview as the API server
+// sends it (FuzzAdmissionReview, through the whole HTTP handler), the pod in it (FuzzRead), and
+// the pod's metadata: labels, annotations, owner references, node names (FuzzClassify). Their
+// seeds are pods that Argo's own controllers created (testdata/argo-pods, captured by the Argo
+// proof with E2E_POD_DIR) and the malformed shapes below. `make fuzz` runs each for a while.
+
+// argoPods returns the captured Argo pods of testdata/argo-pods.
+func argoPods(f *testing.F) [][]byte {
+	f.Helper()
+	files, err := filepath.Glob(filepath.Join("testdata", "argo-pods", "*.json"))
+	if err != nil || len(files) == 0 {
+		f.Fatalf("no seed pods in testdata/argo-pods: %v", err)
+	}
+	var out [][]byte
+	for _, name := range files {
+		raw, err := os.ReadFile(name) //nolint:gosec // G304: the repository's own test data
+		if err != nil {
+			f.Fatal(err)
+		}
+		out = append(out, raw)
+	}
+	return out
+}
+
+// fixedReader answers live reads without an API server: "done" Succeeded, "running" Running,
+// anything else 404.
+type fixedReader struct{}
+
+func (fixedReader) Get(_ context.Context, key client.ObjectKey, obj client.Object, _ ...client.GetOption) error {
+	wf, ok := obj.(*argo.Workflow)
+	if !ok {
+		return fmt.Errorf("unexpected %T", obj)
+	}
+	switch key.Name {
+	case "done":
+		wf.UID, wf.Status.Phase = "uid-done", argo.PhaseSucceeded
+	case "running":
+		wf.UID, wf.Status.Phase = "uid-running", argo.PhaseRunning
+	default:
+		return apierrors.NewNotFound(schema.GroupResource{Group: argo.Group, Resource: argo.Resource}, key.Name)
+	}
+	wf.Namespace, wf.Name, wf.ResourceVersion = key.Namespace, key.Name, "7"
+	return nil
+}
+
+func (fixedReader) List(context.Context, client.ObjectList, ...client.ListOption) error { return nil }
+
+func fuzzGuard(t testing.TB, opts Options) *guard {
+	t.Helper()
+	store, err := completionstore.New(completionstore.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	store.Observe(completionstore.Observation{UID: "uid-gone", Namespace: "ns", Name: "gone", ResourceVersion: "5", Deleted: true})
+	g, err := newGuard(fixedReader{}, store, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return g
+}
+
+// reviewOf wraps a raw object in an AdmissionReview of a pod operation.
+func reviewOf(op admissionv1.Operation, object []byte) []byte {
+	b, _ := json.Marshal(map[string]any{
+		"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+		"request": map[string]any{
+			"uid": "f-1", "kind": map[string]string{"version": "v1", "kind": "Pod"},
+			"resource":  map[string]string{"version": "v1", "resource": "pods"},
+			"namespace": "ns", "operation": op, "object": json.RawMessage(object),
+			"userInfo": map[string]any{"username": "system:serviceaccount:argo:argo"},
+		},
+	})
+	return b
+}
+
+// checkAnswer says what is wrong with the guard's HTTP answer to body, if anything.
+func checkAnswer(body []byte, status int, raw []byte, mutating bool) error {
+	var review admissionv1.AdmissionReview
+	if err := json.Unmarshal(raw, &review); err != nil || review.Response == nil {
+		return fmt.Errorf("HTTP %d with a body that is no AdmissionReview response (%v): %s", status, err, raw)
+	}
+	r := review.Response
+	switch {
+	case status == http.StatusOK && r.Allowed:
+		if mutating && len(r.Patch) > 0 {
+			var ops []jsonpatch.Operation
+			if err := json.Unmarshal(r.Patch, &ops); err != nil {
+				return fmt.Errorf("a patch that is not a JSON patch: %s", r.Patch)
+			}
+		}
+		if r.Result == nil || r.Result.Message == "" {
+			return fmt.Errorf("allowed with no reason: %s", raw)
+		}
+	case status == http.StatusOK:
+		if r.Result == nil || r.Result.Code != http.StatusForbidden || !strings.Contains(r.Result.Message, "exit-guard refused") {
+			return fmt.Errorf("a refusal that is not one of the guard's policy decisions, in an HTTP 200: %s", raw)
+		}
+	case status == http.StatusBadRequest || status == http.StatusRequestEntityTooLarge:
+		if r.Allowed || r.Result == nil || r.Result.Message == "" {
+			return fmt.Errorf("HTTP %d without a reason: %s", status, raw)
+		}
+	default:
+		return fmt.Errorf("HTTP %d (a handler failure) for %q: %s", status, body, raw)
+	}
+	var req struct {
+		Request *struct {
+			UID types.UID `json:"uid"`
+		} `json:"request"`
+	}
+	if json.Unmarshal(body, &req) == nil && req.Request != nil && req.Request.UID != "" && status == http.StatusOK && r.UID != req.Request.UID {
+		return fmt.Errorf("answer uid %q for request uid %q", r.UID, req.Request.UID)
+	}
+	return nil
+}
+
+// FuzzAdmissionReview sends arbitrary bodies through the guard's whole HTTP handler, validating
+// and mutating: every answer is an AdmissionReview, an HTTP 4xx with a reason or an HTTP 200
+// that admits with a reason or refuses on the guard's policy; never a panic (HTTP 500).
+func FuzzAdmissionReview(f *testing.F) {
+	for _, pod := range argoPods(f) {
+		for _, op := range []admissionv1.Operation{admissionv1.Create, admissionv1.Update, admissionv1.Delete} {
+			f.Add(reviewOf(op, pod))
+		}
+	}
+	f.Add(reviewOf(admissionv1.Create, []byte(`{"metadata":{"ownerReferences":[{"apiVersion":"argoproj.io/v1alpha1","kind":"Workflow","name":"done","uid":"uid-done","controller":true},{"apiVersion":"argoproj.io/v1alpha1","kind":"Workflow","name":"running","uid":"uid-running","controller":true}],"labels":{"workflows.argoproj.io/on-exit":"true"}}}`)))
+	f.Add(reviewOf(admissionv1.Create, []byte(`{"metadata":{"ownerReferences":[{"apiVersion":"argoproj.io/v1alpha1","kind":"Workflow","name":"gone","uid":"uid-gone","controller":true}],"annotations":{"workflows.argoproj.io/node-name":"gone.onExit"}}}`)))
+	f.Add(reviewOf(admissionv1.Create, []byte(`{"metadata":{"ownerReferences":null,"labels":{"":""}}}`)))
+	f.Add(reviewOf(admissionv1.Create, []byte(`{"kind":"ConfigMap","apiVersion":"v1","metadata":{"name":"x"}}`)))
+	f.Add([]byte(`{"apiVersion":"admission.k8s.io/v1beta1","kind":"AdmissionReview","request":{"uid":"x"}}`))
+	f.Add([]byte(`{"apiVersion":"admission.k8s.io/v2","kind":"Other","request":{}}`))
+	f.Add([]byte(`{"request":{"uid":"x","resource":{"version":"v1","resource":"pods"},"operation":"CREATE","object":"not an object"}}`))
+	f.Add([]byte(strings.Repeat("[", 5000)))
+	f.Add([]byte(`null`))
+	f.Add([]byte{})
+	validate := serve(&validator{fuzzGuard(f, Options{})})
+	mutate := serve(&mutator{fuzzGuard(f, Options{Mode: ModeWarn, Hooks: true, Strict: true})})
+	f.Fuzz(func(t *testing.T, body []byte) {
+		for _, h := range []struct {
+			handler  http.Handler
+			mutating bool
+		}{{validate, false}, {mutate, true}} {
+			rec := httptest.NewRecorder()
+			req := httptest.NewRequest(http.MethodPost, "/", bytes.NewReader(body))
+			req.Header.Set("Content-Type", "application/json")
+			h.handler.ServeHTTP(rec, req)
+			if err := checkAnswer(body, rec.Code, rec.Body.Bytes(), h.mutating); err != nil {
+				t.Fatal(err)
+			}
+		}
+	})
+}
+
+// FuzzClassify builds pod metadata from arbitrary labels, annotations and owner references
+// (missing, several, duplicated, not controllers, of other kinds) and decides it.
+func FuzzClassify(f *testing.F) {
+	for _, raw := range argoPods(f) {
+		var pod corev1.Pod
+		if err := json.Unmarshal(raw, &pod); err != nil {
+			f.Fatal(err)
+		}
+		ref := pod.OwnerReferences[0]
+		f.Add(pod.Annotations[argo.AnnotationNodeName], pod.Labels[argo.LabelOnExit], pod.Labels[argo.LabelComponent], ref.APIVersion, ref.Kind, ref.Name, string(ref.UID), 1, true)
+	}
+	f.Add("wf.onExit", "", "", "argoproj.io/v1alpha1", "Workflow", "done", "uid-done", 2, true)
+	f.Add("wf.hooks.running", "", "", "argoproj.io/v1alpha1", "Workflow", "done", "uid-other", 1, true)
+	f.Add("", "true", "agent", "argoproj.io", "Workflow", "", "", 0, false)
+	f.Add("x.onExit[0](1).hooks.y", "", "", "/", "", "running", "uid-running", 3, false)
+	g := fuzzGuard(f, Options{Hooks: true, Strict: true})
+	f.Fuzz(func(t *testing.T, node, onExit, component, apiVersion, kind, name, uid string, refs int, controller bool) {
+		meta := &metav1.ObjectMeta{Namespace: "ns", Name: "p", Labels: map[string]string{}, Annotations: map[string]string{argo.AnnotationNodeName: node}}
+		if onExit != "" {
+			meta.Labels[argo.LabelOnExit] = onExit
+		}
+		if component != "" {
+			meta.Labels[argo.LabelComponent] = component
+		}
+		for i := range refs % 4 {
+			c := controller && i%2 == 0
+			meta.OwnerReferences = append(meta.OwnerReferences, metav1.OwnerReference{APIVersion: apiVersion, Kind: kind, Name: name, UID: types.UID(uid), Controller: &c})
+		}
+		facts := classify(meta)
+		if o := facts.owner; o != nil && (o.Kind != argo.Kind || apiGroup(o.APIVersion) != argo.Group || o.Controller == nil || !*o.Controller) {
+			t.Fatalf("owner %+v is not a controlling Argo Workflow", o)
+		}
+		if (onExit != "" || strings.Contains(node, argo.OnExitMarker)) != (facts.kind == kindExitHandler) {
+			t.Fatalf("kind %s for on-exit label %q and node %q", facts.kind, onExit, node)
+		}
+		_, d := g.decide(t.Context(), meta)
+		if d.deny && (facts.owner == nil || component != "") {
+			t.Fatalf("refused a pod the guard does not own: %+v", d)
+		}
+		if d.deny && d.reason == reasonWorkflowCompleted && (name != "done" || string(facts.owner.UID) != "uid-done") {
+			t.Fatalf("refused as completed a pod whose workflow is not the Succeeded one: %+v", d)
+		}
+	})
+}
+
+// TestHugeAndDeeplyNestedBodies: a body past controller-runtime's 7 MiB limit gets HTTP 413,
+// one nested too deep for encoding/json an HTTP 400, and the memory a request may take stays a
+// small multiple of the limit.
+func TestHugeAndDeeplyNestedBodies(t *testing.T) {
+	h := serve(&validator{fuzzGuard(t, Options{})})
+	big := reviewOf(admissionv1.Create, []byte(`{"metadata":{"annotations":{"a":"`+strings.Repeat("x", 8<<20)+`"}}}`))
+	deep := reviewOf(admissionv1.Create, []byte(strings.Repeat(`{"a":`, 20000)+`1`+strings.Repeat(`}`, 20000)))
+	nearLimit := reviewOf(admissionv1.Create, []byte(`{"metadata":{"annotations":{"a":"`+strings.Repeat("x", 6<<20)+`"}}}`))
+	for _, tc := range []struct {
+		name string
+		body []byte
+		want int
+	}{
+		{"a body past the limit", big, http.StatusRequestEntityTooLarge},
+		{"a body nested 20,000 deep", deep, http.StatusBadRequest},
+		{"a 6 MiB pod, under the limit", nearLimit, http.StatusOK},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var before, after runtime.MemStats
+			runtime.GC()
+			runtime.ReadMemStats(&before)
+			rec := httptest.NewRecorder()
+			req := httptest.NewRequest(http.MethodPost, "/", bytes.NewReader(tc.body))
+			req.Header.Set("Content-Type", "application/json")
+			h.ServeHTTP(rec, req)
+			runtime.ReadMemStats(&after)
+			if rec.Code != tc.want {
+				t.Errorf("HTTP %d, want %d: %.300s", rec.Code, tc.want, rec.Body)
+			}
+			if err := checkAnswer(tc.body, rec.Code, rec.Body.Bytes(), false); err != nil {
+				t.Error(err)
+			}
+			// What one request allocates, against the 7 MiB it may send: a ratio, not a timing.
+			if alloc := after.TotalAlloc - before.TotalAlloc; alloc > 16*7<<20 {
+				t.Errorf("one request allocated %d MiB", alloc>>20)
+			}
+		})
+	}
+}
