@@ -74,7 +74,7 @@ e2e-argo: argo-controllers ## Reproduce the stale exit handler on real Argo cont
 
 .PHONY: manifests
 manifests: $(CONTROLLER_GEN) ## Generate config/ from the code's markers, copy it into the chart, write the chart README.
-	$(CONTROLLER_GEN) rbac:roleName=exit-guard paths=./completionstore/... paths=./webhook/... output:rbac:dir=config/rbac \
+	$(CONTROLLER_GEN) rbac:roleName=exit-guard paths=./completionstore/... paths=./internal/metricsauth/... paths=./webhook/... output:rbac:dir=config/rbac \
 	  webhook paths=./webhook/... output:webhook:dir=config/webhook
 	$(CONTROLLER_GEN) rbac:roleName=exit-guard-certs paths=./internal/certs/... output:rbac:dir=config/rbac-certs
 	cp config/rbac/role.yaml $(CHART)/files/rbac/guard.yaml
