@@ -637,6 +637,8 @@ func TestSimulation(t *testing.T) {
 
 func simulationReport(n int, seed uint64, loads map[string]int, results []*tallies, took time.Duration) string {
 	var b strings.Builder
+	b.WriteString("# The simulation at length\n\nWritten by `make soak` (`go test ./webhook -run TestSimulation -args -sim.histories=N -sim.report=FILE`);\n" +
+		"docs/reliability.md says what it models and what the figures mean.\n\n")
 	fmt.Fprintf(&b, "%d histories from seed %d (load: %d idle, %d loaded, %d overloaded), %s\n\n",
 		n, seed, loads["idle"], loads["loaded"], loads["overloaded"], took.Round(time.Second))
 	b.WriteString("| setting | legitimate pods | denied (goal 0) | stale pods | stopped | admitted on a live answer (goal 0) | admitted in a window | not covered by the setting |\n|---|---|---|---|---|---|---|---|\n")
