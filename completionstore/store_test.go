@@ -305,7 +305,12 @@ func TestProgressPollerSeesBookmarks(t *testing.T) {
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan error, 1)
 	go func() { done <- (&progressPoller{store: s, informer: inf, interval: time.Second}).Start(ctx) }()
-	defer func() { cancel(); <-done }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}()
 	for _, rv := range []string{"5", "8"} {
 		inf.rv.Store(rv)
 		if err := wait.PollUntilContextTimeout(t.Context(), time.Millisecond, 10*time.Second, true,

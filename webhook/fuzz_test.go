@@ -105,7 +105,7 @@ func reviewOf(op admissionv1.Operation, object []byte) []byte {
 func checkAnswer(body []byte, status int, raw []byte, mutating bool) error {
 	var review admissionv1.AdmissionReview
 	if err := json.Unmarshal(raw, &review); err != nil || review.Response == nil {
-		return fmt.Errorf("HTTP %d with a body that is no AdmissionReview response (%v): %s", status, err, raw)
+		return fmt.Errorf("HTTP %d with a body that is no AdmissionReview response (%w): %s", status, err, raw)
 	}
 	r := review.Response
 	switch {

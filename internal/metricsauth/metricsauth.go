@@ -66,14 +66,14 @@ func Filter(c client.Client) metricsserver.Filter {
 func review(ctx context.Context, c client.Client, r *http.Request) (int, error) {
 	token, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
 	if !ok || strings.TrimSpace(token) == "" {
-		return http.StatusUnauthorized, errors.New("Unauthorized: a bearer token is required")
+		return http.StatusUnauthorized, errors.New("unauthorized: a bearer token is required")
 	}
 	tr := &authenticationv1.TokenReview{Spec: authenticationv1.TokenReviewSpec{Token: strings.TrimSpace(token)}}
 	if err := c.Create(ctx, tr); err != nil {
 		return http.StatusInternalServerError, fmt.Errorf("reviewing the token: %w", err)
 	}
 	if !tr.Status.Authenticated {
-		return http.StatusUnauthorized, errors.New("Unauthorized: the API server does not know this token")
+		return http.StatusUnauthorized, errors.New("unauthorized: the API server does not know this token")
 	}
 	u := tr.Status.User
 	extra := make(map[string]authorizationv1.ExtraValue, len(u.Extra))
@@ -88,7 +88,7 @@ func review(ctx context.Context, c client.Client, r *http.Request) (int, error) 
 		return http.StatusInternalServerError, fmt.Errorf("reviewing the access: %w", err)
 	}
 	if !sar.Status.Allowed {
-		return http.StatusForbidden, fmt.Errorf("Forbidden: %s may not %s %s", u.Username, strings.ToLower(r.Method), r.URL.Path)
+		return http.StatusForbidden, fmt.Errorf("forbidden: %s may not %s %s", u.Username, strings.ToLower(r.Method), r.URL.Path)
 	}
 	return http.StatusOK, nil
 }
