@@ -17,14 +17,17 @@ import (
 	"time"
 
 	"github.com/open-policy-agent/cert-controller/pkg/rotator"
+	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 )
 
 // The rotator keeps the CA and certificate in a Secret of the guard's namespace and writes the
-// CA into the guard's webhook configurations.
+// CA into the guard's webhook configurations. The chart grants these by resource name: the
+// guard's own Secret and webhook configuration (see narrowed).
 // +kubebuilder:rbac:groups="",namespace=exit-guard,resources=secrets,verbs=get;list;watch;update
 // +kubebuilder:rbac:groups=admissionregistration.k8s.io,resources=validatingwebhookconfigurations;mutatingwebhookconfigurations,verbs=get;list;watch;update
 
@@ -70,7 +73,7 @@ func Setup(mgr manager.Manager, opts Options, ready chan struct{}) (healthz.Chec
 	for _, n := range opts.MutatingWebhooks {
 		hooks = append(hooks, rotator.WebhookInfo{Name: n, Type: rotator.Mutating})
 	}
-	err := rotator.AddRotator(mgr, &rotator.CertRotator{
+	err := rotator.AddRotator(narrowed(mgr, opts), &rotator.CertRotator{
 		SecretKey:              opts.Secret,
 		CertDir:                opts.CertDir,
 		CAName:                 "exit-guard-ca",
@@ -98,6 +101,55 @@ func Setup(mgr manager.Manager, opts Options, ready chan struct{}) (healthz.Chec
 			return errors.New("the webhook certificate is not mounted or its CA is not in the webhook configurations yet")
 		}
 	}, nil
+}
+
+// narrowed is mgr as the rotator sees it: its cache lists and watches only the guard's own
+// Secret and webhook configurations. cert-controller builds that cache from the manager's
+// config with no selector, which would need list and watch on every Secret of the namespace
+// (in the argo namespace, Argo's own credentials) and every webhook configuration of the
+// cluster. With a metadata.name field selector on each list and watch, the API server
+// authorizes them by resource name, so the chart's RBAC names the guard's objects alone.
+func narrowed(mgr manager.Manager, opts Options) manager.Manager {
+	names := map[string]string{
+		"/api/v1/namespaces/" + opts.Secret.Namespace + "/secrets": opts.Secret.Name,
+	}
+	if len(opts.ValidatingWebhooks) == 1 {
+		names["/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations"] = opts.ValidatingWebhooks[0]
+	}
+	if len(opts.MutatingWebhooks) == 1 {
+		names["/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"] = opts.MutatingWebhooks[0]
+	}
+	cfg := rest.CopyConfig(mgr.GetConfig())
+	cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper { return &nameSelector{next: rt, names: names} })
+	return &narrowManager{Manager: mgr, cfg: cfg}
+}
+
+type narrowManager struct {
+	manager.Manager
+	cfg *rest.Config
+}
+
+// GetConfig returns the narrowed config.
+func (m *narrowManager) GetConfig() *rest.Config { return m.cfg }
+
+// nameSelector adds fieldSelector=metadata.name=<name> to lists and watches of the
+// collections it names.
+type nameSelector struct {
+	next  http.RoundTripper
+	names map[string]string // collection path: object name
+}
+
+// RoundTrip implements http.RoundTripper.
+func (n *nameSelector) RoundTrip(req *http.Request) (*http.Response, error) {
+	name, ok := n.names[req.URL.Path]
+	if !ok || req.Method != http.MethodGet || req.URL.Query().Get("fieldSelector") != "" {
+		return n.next.RoundTrip(req)
+	}
+	req = req.Clone(req.Context())
+	q := req.URL.Query()
+	q.Set("fieldSelector", fields.OneTermEqualSelector("metadata.name", name).String())
+	req.URL.RawQuery = q.Encode()
+	return n.next.RoundTrip(req)
 }
 
 // WaitFor returns a webhook server that starts serving only once ready is closed: the server

@@ -19,6 +19,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
+	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -176,6 +177,67 @@ func TestSelfManagedCertificateRotatesUnderLoad(t *testing.T) {
 	}
 	if refused != attempts {
 		t.Errorf("%d of %d stale pods refused, want all", refused, attempts)
+	}
+	// It did all that with the chart's RBAC, which names its own Secret and webhook
+	// configuration: nothing else of either kind.
+	checkPermissions(t, ns, sa, out)
+	checkCertPermissions(t, ns, sa, secret.Name, webhooks[0].GetName())
+}
+
+// TestSidecarSelfModeGrantsArgoOnlyWhatTheGuardNeeds: in sidecar mode the chart binds the
+// guard's permissions to Argo's controller ServiceAccount, which runs in the namespace of
+// Argo's own Secrets. With self-managed certificates, it gains the guard's own Secret and
+// webhook configuration by name, and nothing more.
+func TestSidecarSelfModeGrantsArgoOnlyWhatTheGuardNeeds(t *testing.T) {
+	ns := newNamespace(t, nil)
+	objs := render(t, profile{name: "sidecar-self", set: []string{"installMode=sidecar", "certificates.mode=self"}}, "exit-guard", ns)
+	webhooks := install(t, objs)
+	sa := "argo-workflows-workflow-controller"
+	checkPermissions(t, ns, sa, &testenv.Output{})
+	checkCertPermissions(t, ns, sa, only(t, objs, "Secret").GetName(), webhooks[0].GetName())
+}
+
+// checkCertPermissions checks, with SubjectAccessReviews, that the ServiceAccount may read and
+// update its own certificate Secret and webhook configuration, by name, and no other.
+func checkCertPermissions(t *testing.T, ns, sa, secret, webhook string) {
+	t.Helper()
+	user := "system:serviceaccount:" + ns + ":" + sa
+	secrets := func(verb, name string) authorizationv1.ResourceAttributes {
+		return authorizationv1.ResourceAttributes{Resource: "secrets", Verb: verb, Namespace: ns, Name: name}
+	}
+	vwcs := func(verb, name string) authorizationv1.ResourceAttributes {
+		return authorizationv1.ResourceAttributes{Group: "admissionregistration.k8s.io", Resource: "validatingwebhookconfigurations", Verb: verb, Name: name}
+	}
+	for _, tc := range []struct {
+		attrs authorizationv1.ResourceAttributes
+		want  bool
+	}{
+		{secrets("get", secret), true},
+		{secrets("update", secret), true},
+		{secrets("list", secret), true}, // a list with a metadata.name field selector
+		{secrets("watch", secret), true},
+		{secrets("get", "argo-server-sso"), false},
+		{secrets("update", "argo-workflows-agent-ca-certificates"), false},
+		{secrets("list", ""), false},
+		{secrets("watch", ""), false},
+		{secrets("create", ""), false},
+		{secrets("delete", secret), false},
+		{vwcs("update", webhook), true},
+		{vwcs("list", webhook), true},
+		{vwcs("update", "gatekeeper-validating-webhook-configuration"), false},
+		{vwcs("list", ""), false},
+		{vwcs("delete", webhook), false},
+		{authorizationv1.ResourceAttributes{Group: "admissionregistration.k8s.io", Resource: "mutatingwebhookconfigurations", Verb: "update", Name: "istio-sidecar-injector"}, false},
+	} {
+		sar := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
+			User: user, Groups: []string{"system:serviceaccounts", "system:serviceaccounts:" + ns, "system:authenticated"},
+			ResourceAttributes: &tc.attrs}}
+		if err := env.Client.Create(t.Context(), sar); err != nil {
+			t.Fatal(err)
+		}
+		if sar.Status.Allowed != tc.want {
+			t.Errorf("%s %s %q in %q: allowed = %v, want %v", tc.attrs.Verb, tc.attrs.Resource, tc.attrs.Name, tc.attrs.Namespace, sar.Status.Allowed, tc.want)
+		}
 	}
 }
 
