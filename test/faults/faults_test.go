@@ -9,12 +9,16 @@ import (
 	"testing"
 	"time"
 
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/rand"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/exit-guard/exit-guard/internal/argo"
+	"github.com/exit-guard/exit-guard/internal/testenv"
 )
 
 // metric reads one sample of the guard's metrics endpoint: name with its labels as written,
@@ -211,41 +215,94 @@ func compacted(t *testing.T, ns, rv string) bool {
 
 // TestReplicaKilledUnderLoad kills one of two replicas (SIGKILL: a crash, an OOM kill) while
 // admissions flow, and starts its replacement. The admissions in flight on the killed replica,
-// and those the Service still sends it until its endpoints catch up, get no answer: the API
-// server applies the failure policy to them (here Fail, so that each is counted; the chart's
-// Ignore admits them unverified). None may be decided wrong.
+// and those the Service still sends it until its endpoints catch up, get no answer, and the API
+// server applies the failure policy to them. With Fail, each is a failed pod creation (counted
+// here); with Ignore, the chart's default, no pod creation fails: they are admitted undecided,
+// the fail-open window that the API server counts in apiserver_admission_webhook_fail_open_count.
+// None may be decided wrong.
 func TestReplicaKilledUnderLoad(t *testing.T) {
-	b, err := startBalancer(hostPort(), propagation)
+	for _, policy := range []admissionregistrationv1.FailurePolicyType{admissionregistrationv1.Fail, admissionregistrationv1.Ignore} {
+		t.Run("failurePolicy "+string(policy), func(t *testing.T) {
+			b, err := startBalancer(hostPort(), propagation)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer func() { _ = b.Close() }()
+			go b.endpoints(t.Context())
+			a := startReplica(t, b, "a")
+			startReplica(t, b, "b")
+			ns := newNamespace(t)
+			if policy == admissionregistrationv1.Ignore {
+				ns = failOpenNamespace(t)
+			}
+			running := createWorkflow(t, ns, "running", argo.PhaseRunning)
+			succeeded := createWorkflow(t, ns, "succeeded", argo.PhaseSucceeded)
+			waitFor(t, "the webhook of the namespace to be called", func() bool {
+				err := env.Client.Create(t.Context(), exitPod(succeeded), client.DryRunAll)
+				return apierrors.IsForbidden(err)
+			})
+			loadCtx, stopLoad := context.WithCancel(t.Context())
+			c, wait := load(loadCtx, running, succeeded, 8, 80)
+			c.sentAtLeast(t, 80)
+			if err := a.g.Kill(); err != nil {
+				t.Fatal(err)
+			}
+			waitFor(t, "the killed replica out of rotation", func() bool { return !b.inRotation("a") })
+			startReplica(t, b, "a2")
+			c.sentAtLeast(t, 80)
+			stopLoad()
+			wait()
+			t.Logf("one of two replicas killed under load, failurePolicy %s: %s; connections refused at the Service: %d; failures: %q",
+				policy, c, b.refused.Load(), c.failures)
+			for _, f := range c.allFailures() {
+				if !strings.Contains(f, "failed calling webhook") {
+					t.Errorf("an admission failed for another reason than the killed replica: %s", f)
+				}
+			}
+			switch policy {
+			case admissionregistrationv1.Fail:
+				if c.wrong.Load() != 0 {
+					t.Errorf("admissions decided wrong: %s", c)
+				}
+			default:
+				// Undecided admissions show as stale pods admitted; the running workflow's
+				// are all admitted, decided or not.
+				if c.failed.Load() != 0 {
+					t.Errorf("pod creations failed although the webhook fails open: %s", c)
+				}
+				if c.denied.Load() == 0 {
+					t.Errorf("nothing refused: the guard was not called: %s", c)
+				}
+			}
+		})
+	}
+}
+
+// failOpenNamespace makes a namespace that the package's webhook (failurePolicy Fail) does
+// not see, and registers the guard's webhook for it alone with failurePolicy Ignore.
+func failOpenNamespace(t *testing.T) string {
+	t.Helper()
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "faults-open-" + rand.String(6), Labels: map[string]string{"exit-guard-faults-open": "true"}}}
+	if err := env.Client.Create(t.Context(), ns); err != nil {
+		t.Fatal(err)
+	}
+	vwc, err := testenv.GuardWebhook()
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer func() { _ = b.Close() }()
-	go b.endpoints(t.Context())
-	a := startReplica(t, b, "a")
-	startReplica(t, b, "b")
-	ns := newNamespace(t)
-	running := createWorkflow(t, ns, "running", argo.PhaseRunning)
-	succeeded := createWorkflow(t, ns, "succeeded", argo.PhaseSucceeded)
-	loadCtx, stopLoad := context.WithCancel(t.Context())
-	c, wait := load(loadCtx, running, succeeded, 8, 80)
-	c.sentAtLeast(t, 80)
-	if err := a.g.Kill(); err != nil {
+	vwc.Name = ns.Name
+	ignore := admissionregistrationv1.Ignore
+	url := "https://" + hostPort() + "/validate-pod"
+	for i := range vwc.Webhooks {
+		vwc.Webhooks[i].FailurePolicy = &ignore
+		vwc.Webhooks[i].NamespaceSelector = &metav1.LabelSelector{MatchLabels: ns.Labels}
+		vwc.Webhooks[i].ClientConfig = admissionregistrationv1.WebhookClientConfig{URL: &url, CABundle: env.WebhookCAData}
+	}
+	if err := env.Client.Create(t.Context(), vwc); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the killed replica out of rotation", func() bool { return !b.inRotation("a") })
-	startReplica(t, b, "a2")
-	c.sentAtLeast(t, 80)
-	stopLoad()
-	wait()
-	t.Logf("one of two replicas killed under load: %s; connections refused at the Service: %d; failures: %q", c, b.refused.Load(), c.failures)
-	if c.wrong.Load() != 0 {
-		t.Errorf("admissions decided wrong: %s", c)
-	}
-	for _, f := range c.allFailures() {
-		if !strings.Contains(f, "failed calling webhook") {
-			t.Errorf("an admission failed for another reason than the killed replica: %s", f)
-		}
-	}
+	t.Cleanup(func() { _ = env.Client.Delete(context.Background(), vwc) })
+	return ns.Name
 }
 
 // TestAPIServerRestartsUnderLoad stops kube-apiserver while admissions flow, starts it again,
