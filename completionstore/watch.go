@@ -104,6 +104,11 @@ func Watch(ctx context.Context, mgr manager.Manager, store *Store, opts WatchOpt
 		if err := mgr.Add(&progressPoller{store: store, informer: rv, interval: progressPollInterval}); err != nil {
 			return nil, fmt.Errorf("completionstore: adding the watch progress poller: %w", err)
 		}
+	} else {
+		// controller-runtime's informer over several namespaces (--namespaces) does not say
+		// how far its watches got: only events move the progress, and a quiet watch looks
+		// stale after WatchStaleAfter (store-first decisions then read live).
+		mgr.GetLogger().Info("the Workflow informer does not report bookmarks: watch progress counts events only")
 	}
 	// Ready once synced, and ready after that however the watch fares. A stalled watch is
 	// most often the API server's doing and stalls every replica at once: were they all to

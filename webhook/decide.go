@@ -3,6 +3,7 @@ package webhook
 import (
 	"context"
 	"errors"
+	"math/rand/v2"
 	"strings"
 	"time"
 
@@ -224,6 +225,11 @@ const (
 	// maxLiveReadAttempts bounds the attempts of one live read: a hedge per attempt timeout
 	// and a few quick retries fit in the default budget (4 s of 1 s attempts).
 	maxLiveReadAttempts = 8
+	// maxExtraLiveReads bounds, across the process, the further attempts (retries and hedges)
+	// in flight: an API server slow enough to need them must not get a multiple of the
+	// admission rate in GETs. A decision whose further attempt finds no room waits for the
+	// next turn; its first attempt is never held back.
+	maxExtraLiveReads = 32
 	// firstRetryDelay is the pause after an attempt that failed fast (a refused connection, a
 	// 429 or 5xx answer); it doubles with each retry.
 	firstRetryDelay = 50 * time.Millisecond
@@ -254,7 +260,10 @@ func (g *guard) liveRead(ctx context.Context, namespace, name string) (*argo.Wor
 		panicked any
 	}
 	done := make(chan answer, maxLiveReadAttempts)
-	attempt := func() {
+	attempt := func(extra bool) {
+		if extra {
+			defer func() { <-g.extraReads }()
+		}
 		// A panic here would end the process: hand it to the request's goroutine, whose
 		// panic controller-runtime recovers into an HTTP error (withHTTPStatus).
 		defer func() {
@@ -267,7 +276,7 @@ func (g *guard) liveRead(ctx context.Context, namespace, name string) (*argo.Wor
 		done <- answer{wf: wf, err: err}
 	}
 	attempts, answered := 1, 0
-	go attempt()
+	go attempt(false)
 	next := time.NewTimer(g.opts.LiveReadTimeout)
 	defer next.Stop()
 	delay := firstRetryDelay
@@ -287,8 +296,9 @@ loop:
 				// Every attempt there may be has failed: waiting out the budget gains nothing.
 				break loop
 			default:
-				// This attempt failed: retry after a pause, not later than a hedge would.
-				next.Reset(min(delay, g.opts.LiveReadTimeout))
+				// This attempt failed: retry after a pause (jittered, so that decisions
+				// that failed together do not retry together), not later than a hedge would.
+				next.Reset(min(time.Duration(float64(delay)*(0.8+0.4*rand.Float64())), g.opts.LiveReadTimeout)) //nolint:gosec // G404: jitter, not a secret
 				delay *= 2
 				cause = "error"
 			}
@@ -296,9 +306,16 @@ loop:
 			if attempts == maxLiveReadAttempts {
 				continue
 			}
+			select {
+			case g.extraReads <- struct{}{}:
+			default:
+				g.metrics.liveReadAttempts.WithLabelValues("shed").Inc()
+				next.Reset(g.opts.LiveReadTimeout)
+				continue
+			}
 			g.metrics.liveReadAttempts.WithLabelValues(cause).Inc()
 			attempts++
-			go attempt()
+			go attempt(true)
 			next.Reset(g.opts.LiveReadTimeout)
 			cause = "hedged"
 		case <-ctx.Done():

@@ -30,6 +30,8 @@ type guard struct {
 	metrics    *guardMetrics
 	denyPhases map[argo.Phase]bool
 	watched    map[string]bool // nil: every namespace
+	// extraReads holds a token per further live-read attempt in flight (maxExtraLiveReads).
+	extraReads chan struct{}
 }
 
 // validator is the handler of ValidatePath.
@@ -95,7 +97,8 @@ func newGuard(reader client.Reader, store *completionstore.Store, opts Options) 
 	if err := opts.complete(); err != nil {
 		return nil, fmt.Errorf("webhook: %w", err)
 	}
-	g := &guard{opts: opts, store: store, reader: reader, metrics: newGuardMetrics(), denyPhases: map[argo.Phase]bool{}}
+	g := &guard{opts: opts, store: store, reader: reader, metrics: newGuardMetrics(), denyPhases: map[argo.Phase]bool{},
+		extraReads: make(chan struct{}, maxExtraLiveReads)}
 	for _, p := range opts.DenyPhases {
 		g.denyPhases[p] = true
 	}
@@ -305,12 +308,14 @@ func withHTTPStatus(h http.Handler) http.Handler {
 		h.ServeHTTP(rec, r)
 		status := http.StatusOK
 		// Admissions are the common case: parse only refusals.
-		if !mark.denied && bytes.Contains(rec.body.Bytes(), []byte(`"allowed":false`)) {
+		if bytes.Contains(rec.body.Bytes(), []byte(`"allowed":false`)) {
 			var review admissionv1.AdmissionReview
 			switch err := json.Unmarshal(rec.body.Bytes(), &review); {
 			case err != nil || review.Response == nil:
 				status = http.StatusInternalServerError
 			case review.Response.Allowed:
+			case mark.denied && review.Response.Result != nil && review.Response.Result.Code == http.StatusForbidden:
+				// The guard's own policy refusal.
 			case review.Response.Result != nil && review.Response.Result.Code >= 400 && review.Response.Result.Code < 600 &&
 				review.Response.Result.Code != http.StatusForbidden:
 				status = int(review.Response.Result.Code)

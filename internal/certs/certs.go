@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/open-policy-agent/cert-controller/pkg/rotator"
@@ -66,6 +67,10 @@ func Setup(mgr manager.Manager, opts Options, ready chan struct{}) (healthz.Chec
 	if len(opts.ValidatingWebhooks)+len(opts.MutatingWebhooks) == 0 {
 		return nil, errors.New("certs: name at least one webhook configuration to write the CA into")
 	}
+	if len(opts.ValidatingWebhooks) > 1 || len(opts.MutatingWebhooks) > 1 {
+		// One name per kind: the rotator's lists select their object by name (narrowed).
+		return nil, errors.New("certs: name at most one validating and one mutating webhook configuration")
+	}
 	var hooks []rotator.WebhookInfo
 	for _, n := range opts.ValidatingWebhooks {
 		hooks = append(hooks, rotator.WebhookInfo{Name: n, Type: rotator.Validating})
@@ -110,6 +115,7 @@ func Setup(mgr manager.Manager, opts Options, ready chan struct{}) (healthz.Chec
 // cluster. With a metadata.name field selector on each list and watch, the API server
 // authorizes them by resource name, so the chart's RBAC names the guard's objects alone.
 func narrowed(mgr manager.Manager, opts Options) manager.Manager {
+	// Paths are matched at their end: an API server reached through a proxy may have a prefix.
 	names := map[string]string{
 		"/api/v1/namespaces/" + opts.Secret.Namespace + "/secrets": opts.Secret.Name,
 	}
@@ -141,7 +147,13 @@ type nameSelector struct {
 
 // RoundTrip implements http.RoundTripper.
 func (n *nameSelector) RoundTrip(req *http.Request) (*http.Response, error) {
-	name, ok := n.names[req.URL.Path]
+	name, ok := "", false
+	for suffix, v := range n.names {
+		if strings.HasSuffix(req.URL.Path, suffix) {
+			name, ok = v, true
+			break
+		}
+	}
 	if !ok || req.Method != http.MethodGet || req.URL.Query().Get("fieldSelector") != "" {
 		return n.next.RoundTrip(req)
 	}
