@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"sync"
 	"sync/atomic"
+	"testing"
 	"time"
 )
 
@@ -48,6 +49,23 @@ func startBalancer(addr string, propagation time.Duration) (*balancer, error) {
 }
 
 func (b *balancer) Close() error { return b.ln.Close() }
+
+// newService starts a balancer where the API server calls the webhook, with its endpoints
+// loop, until the test ends.
+func newService(t *testing.T) *balancer {
+	t.Helper()
+	b, err := startBalancer(hostPort(), propagation)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	go b.endpoints(ctx)
+	t.Cleanup(func() {
+		cancel()
+		_ = b.Close()
+	})
+	return b
+}
 
 // add puts a replica behind the balancer, out of rotation until it is seen ready.
 func (b *balancer) add(name, addr, probeAddr string) {

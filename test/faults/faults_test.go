@@ -76,12 +76,7 @@ func decideAll(t *testing.T, c *tally, want map[*unstructured.Unstructured]bool)
 // inside the webhook's timeout, from its store (here with --store-fallback=completion, so that
 // the store's every state shows in the answer).
 func TestLiveReadsThatHangAreDecidedInsideTheDeadline(t *testing.T) {
-	b, err := startBalancer(hostPort(), propagation)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = b.Close() }()
-	go b.endpoints(t.Context())
+	b := newService(t)
 	p := startAPIProxy(t, env.Config)
 	r := startReplicaWith(t, b, "a", p.kubeconfig(t), "--live-read-timeout=300ms", "--live-read-budget=1s", "--store-fallback=completion")
 
@@ -118,12 +113,7 @@ func TestLiveReadsThatHangAreDecidedInsideTheDeadline(t *testing.T) {
 // hold every completion and every deletion (the deletions it missed come as
 // DeletedFinalStateUnknown), and admissions flow through it all.
 func TestWatchExpiresWhileWorkflowsCompleteAndAreDeleted(t *testing.T) {
-	b, err := startBalancer(hostPort(), propagation)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = b.Close() }()
-	go b.endpoints(t.Context())
+	b := newService(t)
 	p := startAPIProxy(t, env.Config)
 	ns := newNamespace(t)
 	const n = 5
@@ -223,12 +213,7 @@ func compacted(t *testing.T, ns, rv string) bool {
 func TestReplicaKilledUnderLoad(t *testing.T) {
 	for _, policy := range []admissionregistrationv1.FailurePolicyType{admissionregistrationv1.Fail, admissionregistrationv1.Ignore} {
 		t.Run("failurePolicy "+string(policy), func(t *testing.T) {
-			b, err := startBalancer(hostPort(), propagation)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer func() { _ = b.Close() }()
-			go b.endpoints(t.Context())
+			b := newService(t)
 			a := startReplica(t, b, "a")
 			startReplica(t, b, "b")
 			ns := newNamespace(t)
@@ -310,12 +295,7 @@ func failOpenNamespace(t *testing.T) string {
 // sends it is decided right, and its watch resumes (a workflow completed after the restart
 // reaches its store).
 func TestAPIServerRestartsUnderLoad(t *testing.T) {
-	b, err := startBalancer(hostPort(), propagation)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = b.Close() }()
-	go b.endpoints(t.Context())
+	b := newService(t)
 	r := startReplica(t, b, "a")
 	startReplica(t, b, "b")
 	ns := newNamespace(t)

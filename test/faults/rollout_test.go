@@ -16,14 +16,7 @@ const propagation = time.Second
 // Deployment does (a new one ready first, then the old one told to stop) while admissions
 // flow, and counts every one: none may fail or be decided wrong.
 func TestRollingRestartUnderLoadLosesNoAdmission(t *testing.T) {
-	b, err := startBalancer(hostPort(), propagation)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = b.Close() }()
-	ctx, cancel := context.WithCancel(t.Context())
-	defer cancel()
-	go b.endpoints(ctx)
+	b := newService(t)
 
 	// The drain must outlast the propagation.
 	args := []string{"--shutdown-delay=" + (3 * propagation).String()}
