@@ -95,7 +95,7 @@ func (g *guard) audit(ctx context.Context, req admission.Request, f podFacts, d 
 	}
 	g.recorder.Eventf(regarding, nil, corev1.EventTypeWarning, reason, "CreatePod",
 		"%s pod %s (node %s) refused: workflow is %s, known by %s at resourceVersion %s",
-		f.kind, f.name, f.node, phaseOrGone(d), d.source, d.resourceVersion)
+		f.kind, f.name, nodeText(f), phaseOrGone(d), d.source, d.resourceVersion)
 	return verdict
 }
 

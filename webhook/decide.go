@@ -23,6 +23,10 @@ const (
 	kindExitHandler podKind = "exit-handler"
 	kindHook        podKind = "lifecycle-hook"
 	kindStep        podKind = "step"
+	// kindAgent is Argo's agent pod, which runs the workflow's HTTP and plugin templates:
+	// exit handlers too. Argo creates it only while the workflow runs and deletes it when the
+	// workflow completes, so an agent pod for a completed workflow comes from a stale copy.
+	kindAgent podKind = "agent"
 )
 
 // reason is a stable code for a decision, used in metrics, logs and audit annotations.
@@ -31,7 +35,7 @@ type reason string
 // Reasons to admit.
 const (
 	reasonNotWorkflowPod      reason = "not-owned-by-workflow"
-	reasonSpecialPod          reason = "agent-or-artifact-gc"
+	reasonSpecialPod          reason = "artifact-gc-or-other-component"
 	reasonNotCovered          reason = "not-covered-by-policy"
 	reasonNamespaceNotWatched reason = "namespace-not-watched"
 	reasonWorkflowActive      reason = "workflow-not-terminal"
@@ -94,6 +98,8 @@ func classify(meta *metav1.ObjectMeta) podFacts {
 	}
 	_, onExitLabel := meta.Labels[argo.LabelOnExit]
 	switch {
+	case meta.Labels[argo.LabelComponent] == argo.ComponentAgent:
+		f.kind = kindAgent
 	case onExitLabel || strings.Contains(f.node, argo.OnExitMarker):
 		// The label is Argo's own mark; the node name is a second signal (a step may be
 		// named onExit, which costs that pod a live read, never a wrong denial).
@@ -116,7 +122,7 @@ func apiGroup(apiVersion string) string {
 // covered says whether the policy concerns pods of kind k.
 func (g *guard) covered(k podKind) bool {
 	switch k {
-	case kindExitHandler:
+	case kindExitHandler, kindAgent:
 		return true
 	case kindHook:
 		return g.opts.Hooks || g.opts.Strict
@@ -132,7 +138,8 @@ func (g *guard) decide(ctx context.Context, meta *metav1.ObjectMeta) (podFacts, 
 		return f, decision{reason: reasonNotWorkflowPod}
 	}
 	d := decision{wfNamespace: f.namespace, wfName: f.owner.Name, wfUID: f.owner.UID}
-	if c := meta.Labels[argo.LabelComponent]; c != "" {
+	if c := meta.Labels[argo.LabelComponent]; c != "" && c != argo.ComponentAgent {
+		// Artifact-GC pods run after completion by design.
 		d.reason = reasonSpecialPod
 		return f, d
 	}

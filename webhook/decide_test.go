@@ -107,8 +107,16 @@ func TestDecisionTable(t *testing.T) {
 	notOwned := &metav1.ObjectMeta{Namespace: ns, Name: "plain", Labels: map[string]string{argo.LabelOnExit: "true"}}
 	artGC := &metav1.ObjectMeta{Namespace: ns, Name: "artgc", OwnerReferences: []metav1.OwnerReference{{
 		APIVersion: "argoproj.io/v1alpha1", Kind: "WorkflowArtifactGCTask", Name: "x", UID: "u", Controller: &yes}}}
-	agent := podOf(wfs[argo.PhaseSucceeded], kindStep)
-	agent.Labels[argo.LabelComponent] = "agent"
+	agentOf := func(wf *unstructured.Unstructured, component string) *metav1.ObjectMeta {
+		p := argoPod(wf, wf.GetName()+"-1340600742-agent", "", false)
+		delete(p.Annotations, argo.AnnotationNodeName)
+		p.Labels[argo.LabelComponent] = component
+		return &p.ObjectMeta
+	}
+	agent := agentOf(wfs[argo.PhaseSucceeded], argo.ComponentAgent)
+	agentOfRunning := agentOf(wfs[argo.PhaseRunning], argo.ComponentAgent)
+	agentOfDeleted := agentOf(deletedWF, argo.ComponentAgent)
+	artGCOfWorkflow := agentOf(wfs[argo.PhaseSucceeded], "artifact-gc")
 	otherNS := podOf(wfs[argo.PhaseSucceeded], kindExitHandler)
 	otherNS.Namespace = "elsewhere"
 
@@ -126,7 +134,11 @@ func TestDecisionTable(t *testing.T) {
 	}{
 		{row: "1 not owned by a Workflow", pod: notOwned, reason: reasonNotWorkflowPod},
 		{row: "1 owned by a WorkflowArtifactGCTask", pod: artGC, reason: reasonNotWorkflowPod},
-		{row: "2 agent pod", pod: agent, reason: reasonSpecialPod},
+		{row: "2 artifact-GC pod owned by the Workflow", pod: artGCOfWorkflow, reason: reasonSpecialPod},
+		{row: "6 agent pod, live Succeeded", pod: agent, deny: true, reason: reasonWorkflowCompleted, source: sourceLive},
+		{row: "5 agent pod, live Running", pod: agentOfRunning, store: storeSucceeded, reason: reasonWorkflowActive, source: sourceLive},
+		{row: "11 agent pod, read fails, store Succeeded, default fallback", pod: agentOfRunning, reader: failing, store: storeSucceeded, reason: reasonUnconfirmedCompletion, source: sourceStore},
+		{row: "8 agent pod, live 404", pod: agentOfDeleted, deny: true, reason: reasonWorkflowDeleted, source: sourceLive},
 		{row: "3 namespace not guarded", pod: otherNS, opts: Options{Namespaces: []string{ns}}, reason: reasonNamespaceNotWatched},
 		{row: "4 step pod without strict", pod: podOf(wfs[argo.PhaseSucceeded], kindStep), reason: reasonNotCovered},
 		{row: "4 hook pod without cover-hooks", pod: podOf(wfs[argo.PhaseSucceeded], kindHook), reason: reasonNotCovered},

@@ -210,11 +210,14 @@ func FuzzClassify(f *testing.F) {
 		if o := facts.owner; o != nil && (o.Kind != argo.Kind || apiGroup(o.APIVersion) != argo.Group || o.Controller == nil || !*o.Controller) {
 			t.Fatalf("owner %+v is not a controlling Argo Workflow", o)
 		}
-		if (onExit != "" || strings.Contains(node, argo.OnExitMarker)) != (facts.kind == kindExitHandler) {
+		switch agent := component == argo.ComponentAgent; {
+		case agent != (facts.kind == kindAgent):
+			t.Fatalf("kind %s for component %q", facts.kind, component)
+		case !agent && (onExit != "" || strings.Contains(node, argo.OnExitMarker)) != (facts.kind == kindExitHandler):
 			t.Fatalf("kind %s for on-exit label %q and node %q", facts.kind, onExit, node)
 		}
 		_, d := g.decide(t.Context(), meta)
-		if d.deny && (facts.owner == nil || component != "") {
+		if d.deny && (facts.owner == nil || (component != "" && component != argo.ComponentAgent)) {
 			t.Fatalf("refused a pod the guard does not own: %+v", d)
 		}
 		if d.deny && d.reason == reasonWorkflowCompleted && (name != "done" || string(facts.owner.UID) != "uid-done") {

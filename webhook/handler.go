@@ -250,14 +250,22 @@ func denialMessage(f podFacts, d decision) string {
 	default:
 		what = fmt.Sprintf("workflow %s/%s (uid %s) already reached %s (resourceVersion %s)", d.wfNamespace, d.wfName, d.wfUID, d.phase, d.resourceVersion)
 	}
-	node := f.node
-	if node == "" {
-		node = "(no node-name annotation)"
-	}
+	node := nodeText(f)
 	return fmt.Sprintf("exit-guard refused %s pod %s for node %s: %s, as seen by %s; "+
 		"a stale copy of a completed workflow tried to run it again. "+
 		"See the workflow's events: kubectl -n %s get events --field-selector involvedObject.name=%s",
 		f.kind, f.name, node, what, d.source, d.wfNamespace, d.wfName)
+}
+
+// nodeText names what a pod runs, for messages and Events.
+func nodeText(f podFacts) string {
+	switch {
+	case f.kind == kindAgent:
+		return "(the workflow's HTTP and plugin tasks)"
+	case f.node == "":
+		return "(no node-name annotation)"
+	}
+	return f.node
 }
 
 // withAudit adds the audit annotations that the API server writes into its audit log, under

@@ -145,12 +145,17 @@ func generate(seed uint64) *history {
 	// lifecycle runs one workflow from its creation to its last completion and returns when
 	// it ended, and the moments it completed.
 	lifecycle := func(uid types.UID, t time.Duration) (time.Duration, []time.Duration) {
+		http := r.Float64() < 0.3
 		put(t, wfState{uid: uid})
 		var completions []time.Duration
 		run := func(t time.Duration, phase argo.Phase) time.Duration {
 			put(t, wfState{uid: uid, phase: phase})
-			// A retry (or a start) creates the step pods first, at once.
+			// A retry (or a start) creates the step pods first, at once; a workflow with
+			// HTTP or plugin templates its agent pod.
 			t += dur(r, 50*time.Millisecond, time.Second)
+			if http {
+				pod(t, uid, kindAgent, false)
+			}
 			for range 1 + r.IntN(3) {
 				pod(t, uid, kindStep, false)
 				if r.Float64() < 0.3 {
@@ -200,6 +205,10 @@ func generate(seed uint64) *history {
 			}
 			if r.Float64() < 0.3 {
 				pod(at+time.Millisecond, uid, kindHook, true)
+			}
+			if r.Float64() < 0.3 {
+				// An HTTP exit handler: the stale copy creates a new agent pod.
+				pod(at+2*time.Millisecond, uid, kindAgent, true)
 			}
 		}
 	}
@@ -519,6 +528,8 @@ func simulate(h *history, s setting, t *tallies, log func(string, ...any)) error
 			meta.Annotations[argo.AnnotationNodeName] = simName + ".onExit[0].notify"
 		case kindHook:
 			meta.Annotations[argo.AnnotationNodeName] = simName + ".hooks.running"
+		case kindAgent:
+			meta.Labels[argo.LabelComponent] = argo.ComponentAgent
 		default:
 			meta.Annotations[argo.AnnotationNodeName] = simName + "[0].main"
 		}
@@ -582,11 +593,11 @@ func simulate(h *history, s setting, t *tallies, log func(string, ...any)) error
 }
 
 // oracleCovers and oracleDenies restate the policy of a setting, apart from the code under
-// test: exit handlers are always covered, hooks with --cover-hooks or --strict, steps with
-// --strict; the deny phases are the setting's, Succeeded by default.
+// test: exit handlers and agent pods are always covered, hooks with --cover-hooks or --strict,
+// steps with --strict; the deny phases are the setting's, Succeeded by default.
 func oracleCovers(o Options, k podKind) bool {
 	switch k {
-	case kindExitHandler:
+	case kindExitHandler, kindAgent:
 		return true
 	case kindHook:
 		return o.Hooks || o.Strict
@@ -805,6 +816,9 @@ func TestSimulationThroughTheAPIServer(t *testing.T) {
 						pod = argoPod(wf, fmt.Sprintf("pod-%d", pi), simName+".onExit[0].notify", true)
 					case kindHook:
 						pod = argoPod(wf, fmt.Sprintf("pod-%d", pi), simName+".hooks.running", false)
+					case kindAgent:
+						pod = agentPod(wf)
+						pod.Name = fmt.Sprintf("pod-%d", pi)
 					}
 					err := env.Client.Create(t.Context(), pod, client.DryRunAll)
 					denied := apierrors.IsForbidden(err) && strings.Contains(err.Error(), "exit-guard refused")

@@ -196,8 +196,6 @@ func TestPodsThatAreNotOursAreAdmitted(t *testing.T) {
 	plain := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "plain",
 		Labels: map[string]string{argo.LabelOnExit: "true"}}, // looks like an exit handler, owned by nobody
 		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "busybox"}}}}
-	agent := argoPod(wf, "done-1340600742-agent", "", false)
-	agent.Labels[argo.LabelComponent] = "agent"
 	artgc := argoPod(wf, "done-artgc-wfcomp-1", "", false)
 	artgc.Labels[argo.LabelComponent] = "artifact-gc"
 	artgc.OwnerReferences = []metav1.OwnerReference{{APIVersion: "argoproj.io/v1alpha1", Kind: "WorkflowArtifactGCTask",
@@ -207,7 +205,7 @@ func TestPodsThatAreNotOursAreAdmitted(t *testing.T) {
 	step := argoPod(wf, "done-main-1", "done", false)
 	hook := argoPod(wf, "done-hook-1", "done.hooks.running", false)
 
-	for _, p := range []*corev1.Pod{plain, agent, artgc, notController, step, hook} {
+	for _, p := range []*corev1.Pod{plain, artgc, notController, step, hook} {
 		t.Run(p.Name, func(t *testing.T) { mustAdmit(t, p) })
 	}
 	if got := h.counter(t, "exit_guard_live_read_duration_seconds", nil); got != 0 {
@@ -527,4 +525,55 @@ func TestShutdownFinishesTheDecisionsInFlight(t *testing.T) {
 			t.Errorf("a decision in flight at shutdown: %v, want refused on its live read", err)
 		}
 	}
+}
+
+// agentPod is Argo's agent pod of wf, as the controller builds it: no node-name annotation,
+// no on-exit label, the component label, the Workflow as its controller.
+func agentPod(wf client.Object) *corev1.Pod {
+	p := argoPod(wf, wf.GetName()+"-1340600742-agent", "", false)
+	delete(p.Annotations, argo.AnnotationNodeName)
+	p.Labels[argo.LabelComponent] = argo.ComponentAgent
+	return p
+}
+
+// The agent pod runs a workflow's HTTP and plugin templates, exit handlers among them: a
+// stale copy of a completed workflow creates it to call the exit handler's URL again.
+func TestAgentPods(t *testing.T) {
+	t.Run("of a succeeded workflow: refused, with an Event", func(t *testing.T) {
+		startGuard(t, Options{}, harnessOptions{})
+		ns := newNamespace(t)
+		wf := createWorkflow(t, ns, "http-exit", argo.PhaseSucceeded)
+		mustDeny(t, agentPod(wf), "agent pod", "HTTP and plugin tasks", "Succeeded")
+		ev := waitEvent(t, ns, wf, EventReasonDenied)
+		if !strings.Contains(ev.Note, "agent pod") {
+			t.Errorf("event note %q does not name the agent pod", ev.Note)
+		}
+	})
+	t.Run("of a running workflow, and an artifact-GC pod of a succeeded one: admitted", func(t *testing.T) {
+		startGuard(t, Options{}, harnessOptions{})
+		ns := newNamespace(t)
+		mustAdmit(t, agentPod(createWorkflow(t, ns, "running", argo.PhaseRunning)))
+		artgc := agentPod(createWorkflow(t, ns, "done", argo.PhaseSucceeded))
+		artgc.Name, artgc.Labels[argo.LabelComponent] = "done-artgc-wfcomp-1", "artifact-gc"
+		mustAdmit(t, artgc)
+	})
+	t.Run("of a retried workflow the guard's watch has not seen retried: admitted", func(t *testing.T) {
+		h := startGuard(t, Options{}, harnessOptions{noWatch: true})
+		ns := newNamespace(t)
+		wf := createWorkflow(t, ns, "retried", argo.PhaseSucceeded)
+		h.store.Observe(completionstore.Observation{UID: wf.GetUID(), Namespace: ns, Name: wf.GetName(),
+			ResourceVersion: wf.GetResourceVersion(), Phase: argo.PhaseSucceeded})
+		mustDeny(t, agentPod(wf))
+		retry(t, wf, argo.PhaseUnknown)
+		mustAdmit(t, agentPod(wf))
+	})
+	t.Run("of a deleted workflow: refused", func(t *testing.T) {
+		startGuard(t, Options{}, harnessOptions{})
+		ns := newNamespace(t)
+		wf := createWorkflow(t, ns, "gone", argo.PhaseRunning)
+		if err := env.Client.Delete(t.Context(), wf); err != nil {
+			t.Fatal(err)
+		}
+		mustDeny(t, agentPod(wf), "no longer exists")
+	})
 }

@@ -30,6 +30,9 @@ const (
 	LabelOnExit = "workflows.argoproj.io/on-exit"
 	// LabelComponent is "agent" or "artifact-gc" on those special pods.
 	LabelComponent = "workflows.argoproj.io/component"
+	// ComponentAgent is LabelComponent's value on the agent pod, which runs a workflow's HTTP
+	// and plugin templates (exit handlers among them); it is named <wf>-1340600742-agent.
+	ComponentAgent = "agent"
 	// AnnotationNodeName holds the full node name, e.g. "wf.onExit[0].notify".
 	AnnotationNodeName = "workflows.argoproj.io/node-name"
 )

@@ -183,6 +183,20 @@ func TestGuardDoesItsJobWithTheChartsPermissions(t *testing.T) {
 	if err := env.Client.Create(t.Context(), exitPod(running)); err != nil {
 		t.Errorf("exit-handler pod of a running workflow: %v", err)
 	}
+	// The match conditions send agent pods too (they run HTTP and plugin exit handlers),
+	// and keep artifact-GC pods away.
+	agent := exitPod(done)
+	agent.Name = done.GetName() + "-1340600742-agent"
+	delete(agent.Labels, "workflows.argoproj.io/on-exit")
+	delete(agent.Annotations, "workflows.argoproj.io/node-name")
+	agent.Labels["workflows.argoproj.io/component"] = "agent"
+	if err := env.Client.Create(t.Context(), agent.DeepCopy(), client.DryRunAll); !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "agent pod") {
+		t.Errorf("stale agent pod: err = %v, want refused by exit-guard", err)
+	}
+	agent.Labels["workflows.argoproj.io/component"] = "artifact-gc"
+	if err := env.Client.Create(t.Context(), agent, client.DryRunAll); err != nil {
+		t.Errorf("artifact-GC pod owned by a succeeded workflow: %v", err)
+	}
 	checkPermissions(t, ns, sa, out)
 }
 
