@@ -117,6 +117,16 @@ func TestServingHardening(t *testing.T) {
 			t.Fatal(err)
 		}
 		allowed, other := token("prometheus"), token("somebody")
+		// The secure metrics server makes its certificate and starts on its own, after
+		// readiness may already pass.
+		waitFor(t, "the metrics endpoint to listen", func() bool {
+			conn, err := net.Dial("tcp", g.MetricsAddr)
+			if err != nil {
+				return false
+			}
+			_ = conn.Close()
+			return true
+		})
 		// The metrics endpoint serves a certificate of its own making: only who may read it is
 		// at stake here, not whom it is.
 		c := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true, MinVersion: tls.VersionTLS12}}} //nolint:gosec // G402: see above
