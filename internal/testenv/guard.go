@@ -15,9 +15,14 @@ import (
 	"time"
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/rand"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
+
+	"github.com/exit-guard/exit-guard/internal/argo"
 )
 
 // BuildGuard builds the exit-guard binary into dir and returns its path.
@@ -156,4 +161,22 @@ func GuardWebhook() (*admissionregistrationv1.ValidatingWebhookConfiguration, er
 		return &vwc, nil
 	}
 	return nil, errors.New("config/webhook/manifests.yaml has no ValidatingWebhookConfiguration: run make manifests")
+}
+
+// ExitPod is the reference scenario's exit-handler pod of wf, as Argo's controller builds it:
+// the on-exit label, the node-name annotation <wf>.onExit[0].notify, wf as its controller.
+func ExitPod(wf client.Object) *corev1.Pod {
+	yes := true
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{
+			Namespace: wf.GetNamespace(),
+			Name:      wf.GetName() + "-notify-failure-" + rand.String(6),
+			Labels: map[string]string{argo.LabelWorkflow: wf.GetName(), argo.LabelOnExit: "true",
+				"workflows.argoproj.io/completed": "false"},
+			Annotations: map[string]string{argo.AnnotationNodeName: wf.GetName() + ".onExit[0].notify"},
+			OwnerReferences: []metav1.OwnerReference{{APIVersion: argo.GroupVersion.String(), Kind: argo.Kind,
+				Name: wf.GetName(), UID: wf.GetUID(), Controller: &yes, BlockOwnerDeletion: &yes}},
+		},
+		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "main", Image: "busybox"}}},
+	}
 }

@@ -156,7 +156,7 @@ func TestSelfManagedCertificateRotatesUnderLoad(t *testing.T) {
 			break
 		}
 		attempts++
-		err := env.Client.Create(t.Context(), exitPod(done))
+		err := env.Client.Create(t.Context(), testenv.ExitPod(done))
 		switch {
 		case apierrors.IsForbidden(err):
 			refused++

@@ -11,12 +11,9 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	authorizationv1 "k8s.io/api/authorization/v1"
-	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/util/rand"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
@@ -119,22 +116,6 @@ func createWorkflow(t *testing.T, ns string, phase argo.Phase) *unstructured.Uns
 	return wf
 }
 
-// exitPod is the reference scenario's exit-handler pod of wf, as Argo builds it.
-func exitPod(wf *unstructured.Unstructured) *corev1.Pod {
-	yes := true
-	return &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{
-			Namespace:   wf.GetNamespace(),
-			Name:        wf.GetName() + "-notify-failure-" + rand.String(6),
-			Labels:      map[string]string{argo.LabelWorkflow: wf.GetName(), argo.LabelOnExit: "true", "workflows.argoproj.io/completed": "false"},
-			Annotations: map[string]string{argo.AnnotationNodeName: wf.GetName() + ".onExit[0].notify"},
-			OwnerReferences: []metav1.OwnerReference{{APIVersion: "argoproj.io/v1alpha1", Kind: "Workflow",
-				Name: wf.GetName(), UID: wf.GetUID(), Controller: &yes, BlockOwnerDeletion: &yes}},
-		},
-		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "main", Image: "busybox"}}},
-	}
-}
-
 func waitDeniedEvent(t *testing.T, wf *unstructured.Unstructured) {
 	t.Helper()
 	err := wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
@@ -174,18 +155,18 @@ func TestGuardDoesItsJobWithTheChartsPermissions(t *testing.T) {
 	registerAt(t, webhooks[0], fmt.Sprintf("https://%s:%d", env.WebhookHost, env.WebhookPort), env.WebhookCAData)
 
 	done := createWorkflow(t, ns, argo.PhaseSucceeded)
-	err = env.Client.Create(t.Context(), exitPod(done))
+	err = env.Client.Create(t.Context(), testenv.ExitPod(done))
 	if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "exit-guard refused") {
 		t.Fatalf("stale exit-handler pod: err = %v, want refused by exit-guard\n%s", err, out)
 	}
 	waitDeniedEvent(t, done)
 	running := createWorkflow(t, ns, argo.PhaseRunning)
-	if err := env.Client.Create(t.Context(), exitPod(running)); err != nil {
+	if err := env.Client.Create(t.Context(), testenv.ExitPod(running)); err != nil {
 		t.Errorf("exit-handler pod of a running workflow: %v", err)
 	}
 	// The match conditions send agent pods too (they run HTTP and plugin exit handlers),
 	// and keep artifact-GC pods away.
-	agent := exitPod(done)
+	agent := testenv.ExitPod(done)
 	agent.Name = done.GetName() + "-1340600742-agent"
 	delete(agent.Labels, "workflows.argoproj.io/on-exit")
 	delete(agent.Annotations, "workflows.argoproj.io/node-name")
@@ -218,14 +199,14 @@ func TestWarnModeMarksThroughTheChartsMutatingWebhook(t *testing.T) {
 	defer func() { _ = g.Stop() }()
 	registerAt(t, webhooks[0], fmt.Sprintf("https://%s:%d", env.WebhookHost, env.WebhookPort), env.WebhookCAData)
 
-	pod := exitPod(createWorkflow(t, ns, argo.PhaseSucceeded))
+	pod := testenv.ExitPod(createWorkflow(t, ns, argo.PhaseSucceeded))
 	if err := env.Client.Create(t.Context(), pod); err != nil {
 		t.Fatalf("warn mode refused a pod: %v", err)
 	}
 	if pod.Labels["exit-guard.io/suspect"] != "true" || pod.Annotations["exit-guard.io/suspect-reason"] == "" {
 		t.Errorf("the stale pod was not marked: labels %v annotations %v", pod.Labels, pod.Annotations)
 	}
-	ok := exitPod(createWorkflow(t, ns, argo.PhaseRunning))
+	ok := testenv.ExitPod(createWorkflow(t, ns, argo.PhaseRunning))
 	if err := env.Client.Create(t.Context(), ok); err != nil || ok.Labels["exit-guard.io/suspect"] != "" {
 		t.Errorf("a running workflow's pod: err %v, labels %v; want admitted unmarked", err, ok.Labels)
 	}

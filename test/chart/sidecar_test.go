@@ -111,7 +111,7 @@ func TestSidecarRunsAsTheControllersServiceAccount(t *testing.T) {
 	registerAt(t, webhooks[0], fmt.Sprintf("https://%s:%d", env.WebhookHost, env.WebhookPort), env.WebhookCAData)
 
 	done := createWorkflow(t, ns, argo.PhaseSucceeded)
-	err = env.Client.Create(t.Context(), exitPod(done))
+	err = env.Client.Create(t.Context(), testenv.ExitPod(done))
 	if !apierrors.IsForbidden(err) {
 		t.Fatalf("stale exit-handler pod: err = %v, want refused\n%s", err, out)
 	}

@@ -52,7 +52,7 @@ func decideAll(t *testing.T, c *tally, want map[*unstructured.Unstructured]bool)
 	t.Helper()
 	for wf, deny := range want {
 		c.sent.Add(1)
-		err := env.Client.Create(t.Context(), exitPod(wf), client.DryRunAll)
+		err := env.Client.Create(t.Context(), testenv.ExitPod(wf), client.DryRunAll)
 		switch {
 		case err == nil:
 			c.admitted.Add(1)
@@ -224,7 +224,7 @@ func TestReplicaKilledUnderLoad(t *testing.T) {
 			running := createWorkflow(t, ns, "running", argo.PhaseRunning)
 			succeeded := createWorkflow(t, ns, "succeeded", argo.PhaseSucceeded)
 			waitFor(t, "the webhook of the namespace to be called", func() bool {
-				err := env.Client.Create(t.Context(), exitPod(succeeded), client.DryRunAll)
+				err := env.Client.Create(t.Context(), testenv.ExitPod(succeeded), client.DryRunAll)
 				return apierrors.IsForbidden(err)
 			})
 			loadCtx, stopLoad := context.WithCancel(t.Context())

@@ -161,23 +161,6 @@ func createWorkflow(t *testing.T, ns, name string, phase argo.Phase) *unstructur
 	return wf
 }
 
-// exitPod is the reference scenario's exit-handler pod of wf, as Argo builds it.
-func exitPod(wf *unstructured.Unstructured) *corev1.Pod {
-	yes := true
-	return &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{
-			Namespace: wf.GetNamespace(),
-			Name:      wf.GetName() + "-notify-" + rand.String(6),
-			Labels: map[string]string{argo.LabelWorkflow: wf.GetName(), argo.LabelOnExit: "true",
-				"workflows.argoproj.io/completed": "false"},
-			Annotations: map[string]string{argo.AnnotationNodeName: wf.GetName() + ".onExit[0].notify"},
-			OwnerReferences: []metav1.OwnerReference{{APIVersion: argo.GroupVersion.String(), Kind: argo.Kind,
-				Name: wf.GetName(), UID: wf.GetUID(), Controller: &yes, BlockOwnerDeletion: &yes}},
-		},
-		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "main", Image: "busybox"}}},
-	}
-}
-
 // tally counts what a load sent and what came back.
 type tally struct {
 	sent, admitted, denied, failed, wrong atomic.Int64
@@ -239,7 +222,7 @@ func load(ctx context.Context, running, succeeded *unstructured.Unstructured, wo
 				c.sent.Add(1)
 				// Not ctx: a request sent is seen to its answer.
 				rctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-				err := env.Client.Create(rctx, exitPod(wf), client.DryRunAll)
+				err := env.Client.Create(rctx, testenv.ExitPod(wf), client.DryRunAll)
 				cancel()
 				switch {
 				case err == nil:
