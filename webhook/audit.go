@@ -5,6 +5,7 @@ import (
 	"errors"
 
 	"github.com/prometheus/client_golang/prometheus"
+	admissionv1 "k8s.io/api/admission/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
@@ -32,7 +33,7 @@ const (
 // audit records a decision: a metric always; a log line (V(1) for admissions); for a refusal
 // (or a would-be refusal in warn mode) a Warning Event on the workflow, unless the request is a
 // dry run. It returns the verdict.
-func (g *guard) audit(ctx context.Context, req admission.Request, f podFacts, d decision) string {
+func (g *guard) audit(ctx context.Context, req admission.Request, f facts, d decision) string {
 	verdict := verdictAllowed
 	if d.deny {
 		switch g.opts.Mode {
@@ -44,7 +45,7 @@ func (g *guard) audit(ctx context.Context, req admission.Request, f podFacts, d 
 			verdict = verdictDryRun
 		}
 	}
-	g.metrics.decisions.WithLabelValues(verdict, string(d.reason)).Inc()
+	g.metrics.decisions.WithLabelValues(verdict, string(d.reason), string(f.object)).Inc()
 	if d.liveErr != nil {
 		kind := "error"
 		if errors.Is(d.liveErr, errLiveReadTimeout) {
@@ -59,9 +60,12 @@ func (g *guard) audit(ctx context.Context, req admission.Request, f podFacts, d 
 		// The common case: an admission nobody asked to see logged costs no log values.
 		return verdict
 	}
-	log = log.WithValues(
-		"pod", f.namespace+"/"+f.name, "podKind", f.kind, "node", f.node,
-		"reason", d.reason, "verdict", verdict, "mode", g.opts.Mode, "uid", req.UID)
+	if f.object == objectTaskSet {
+		log = log.WithValues("workflowTaskSet", f.namespace+"/"+f.name, "tasksAdded", f.tasks, "completedReopened", f.reopened)
+	} else {
+		log = log.WithValues("pod", f.namespace+"/"+f.name, "podKind", f.kind, "node", f.node)
+	}
+	log = log.WithValues("reason", d.reason, "verdict", verdict, "mode", g.opts.Mode, "uid", req.UID)
 	if f.owner != nil {
 		log = log.WithValues("workflow", d.wfNamespace+"/"+d.wfName, "workflowUID", d.wfUID,
 			"phase", d.phase, "resourceVersion", d.resourceVersion, "source", d.source)
@@ -69,18 +73,22 @@ func (g *guard) audit(ctx context.Context, req admission.Request, f podFacts, d 
 	if d.liveErr != nil {
 		log = log.WithValues("liveReadError", d.liveErr.Error())
 	}
+	what := "pod"
+	if f.object == objectTaskSet {
+		what = "WorkflowTaskSet write"
+	}
 	if !d.deny {
 		switch d.reason {
 		case reasonUnverified:
-			log.Info("pod admitted unverified: the live read failed and the store knows nothing of its workflow")
+			log.Info(what + " admitted unverified: the live read failed and the store knows nothing of its workflow")
 		case reasonUnconfirmedCompletion:
-			log.Info("pod admitted unverified: the live read failed and only the store says its workflow completed")
+			log.Info(what + " admitted unverified: the live read failed and only the store says its workflow completed")
 		default:
-			log.V(1).Info("pod admitted")
+			log.V(1).Info(what + " admitted")
 		}
 		return verdict
 	}
-	log.Info("stale workflow pod refused", "dryRunRequest", req.DryRun != nil && *req.DryRun)
+	log.Info("stale workflow "+what+" refused", "dryRunRequest", req.DryRun != nil && *req.DryRun)
 
 	if g.recorder == nil || (req.DryRun != nil && *req.DryRun) || g.opts.Mode == ModeDryRun {
 		return verdict
@@ -92,6 +100,16 @@ func (g *guard) audit(ctx context.Context, req admission.Request, f podFacts, d 
 	regarding := &argo.Workflow{
 		TypeMeta:   metav1.TypeMeta{APIVersion: argo.GroupVersion.String(), Kind: argo.Kind},
 		ObjectMeta: metav1.ObjectMeta{Namespace: d.wfNamespace, Name: d.wfName, UID: d.wfUID},
+	}
+	if f.object == objectTaskSet {
+		action := "UpdateWorkflowTaskSet"
+		if req.Operation == admissionv1.Create {
+			action = "CreateWorkflowTaskSet"
+		}
+		g.recorder.Eventf(regarding, nil, corev1.EventTypeWarning, reason, action,
+			"write to WorkflowTaskSet %s refused (it adds %s): workflow is %s, known by %s at resourceVersion %s",
+			f.name, tasksText(f), phaseOrGone(d), d.source, d.resourceVersion)
+		return verdict
 	}
 	g.recorder.Eventf(regarding, nil, corev1.EventTypeWarning, reason, "CreatePod",
 		"%s pod %s (node %s) refused: workflow is %s, known by %s at resourceVersion %s",
@@ -121,8 +139,8 @@ func newGuardMetrics() *guardMetrics {
 	return &guardMetrics{
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "exit_guard_decisions_total",
-			Help: "Pod admission decisions, by verdict (allowed, denied, warned, dry-run) and reason.",
-		}, []string{"verdict", "reason"}),
+			Help: "Admission decisions, by verdict (allowed, denied, warned, dry-run), reason and kind of object (Pod, WorkflowTaskSet).",
+		}, []string{"verdict", "reason", "kind"}),
 		liveRead: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "exit_guard_live_read_duration_seconds",
 			Help: "Latency of live reads of a pod's workflow, by result (found, not-found, timeout, error).",

@@ -63,13 +63,27 @@ const (
 	sourceLive  source = "live-read"
 )
 
-// podFacts is what the guard reads from a pod: its metadata only.
-type podFacts struct {
+// objectKind is the kind of object an admission request is about.
+type objectKind string
+
+const (
+	objectPod     objectKind = "Pod"
+	objectTaskSet objectKind = argo.TaskSetKind
+)
+
+// facts is what the guard reads from the object of a request: a pod's metadata, or what a
+// WorkflowTaskSet write adds.
+type facts struct {
+	object    objectKind
 	namespace string
 	name      string // or generateName + "*" when the name is not set yet
 	node      string
 	kind      podKind
 	owner     *metav1.OwnerReference
+	// Of a WorkflowTaskSet write: the task keys (node IDs) it adds, and whether it turns the
+	// completed label from "true" back.
+	tasks    []string
+	reopened bool
 }
 
 // decision is the guard's verdict on one pod, before the mode is applied.
@@ -88,8 +102,8 @@ type decision struct {
 
 // classify reads a pod's metadata: who owns it and what it runs. owner is nil for a pod that
 // has no controlling Workflow (artifact-GC pods are owned by WorkflowArtifactGCTask).
-func classify(meta *metav1.ObjectMeta) podFacts {
-	f := podFacts{namespace: meta.Namespace, name: meta.Name, node: meta.Annotations[argo.AnnotationNodeName]}
+func classify(meta *metav1.ObjectMeta) facts {
+	f := facts{object: objectPod, namespace: meta.Namespace, name: meta.Name, node: meta.Annotations[argo.AnnotationNodeName]}
 	if f.name == "" && meta.GenerateName != "" {
 		f.name = meta.GenerateName + "*"
 	}
@@ -132,7 +146,7 @@ func (g *guard) covered(k podKind) bool {
 }
 
 // decide is the decision table of docs/decisions.md.
-func (g *guard) decide(ctx context.Context, meta *metav1.ObjectMeta) (podFacts, decision) {
+func (g *guard) decide(ctx context.Context, meta *metav1.ObjectMeta) (facts, decision) {
 	f := classify(meta)
 	if f.owner == nil {
 		return f, decision{reason: reasonNotWorkflowPod}
@@ -152,21 +166,27 @@ func (g *guard) decide(ctx context.Context, meta *metav1.ObjectMeta) (podFacts, 
 		return f, d
 	}
 	// Exit handlers get a live read first unless store-first is set; ordinary step pods
-	// (strict mode) always go store-first, so that the common case costs no API call. A
-	// store whose watch has stopped advancing may lack completions: it is asked nothing
-	// until the watch moves again.
-	if (g.opts.StoreFirst || f.kind == kindStep) && g.store.WatchFresh() {
-		rec, ok := g.store.Get(f.owner.UID)
+	// (strict mode) always go store-first, so that the common case costs no API call.
+	return f, g.judge(ctx, d, g.opts.StoreFirst || f.kind == kindStep)
+}
+
+// judge decides for an object the policy covers, of the workflow d names. A store-first
+// decision admits from the store when it holds nothing to refuse, and reads live only to be
+// sure of a refusal. A store whose watch has stopped advancing may lack completions: it is
+// asked nothing until the watch moves again.
+func (g *guard) judge(ctx context.Context, d decision, storeFirst bool) decision {
+	if storeFirst && g.store.WatchFresh() {
+		rec, ok := g.store.Get(d.wfUID)
 		if !ok {
 			d.reason, d.source = reasonNotSeenCompleted, sourceStore
-			return f, d
+			return d
 		}
 		if fromStore := g.fromRecord(d, rec); !fromStore.deny {
-			return f, fromStore
+			return fromStore
 		}
 		// The store says refuse: be sure first.
 	}
-	return f, g.liveDecide(ctx, d)
+	return g.liveDecide(ctx, d)
 }
 
 // liveDecide reads the owner from the API server and decides from what it says, or from the

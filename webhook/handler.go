@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strings"
 
 	"gomodules.xyz/jsonpatch/v2"
 	admissionv1 "k8s.io/api/admission/v1"
@@ -54,7 +55,7 @@ var (
 // +kubebuilder:webhook:path=/validate-pod,mutating=false,failurePolicy=ignore,sideEffects=NoneOnDryRun,groups="",resources=pods,verbs=create,versions=v1,name=validate.exit-guard.io,admissionReviewVersions=v1,timeoutSeconds=5,matchPolicy=Equivalent
 // +kubebuilder:webhook:path=/mutate-pod,mutating=true,failurePolicy=ignore,sideEffects=NoneOnDryRun,groups="",resources=pods,verbs=create,versions=v1,name=mutate.exit-guard.io,admissionReviewVersions=v1,timeoutSeconds=5,matchPolicy=Equivalent,reinvocationPolicy=Never
 
-// Setup registers the guard's two admission paths on the manager's webhook server. Workflows
+// Setup registers the guard's admission paths on the manager's webhook server. Workflows
 // are read live through the manager's API reader (no cache), so the manager's scheme must know
 // argo.Workflow (argo.AddToScheme).
 func Setup(mgr manager.Manager, store *completionstore.Store, opts Options) error {
@@ -81,6 +82,7 @@ func setup(mgr manager.Manager, reader client.Reader, store *completionstore.Sto
 	srv := mgr.GetWebhookServer()
 	srv.Register(ValidatePath, serve(&validator{g}))
 	srv.Register(MutatePath, serve(&mutator{g}))
+	srv.Register(ValidateTaskSetPath, serve(&taskSetValidator{g}))
 	return nil
 }
 
@@ -240,7 +242,7 @@ func escapePointer(s string) string {
 }
 
 // denialMessage says what happened, which workflow and phase, and where to look.
-func denialMessage(f podFacts, d decision) string {
+func denialMessage(f facts, d decision) string {
 	var what string
 	switch d.reason {
 	case reasonWorkflowDeleted:
@@ -250,15 +252,22 @@ func denialMessage(f podFacts, d decision) string {
 	default:
 		what = fmt.Sprintf("workflow %s/%s (uid %s) already reached %s (resourceVersion %s)", d.wfNamespace, d.wfName, d.wfUID, d.phase, d.resourceVersion)
 	}
-	node := nodeText(f)
-	return fmt.Sprintf("exit-guard refused %s pod %s for node %s: %s, as seen by %s; "+
-		"a stale copy of a completed workflow tried to run it again. "+
+	var refused, tried string
+	if f.object == objectTaskSet {
+		refused = fmt.Sprintf("a write to WorkflowTaskSet %s/%s that adds %s", f.namespace, f.name, tasksText(f))
+		tried = "run its HTTP or plugin tasks again"
+	} else {
+		refused = fmt.Sprintf("%s pod %s for node %s", f.kind, f.name, nodeText(f))
+		tried = "run it again"
+	}
+	return fmt.Sprintf("exit-guard refused %s: %s, as seen by %s; "+
+		"a stale copy of a completed workflow tried to %s. "+
 		"See the workflow's events: kubectl -n %s get events --field-selector involvedObject.name=%s",
-		f.kind, f.name, node, what, d.source, d.wfNamespace, d.wfName)
+		refused, what, d.source, tried, d.wfNamespace, d.wfName)
 }
 
 // nodeText names what a pod runs, for messages and Events.
-func nodeText(f podFacts) string {
+func nodeText(f facts) string {
 	switch {
 	case f.kind == kindAgent:
 		return "(the workflow's HTTP and plugin tasks)"
@@ -270,12 +279,20 @@ func nodeText(f podFacts) string {
 
 // withAudit adds the audit annotations that the API server writes into its audit log, under
 // the webhook's name.
-func withAudit(r admission.Response, f podFacts, d decision, verdict string) admission.Response {
-	a := map[string]string{"decision": verdict, "reason": string(d.reason)}
+func withAudit(r admission.Response, f facts, d decision, verdict string) admission.Response {
+	a := map[string]string{"decision": verdict, "reason": string(d.reason), "kind": string(f.object)}
 	if f.owner != nil {
 		a["workflow"] = d.wfNamespace + "/" + d.wfName
 		a["workflow-uid"] = string(d.wfUID)
-		a["pod-kind"] = string(f.kind)
+		if f.object == objectPod {
+			a["pod-kind"] = string(f.kind)
+		}
+	}
+	if len(f.tasks) > 0 {
+		a["tasks-added"] = strings.Join(f.tasks[:min(len(f.tasks), maxTasksNamed)], ",")
+	}
+	if f.reopened {
+		a["completed-reopened"] = "true"
 	}
 	if d.source != sourceNone {
 		a["source"] = string(d.source)

@@ -62,10 +62,19 @@ func TestMain(m *testing.M) {
 	// Only pods of the namespaces these tests make are sent, so that nothing else the API
 	// server creates depends on a guard running.
 	nsSel := &metav1.LabelSelector{MatchLabels: map[string]string{"exit-guard-test": "true"}}
+	// WorkflowTaskSet writes of the main resource, as the chart registers them (never /status).
+	taskSetRules := []admissionregistrationv1.RuleWithOperations{{
+		Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Create, admissionregistrationv1.Update},
+		Rule:       admissionregistrationv1.Rule{APIGroups: []string{argo.Group}, APIVersions: []string{argo.Version}, Resources: []string{argo.TaskSetResource}},
+	}}
 	vwc := &admissionregistrationv1.ValidatingWebhookConfiguration{
 		ObjectMeta: metav1.ObjectMeta{Name: "exit-guard-test"},
 		Webhooks: []admissionregistrationv1.ValidatingWebhook{{
 			Name: "validate.exit-guard.io", ClientConfig: ref(ValidatePath), Rules: rules,
+			NamespaceSelector: nsSel, FailurePolicy: &fail, SideEffects: &sideEffects,
+			TimeoutSeconds: &timeout, AdmissionReviewVersions: []string{"v1"},
+		}, {
+			Name: "validate-taskset.exit-guard.io", ClientConfig: ref(ValidateTaskSetPath), Rules: taskSetRules,
 			NamespaceSelector: nsSel, FailurePolicy: &fail, SideEffects: &sideEffects,
 			TimeoutSeconds: &timeout, AdmissionReviewVersions: []string{"v1"},
 		}},
@@ -274,13 +283,15 @@ func waitEvent(t *testing.T, namespace string, wf client.Object, reason string) 
 	return found
 }
 
-// counter reads a counter of the guard's registry.
+// counter reads a counter (or a histogram's count) of the guard's registry: the sum of the
+// series whose labels match.
 func (h *harness) counter(t *testing.T, name string, labels map[string]string) float64 {
 	t.Helper()
 	mfs, err := h.registry.Gather()
 	if err != nil {
 		t.Fatal(err)
 	}
+	var sum float64
 	for _, mf := range mfs {
 		if mf.GetName() != name {
 			continue
@@ -293,10 +304,11 @@ func (h *harness) counter(t *testing.T, name string, labels map[string]string) f
 				}
 			}
 			if m.GetCounter() != nil {
-				return m.GetCounter().GetValue()
+				sum += m.GetCounter().GetValue()
+			} else {
+				sum += float64(m.GetHistogram().GetSampleCount())
 			}
-			return float64(m.GetHistogram().GetSampleCount())
 		}
 	}
-	return 0
+	return sum
 }

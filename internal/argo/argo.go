@@ -5,6 +5,8 @@
 package argo
 
 import (
+	"fmt"
+	"hash/fnv"
 	"strings"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -36,6 +38,29 @@ const (
 	// AnnotationNodeName holds the full node name, e.g. "wf.onExit[0].notify".
 	AnnotationNodeName = "workflows.argoproj.io/node-name"
 )
+
+// WorkflowTaskSet: the controller hands a workflow's HTTP and plugin tasks to its agent pod
+// through one, named like the workflow, in its namespace, with a non-controller owner reference
+// to the Workflow. spec.tasks maps node IDs to templates; the agent writes results to
+// status.nodes through the status subresource.
+const (
+	TaskSetKind     = "WorkflowTaskSet"
+	TaskSetResource = "workflowtasksets"
+	// LabelCompleted is "true" on a TaskSet once its workflow has completed (the agent exits
+	// on it), "false" while it runs.
+	LabelCompleted = "workflows.argoproj.io/completed"
+)
+
+// NodeID is the ID Argo gives the node named nodeName in workflow wfName (Workflow.NodeID):
+// the workflow's name and the FNV-32a hash of the node name, in decimal.
+func NodeID(wfName, nodeName string) string {
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(nodeName))
+	return fmt.Sprintf("%s-%d", wfName, h.Sum32())
+}
+
+// OnExitNodeName is the name of the node of a workflow-level exit handler (spec.onExit).
+func OnExitNodeName(wfName string) string { return wfName + OnExitMarker }
 
 // Node-name markers (GenerateOnExitNodeName and lifecycle hooks).
 const (

@@ -1,0 +1,45 @@
+package testenv
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+	"k8s.io/client-go/kubernetes"
+)
+
+// APIServerCounter sums the series of the API server's counter name whose labels include
+// labels, read from its /metrics endpoint: what the API server itself counts, e.g.
+// apiserver_admission_webhook_request_total by webhook name.
+func (e *Env) APIServerCounter(ctx context.Context, name string, labels map[string]string) (float64, error) {
+	cs, err := kubernetes.NewForConfig(e.Config)
+	if err != nil {
+		return 0, err
+	}
+	raw, err := cs.CoreV1().RESTClient().Get().AbsPath("/metrics").DoRaw(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("reading the API server's metrics: %w", err)
+	}
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	mfs, err := p.TextToMetricFamilies(bytes.NewReader(raw))
+	if err != nil {
+		return 0, fmt.Errorf("parsing the API server's metrics: %w", err)
+	}
+	mf, ok := mfs[name]
+	if !ok {
+		return 0, nil
+	}
+	var sum float64
+series:
+	for _, m := range mf.GetMetric() {
+		for _, lp := range m.GetLabel() {
+			if v, ok := labels[lp.GetName()]; ok && v != lp.GetValue() {
+				continue series
+			}
+		}
+		sum += m.GetCounter().GetValue()
+	}
+	return sum, nil
+}

@@ -1,0 +1,326 @@
+package webhook
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/exit-guard/exit-guard/completionstore"
+	"github.com/exit-guard/exit-guard/internal/argo"
+)
+
+var taskSetGVK = argo.GroupVersion.WithKind(argo.TaskSetKind)
+
+// httpTask is an HTTP template as the controller writes it into a TaskSet.
+func httpTask(name string) map[string]any {
+	return map[string]any{"name": name, "http": map[string]any{"url": "http://notify.example/" + name, "method": "POST"}}
+}
+
+// onExitTask is the key and template of a workflow-level HTTP exit handler.
+func onExitTask(wf client.Object) (string, map[string]any) {
+	return argo.NodeID(wf.GetName(), argo.OnExitNodeName(wf.GetName())), httpTask("notify")
+}
+
+// taskSetOf is the WorkflowTaskSet the controller creates for wf: named like it, with a
+// non-controller owner reference to it.
+func taskSetOf(wf client.Object, tasks map[string]any) *unstructured.Unstructured {
+	ts := &unstructured.Unstructured{}
+	ts.SetGroupVersionKind(taskSetGVK)
+	ts.SetNamespace(wf.GetNamespace())
+	ts.SetName(wf.GetName())
+	ts.SetLabels(map[string]string{argo.LabelCompleted: "false"})
+	ts.SetOwnerReferences([]metav1.OwnerReference{{
+		APIVersion: argo.GroupVersion.String(), Kind: argo.Kind, Name: wf.GetName(), UID: wf.GetUID(),
+	}})
+	ts.Object["spec"] = map[string]any{"tasks": tasks}
+	return ts
+}
+
+// taskPatch is the controller's merge patch of the main resource: tasks added (or, with a nil
+// template, removed) and the completed label.
+func taskPatch(completed bool, tasks map[string]any) client.Patch {
+	p := map[string]any{
+		"metadata": map[string]any{"labels": map[string]any{argo.LabelCompleted: map[bool]string{true: "true", false: "false"}[completed]}},
+		"spec":     map[string]any{"tasks": tasks},
+	}
+	return client.RawPatch(types.MergePatchType, mustJSON(p))
+}
+
+// warnings collects the admission warnings a client receives.
+type warnings struct {
+	mu   sync.Mutex
+	seen []string
+}
+
+func (w *warnings) HandleWarningHeader(_ int, _ string, text string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.seen = append(w.seen, text)
+}
+
+func (w *warnings) all() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return strings.Join(w.seen, "\n")
+}
+
+// warningClient is a client whose admission warnings w collects.
+func warningClient(t *testing.T, w *warnings) client.Client {
+	t.Helper()
+	cfg := rest.CopyConfig(env.Config)
+	cfg.WarningHandler = w
+	c, err := client.New(cfg, client.Options{Scheme: testScheme(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// runningTaskSet creates a running workflow and its TaskSet with one HTTP step, and lets the
+// agent report it done, as Argo does while a workflow runs.
+func runningTaskSet(t *testing.T, ns, name string) (*unstructured.Unstructured, *unstructured.Unstructured, string) {
+	t.Helper()
+	wf := createWorkflow(t, ns, name, argo.PhaseRunning)
+	step := argo.NodeID(name, name+"[0].call")
+	ts := taskSetOf(wf, map[string]any{step: httpTask("call")})
+	if err := env.Client.Create(t.Context(), ts); err != nil {
+		t.Fatalf("creating the TaskSet of a running workflow: %v", err)
+	}
+	agentReports(t, ts, step)
+	return wf, ts, step
+}
+
+// agentReports writes a task's result through the status subresource, as the agent does.
+func agentReports(t *testing.T, ts *unstructured.Unstructured, node string) {
+	t.Helper()
+	p := map[string]any{"status": map[string]any{"nodes": map[string]any{node: map[string]any{"phase": "Succeeded"}}}}
+	if err := env.Client.Status().Patch(t.Context(), ts, client.RawPatch(types.MergePatchType, mustJSON(p))); err != nil {
+		t.Fatalf("the agent's status write: %v", err)
+	}
+}
+
+// complete marks wf Succeeded and cleans its TaskSet up, as the controller does.
+func complete(t *testing.T, wf, ts *unstructured.Unstructured, done ...string) {
+	t.Helper()
+	setPhase(t, wf, argo.PhaseSucceeded)
+	removed := map[string]any{}
+	for _, k := range done {
+		removed[k] = nil
+	}
+	if err := env.Client.Patch(t.Context(), ts, taskPatch(true, removed)); err != nil {
+		t.Fatalf("cleanup of the TaskSet of a succeeded workflow: %v, want it admitted", err)
+	}
+}
+
+// The stale copy's write, as on an exposed controller: the exit handler's task added and the
+// completed label set back to "false".
+func TestTaskSetWrites(t *testing.T) {
+	t.Run("a stale patch of a succeeded workflow: refused, with an Event, a log line, the metric", func(t *testing.T) {
+		h := startGuard(t, Options{}, harnessOptions{})
+		ns := newNamespace(t)
+		wf, ts, step := runningTaskSet(t, ns, "http-exit")
+		complete(t, wf, ts, step)
+
+		key, tmpl := onExitTask(wf)
+		err := env.Client.Patch(t.Context(), ts, taskPatch(false, map[string]any{key: tmpl}))
+		if !apierrors.IsForbidden(err) {
+			t.Fatalf("stale TaskSet patch: err = %v, want Forbidden by exit-guard", err)
+		}
+		for _, s := range []string{"exit-guard refused", "WorkflowTaskSet " + ns + "/http-exit", key, "the exit handler http-exit.onExit",
+			"completed label set back", "Succeeded", "live-read"} {
+			if !strings.Contains(err.Error(), s) {
+				t.Errorf("refusal %q does not say %q", err.Error(), s)
+			}
+		}
+		// Nothing of the stale write landed: the agent has nothing to run.
+		var got unstructured.Unstructured
+		got.SetGroupVersionKind(taskSetGVK)
+		if err := env.Client.Get(t.Context(), client.ObjectKeyFromObject(ts), &got); err != nil {
+			t.Fatal(err)
+		}
+		if tasks, _, _ := unstructured.NestedMap(got.Object, "spec", "tasks"); len(tasks) != 0 || got.GetLabels()[argo.LabelCompleted] != "true" {
+			t.Errorf("TaskSet after the refusal: tasks %v, labels %v; want no task and completed=true", tasks, got.GetLabels())
+		}
+
+		ev := waitEvent(t, ns, wf, EventReasonDenied)
+		for _, s := range []string{"WorkflowTaskSet http-exit", "the exit handler http-exit.onExit", "Succeeded"} {
+			if !strings.Contains(ev.Note, s) {
+				t.Errorf("event note %q does not say %q", ev.Note, s)
+			}
+		}
+		if ev.Action != "UpdateWorkflowTaskSet" {
+			t.Errorf("event action %q, want UpdateWorkflowTaskSet", ev.Action)
+		}
+		if got := h.counter(t, "exit_guard_decisions_total", map[string]string{"verdict": "denied", "kind": argo.TaskSetKind}); got != 1 {
+			t.Errorf("denied TaskSet decisions counted = %v, want 1", got)
+		}
+		if got := h.counter(t, "exit_guard_decisions_total", map[string]string{"verdict": "denied", "kind": "Pod"}); got != 0 {
+			t.Errorf("denied pod decisions counted = %v, want 0", got)
+		}
+		lines := guardLog.Lines(`"msg":"stale workflow WorkflowTaskSet write refused"`, `"workflowUID":"`+string(wf.GetUID())+`"`)
+		if len(lines) != 1 {
+			t.Fatalf("%d log lines for the refusal, want 1", len(lines))
+		}
+		for _, kv := range []string{`"verdict":"denied"`, `"reason":"workflow-completed"`, `"tasksAdded":["` + key + `"]`, `"completedReopened":true`} {
+			if !strings.Contains(lines[0], kv) {
+				t.Errorf("log line %s lacks %s", lines[0], kv)
+			}
+		}
+	})
+
+	t.Run("the label set back alone, with no task: refused", func(t *testing.T) {
+		startGuard(t, Options{}, harnessOptions{})
+		ns := newNamespace(t)
+		wf, ts, step := runningTaskSet(t, ns, "reopen")
+		complete(t, wf, ts, step)
+		if err := env.Client.Patch(t.Context(), ts, taskPatch(false, map[string]any{})); !apierrors.IsForbidden(err) {
+			t.Fatalf("setting completed back to false: err = %v, want Forbidden", err)
+		}
+	})
+
+	t.Run("status writes never reach the webhook", func(t *testing.T) {
+		startGuard(t, Options{}, harnessOptions{})
+		ns := newNamespace(t)
+		wf, ts, step := runningTaskSet(t, ns, "results")
+		complete(t, wf, ts, step)
+		// What the API server counts of its calls to the TaskSet webhook.
+		calls := func() float64 {
+			n, err := env.APIServerCounter(t.Context(), "apiserver_admission_webhook_request_total",
+				map[string]string{"name": "validate-taskset.exit-guard.io"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return n
+		}
+		before := calls()
+		// The agent's and the controller's writes of results after completion.
+		agentReports(t, ts, "results-1")
+		agentReports(t, ts, "results-2")
+		if got := calls(); got != before {
+			t.Errorf("the API server called the TaskSet webhook %v times for two status writes, want none", got-before)
+		}
+		// A write of the main resource is counted: the count above can see a call.
+		touch := client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"annotations":{"touched":"yes"}}}`))
+		if err := env.Client.Patch(t.Context(), ts, touch); err != nil {
+			t.Fatal(err)
+		}
+		if got := calls(); got != before+1 {
+			t.Errorf("the API server called the TaskSet webhook %v times for one write of the main resource, want 1", got-before)
+		}
+	})
+
+	t.Run("a running workflow's HTTP steps: every write admitted", func(t *testing.T) {
+		h := startGuard(t, Options{}, harnessOptions{})
+		ns := newNamespace(t)
+		wf, ts, step := runningTaskSet(t, ns, "steps")
+		second := argo.NodeID("steps", "steps[1].call")
+		if err := env.Client.Patch(t.Context(), ts, taskPatch(false, map[string]any{second: httpTask("second"), step: nil})); err != nil {
+			t.Fatalf("adding a step to a running workflow's TaskSet: %v", err)
+		}
+		agentReports(t, ts, second)
+		key, tmpl := onExitTask(wf)
+		if err := env.Client.Patch(t.Context(), ts, taskPatch(false, map[string]any{key: tmpl, second: nil})); err != nil {
+			t.Fatalf("adding the exit handler while the workflow runs: %v", err)
+		}
+		agentReports(t, ts, key)
+		complete(t, wf, ts, key)
+		if got := h.counter(t, "exit_guard_decisions_total", map[string]string{"verdict": "allowed", "reason": string(reasonWorkflowActive), "kind": argo.TaskSetKind}); got != 3 {
+			t.Errorf("TaskSet writes admitted as %s = %v, want 3 (create and two patches)", reasonWorkflowActive, got)
+		}
+		if got := h.counter(t, "exit_guard_decisions_total", map[string]string{"verdict": "allowed", "reason": string(reasonNoNewTask), "kind": argo.TaskSetKind}); got != 1 {
+			t.Errorf("TaskSet writes admitted as %s = %v, want 1 (the cleanup)", reasonNoNewTask, got)
+		}
+	})
+
+	t.Run("a retried workflow the guard's watch has not seen retried: admitted", func(t *testing.T) {
+		h := startGuard(t, Options{}, harnessOptions{noWatch: true})
+		ns := newNamespace(t)
+		wf, ts, step := runningTaskSet(t, ns, "retried")
+		complete(t, wf, ts, step)
+		h.store.Observe(completionstore.Observation{UID: wf.GetUID(), Namespace: ns, Name: wf.GetName(),
+			ResourceVersion: wf.GetResourceVersion(), Phase: argo.PhaseSucceeded})
+		key, tmpl := onExitTask(wf)
+		if err := env.Client.Patch(t.Context(), ts, taskPatch(false, map[string]any{key: tmpl})); !apierrors.IsForbidden(err) {
+			t.Fatalf("before the retry: err = %v, want Forbidden", err)
+		}
+		retry(t, wf, argo.PhaseUnknown)
+		if err := env.Client.Patch(t.Context(), ts, taskPatch(false, map[string]any{key: tmpl})); err != nil {
+			t.Fatalf("the retried workflow's TaskSet patch: %v, want it admitted", err)
+		}
+	})
+
+	t.Run("a TaskSet created for a deleted workflow: refused", func(t *testing.T) {
+		startGuard(t, Options{}, harnessOptions{})
+		ns := newNamespace(t)
+		wf := createWorkflow(t, ns, "gone", argo.PhaseRunning)
+		if err := env.Client.Delete(t.Context(), wf); err != nil {
+			t.Fatal(err)
+		}
+		key, tmpl := onExitTask(wf)
+		err := env.Client.Create(t.Context(), taskSetOf(wf, map[string]any{key: tmpl}))
+		if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "no longer exists") {
+			t.Fatalf("creating the TaskSet of a deleted workflow: err = %v, want Forbidden, workflow deleted", err)
+		}
+	})
+
+	t.Run("warn mode: admitted with a warning and an Event", func(t *testing.T) {
+		h := startGuard(t, Options{Mode: ModeWarn}, harnessOptions{})
+		ns := newNamespace(t)
+		wf, ts, step := runningTaskSet(t, ns, "warned")
+		complete(t, wf, ts, step)
+		w := &warnings{}
+		key, tmpl := onExitTask(wf)
+		if err := warningClient(t, w).Patch(t.Context(), ts, taskPatch(false, map[string]any{key: tmpl})); err != nil {
+			t.Fatalf("warn mode refused the stale patch: %v", err)
+		}
+		if !strings.Contains(w.all(), "exit-guard (warn mode) would refuse this write") {
+			t.Errorf("warnings %q, want exit-guard's", w.all())
+		}
+		waitEvent(t, ns, wf, EventReasonWarned)
+		if got := h.counter(t, "exit_guard_decisions_total", map[string]string{"verdict": "warned", "kind": argo.TaskSetKind}); got != 1 {
+			t.Errorf("warned TaskSet decisions = %v, want 1", got)
+		}
+	})
+
+	t.Run("dry-run mode: admitted with a warning, no Event", func(t *testing.T) {
+		h := startGuard(t, Options{Mode: ModeDryRun}, harnessOptions{})
+		ns := newNamespace(t)
+		wf, ts, step := runningTaskSet(t, ns, "dry")
+		complete(t, wf, ts, step)
+		w := &warnings{}
+		key, tmpl := onExitTask(wf)
+		if err := warningClient(t, w).Patch(t.Context(), ts, taskPatch(false, map[string]any{key: tmpl})); err != nil {
+			t.Fatalf("dry-run mode refused the stale patch: %v", err)
+		}
+		if !strings.Contains(w.all(), "exit-guard (dry-run mode) would refuse this write") {
+			t.Errorf("warnings %q, want exit-guard's", w.all())
+		}
+		if got := h.counter(t, "exit_guard_decisions_total", map[string]string{"verdict": "dry-run", "kind": argo.TaskSetKind}); got != 1 {
+			t.Errorf("dry-run TaskSet decisions = %v, want 1", got)
+		}
+		err := wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, 3*time.Second, true,
+			func(context.Context) (bool, error) { return countEvents(t, ns, wf) > 0, nil })
+		if err == nil {
+			t.Error("dry-run mode recorded an Event on the workflow")
+		}
+	})
+}
+
+func mustJSON(v any) []byte {
+	b, err := json.Marshal(v)
+	if err != nil {
+		panic(err)
+	}
+	return b
+}
