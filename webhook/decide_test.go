@@ -5,13 +5,16 @@ import (
 	"testing"
 	"time"
 
+	admissionv1 "k8s.io/api/admission/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/rest"
 	clocktesting "k8s.io/utils/clock/testing"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	"github.com/exit-guard/exit-guard/completionstore"
 	"github.com/exit-guard/exit-guard/internal/argo"
@@ -119,10 +122,24 @@ func TestDecisionTable(t *testing.T) {
 	artGCOfWorkflow := agentOf(wfs[argo.PhaseSucceeded], "artifact-gc")
 	otherNS := podOf(wfs[argo.PhaseSucceeded], kindExitHandler)
 	otherNS.Namespace = "elsewhere"
+	// WorkflowTaskSet writes, read from AdmissionReviews as the webhook reads them.
+	onExit := func(wf client.Object) string { return argo.NodeID(wf.GetName(), argo.OnExitNodeName(wf.GetName())) }
+	stale := func(wf client.Object) *facts {
+		return taskSetWrite(t, wf, []string{}, "true", []string{onExit(wf)}, "false")
+	}
+	cleanup := taskSetWrite(t, wfs[argo.PhaseSucceeded], []string{onExit(wfs[argo.PhaseSucceeded])}, "false", nil, "true")
+	reopenOnly := taskSetWrite(t, wfs[argo.PhaseSucceeded], []string{}, "true", nil, "false")
+	createFor := func(wf client.Object) *facts { return taskSetWrite(t, wf, nil, "", []string{onExit(wf)}, "false") }
+	notOwnedTaskSet := stale(wfs[argo.PhaseSucceeded])
+	notOwnedTaskSet.owner = nil
+	otherNSTaskSet := stale(wfs[argo.PhaseSucceeded])
+	otherNSTaskSet.namespace = "elsewhere"
 
 	rows := []struct {
-		row    string
-		pod    *metav1.ObjectMeta
+		row string
+		pod *metav1.ObjectMeta
+		// write, when set, is a WorkflowTaskSet write instead of a pod.
+		write  *facts
 		opts   Options
 		reader client.Reader
 		store  storeState
@@ -168,6 +185,23 @@ func TestDecisionTable(t *testing.T) {
 		{row: "17 store-first, store Succeeded, live says Running (a retry)", pod: podOf(wfs[argo.PhaseRunning], kindExitHandler), opts: Options{StoreFirst: true}, store: storeSucceeded, reason: reasonWorkflowActive, source: sourceLive},
 		{row: "17 store-first, store Succeeded, live confirms", pod: podOf(wfs[argo.PhaseSucceeded], kindExitHandler), opts: Options{StoreFirst: true}, store: storeSucceeded, deny: true, reason: reasonWorkflowCompleted, source: sourceLive},
 		{row: "17 strict step pod, store Succeeded, read fails, default fallback", pod: podOf(wfs[argo.PhaseSucceeded], kindStep), opts: Options{Strict: true}, reader: failing, store: storeSucceeded, reason: reasonUnconfirmedCompletion, source: sourceStore},
+		{row: "T1 TaskSet without a Workflow owner reference", write: notOwnedTaskSet, reason: reasonNotWorkflowPod},
+		{row: "T2 TaskSet, namespace not guarded", write: otherNSTaskSet, opts: Options{Namespaces: []string{ns}}, reason: reasonNamespaceNotWatched},
+		{row: "T3 TaskSet cleanup of a succeeded workflow (tasks removed, completed set)", write: cleanup, reader: failing, reason: reasonNoNewTask},
+		{row: "T4 as 5: TaskSet task added, live Running", write: stale(wfs[argo.PhaseRunning]), store: storeSucceeded, reason: reasonWorkflowActive, source: sourceLive},
+		{row: "T4 as 6: TaskSet task added, live Succeeded", write: stale(wfs[argo.PhaseSucceeded]), deny: true, reason: reasonWorkflowCompleted, source: sourceLive},
+		{row: "T4 as 6: TaskSet completed set back alone, live Succeeded", write: reopenOnly, deny: true, reason: reasonWorkflowCompleted, source: sourceLive},
+		{row: "T4 as 6: TaskSet created, live Succeeded", write: createFor(wfs[argo.PhaseSucceeded]), deny: true, reason: reasonWorkflowCompleted, source: sourceLive},
+		{row: "T4 as 7: TaskSet task added, live Failed, default policy", write: stale(wfs[argo.PhaseFailed]), reason: reasonPhaseAllowed, source: sourceLive},
+		{row: "T4 as 8: TaskSet created, live 404", write: createFor(deletedWF), deny: true, reason: reasonWorkflowDeleted, source: sourceLive},
+		{row: "T4 as 9: TaskSet task added, live other UID", write: stale(replaced), deny: true, reason: reasonWorkflowReplaced, source: sourceLive},
+		{row: "T4 as 10: TaskSet task added, read fails, store tombstone", write: stale(wfs[argo.PhaseRunning]), reader: failing, store: storeTombstone, deny: true, reason: reasonWorkflowDeleted, source: sourceStore},
+		{row: "T4 as 11: TaskSet task added, read times out, store Succeeded", write: stale(wfs[argo.PhaseRunning]), reader: hanging, store: storeSucceeded, reason: reasonUnconfirmedCompletion, source: sourceStore},
+		{row: "T4 as 11: TaskSet task added, read fails, store Succeeded, completion fallback", write: stale(wfs[argo.PhaseRunning]), opts: Options{StoreFallback: FallbackCompletion}, reader: failing, store: storeSucceeded, deny: true, reason: reasonWorkflowCompleted, source: sourceStore},
+		{row: "T4 as 14: TaskSet task added, read fails, store empty", write: stale(wfs[argo.PhaseSucceeded]), reader: failing, reason: reasonUnverified},
+		{row: "T4 as 15: TaskSet task added, store-first, store empty", write: stale(wfs[argo.PhaseSucceeded]), opts: Options{StoreFirst: true}, reader: failing, reason: reasonNotSeenCompleted, source: sourceStore},
+		{row: "T4 as 17: TaskSet task added, store-first, store Succeeded, live confirms", write: stale(wfs[argo.PhaseSucceeded]), opts: Options{StoreFirst: true}, store: storeSucceeded, deny: true, reason: reasonWorkflowCompleted, source: sourceLive},
+		{row: "T4 as 18: TaskSet task added, store-first, watch stale, live Succeeded", write: stale(wfs[argo.PhaseSucceeded]), opts: Options{StoreFirst: true}, staleWatch: true, deny: true, reason: reasonWorkflowCompleted, source: sourceLive},
 		{row: "17 strict step pod, store Succeeded, read fails, completion fallback", pod: podOf(wfs[argo.PhaseSucceeded], kindStep), opts: Options{Strict: true, StoreFallback: FallbackCompletion}, reader: failing, store: storeSucceeded, deny: true, reason: reasonWorkflowCompleted, source: sourceStore},
 	}
 	for _, r := range rows {
@@ -181,8 +215,15 @@ func TestDecisionTable(t *testing.T) {
 			if r.staleWatch {
 				clk.Step(time.Hour)
 			}
-			if ref := metav1.GetControllerOfNoCopy(r.pod); ref != nil && r.store != storeEmpty {
-				o := completionstore.Observation{UID: ref.UID, Namespace: r.pod.Namespace, Name: ref.Name, ResourceVersion: "1"}
+			var ref *metav1.OwnerReference
+			var namespace string
+			if r.write != nil {
+				ref, namespace = r.write.owner, r.write.namespace
+			} else {
+				ref, namespace = metav1.GetControllerOfNoCopy(r.pod), r.pod.Namespace
+			}
+			if ref != nil && r.store != storeEmpty {
+				o := completionstore.Observation{UID: ref.UID, Namespace: namespace, Name: ref.Name, ResourceVersion: "1"}
 				switch r.store {
 				case storeRunning:
 					o.Phase = argo.PhaseRunning
@@ -205,7 +246,12 @@ func TestDecisionTable(t *testing.T) {
 				t.Fatal(err)
 			}
 			start := time.Now()
-			_, d := g.decide(t.Context(), r.pod)
+			var d decision
+			if r.write != nil {
+				d = g.decideTaskSet(t.Context(), *r.write)
+			} else {
+				_, d = g.decide(t.Context(), r.pod)
+			}
 			if d.deny != r.deny || d.reason != r.reason || d.source != r.source {
 				t.Errorf("decision = deny %v reason %s source %q, want deny %v reason %s source %q (live error: %v)",
 					d.deny, d.reason, d.source, r.deny, r.reason, r.source, d.liveErr)
@@ -215,6 +261,33 @@ func TestDecisionTable(t *testing.T) {
 			}
 		})
 	}
+}
+
+// taskSetWrite reads a WorkflowTaskSet write of wf's TaskSet as the webhook does: from an
+// AdmissionReview with the object before (nil oldTasks: a CREATE) and after.
+func taskSetWrite(t *testing.T, wf client.Object, oldTasks []string, oldCompleted string, newTasks []string, newCompleted string) *facts {
+	t.Helper()
+	object := func(tasks []string, completed string) runtime.RawExtension {
+		m := map[string]any{}
+		for _, k := range tasks {
+			m[k] = httpTask(k)
+		}
+		ts := taskSetOf(wf, m)
+		ts.SetLabels(map[string]string{argo.LabelCompleted: completed})
+		return runtime.RawExtension{Raw: mustJSON(ts.Object)}
+	}
+	req := admission.Request{AdmissionRequest: admissionv1.AdmissionRequest{
+		UID: "u", Operation: admissionv1.Create, Namespace: wf.GetNamespace(), Name: wf.GetName(),
+		Resource: taskSetResource, Object: object(newTasks, newCompleted),
+	}}
+	if oldTasks != nil {
+		req.Operation, req.OldObject = admissionv1.Update, object(oldTasks, oldCompleted)
+	}
+	f, resp := readTaskSet(req)
+	if resp != nil {
+		t.Fatalf("reading a TaskSet write: answered %v", resp.Result)
+	}
+	return &f
 }
 
 func TestClassify(t *testing.T) {

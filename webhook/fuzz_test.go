@@ -101,6 +101,22 @@ func reviewOf(op admissionv1.Operation, object []byte) []byte {
 	return b
 }
 
+// taskSetReviewOf wraps raw objects in an AdmissionReview of a WorkflowTaskSet operation; old
+// is the oldObject of an UPDATE.
+func taskSetReviewOf(op admissionv1.Operation, object, old []byte) []byte {
+	req := map[string]any{
+		"uid": "f-2", "kind": map[string]string{"group": argo.Group, "version": argo.Version, "kind": argo.TaskSetKind},
+		"resource":  map[string]string{"group": argo.Group, "version": argo.Version, "resource": argo.TaskSetResource},
+		"namespace": "ns", "operation": op, "object": json.RawMessage(object),
+		"userInfo": map[string]any{"username": "system:serviceaccount:argo:argo"},
+	}
+	if old != nil {
+		req["oldObject"] = json.RawMessage(old)
+	}
+	b, _ := json.Marshal(map[string]any{"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": req})
+	return b
+}
+
 // checkAnswer says what is wrong with the guard's HTTP answer to body, if anything.
 func checkAnswer(body []byte, status int, raw []byte, mutating bool) error {
 	var review admissionv1.AdmissionReview
@@ -160,13 +176,28 @@ func FuzzAdmissionReview(f *testing.F) {
 	f.Add([]byte(strings.Repeat("[", 5000)))
 	f.Add([]byte(`null`))
 	f.Add([]byte{})
+	// WorkflowTaskSet writes: of a completed workflow, a running one, a deleted one; cleanup;
+	// malformed tasks.
+	owned := func(wf, uid string) string {
+		return `"ownerReferences":[{"apiVersion":"argoproj.io/v1alpha1","kind":"Workflow","name":"` + wf + `","uid":"` + uid + `"}]`
+	}
+	for _, wf := range [][2]string{{"done", "uid-done"}, {"running", "uid-running"}, {"gone", "uid-gone"}} {
+		before := `{"metadata":{"name":"` + wf[0] + `",` + owned(wf[0], wf[1]) + `,"labels":{"workflows.argoproj.io/completed":"true"}},"spec":{}}`
+		after := `{"metadata":{"name":"` + wf[0] + `",` + owned(wf[0], wf[1]) + `,"labels":{"workflows.argoproj.io/completed":"false"}},"spec":{"tasks":{"` + wf[0] + `-1":{"name":"n","http":{"url":"http://x"}}}}}`
+		f.Add(taskSetReviewOf(admissionv1.Update, []byte(after), []byte(before)))
+		f.Add(taskSetReviewOf(admissionv1.Update, []byte(before), []byte(after)))
+		f.Add(taskSetReviewOf(admissionv1.Create, []byte(after), nil))
+	}
+	f.Add(taskSetReviewOf(admissionv1.Update, []byte(`{"spec":{"tasks":[]}}`), []byte(`{}`)))
+	f.Add(taskSetReviewOf(admissionv1.Update, []byte(`{"metadata":{`+owned("done", "uid-done")+`},"spec":{"tasks":{"a":1}}}`), nil))
 	validate := serve(&validator{fuzzGuard(f, Options{})})
 	mutate := serve(&mutator{fuzzGuard(f, Options{Mode: ModeWarn, Hooks: true, Strict: true})})
+	taskSets := serve(&taskSetValidator{fuzzGuard(f, Options{})})
 	f.Fuzz(func(t *testing.T, body []byte) {
 		for _, h := range []struct {
 			handler  http.Handler
 			mutating bool
-		}{{validate, false}, {mutate, true}} {
+		}{{validate, false}, {mutate, true}, {taskSets, false}} {
 			rec := httptest.NewRecorder()
 			req := httptest.NewRequest(http.MethodPost, "/", bytes.NewReader(body))
 			req.Header.Set("Content-Type", "application/json")

@@ -91,6 +91,33 @@ func TestMalformedRequestsGetA400WithAReason(t *testing.T) {
 	}
 }
 
+func TestMalformedTaskSetWritesGetA400WithAReason(t *testing.T) {
+	startGuard(t, Options{}, harnessOptions{})
+	ts := []byte(`{"metadata":{"name":"w","namespace":"ns"},"spec":{"tasks":{}}}`)
+	for _, tt := range []struct {
+		name       string
+		req        admissionv1.AdmissionRequest
+		wantReason string
+	}{
+		{"no request uid", admissionv1.AdmissionRequest{Resource: taskSetResource, Operation: admissionv1.Create, Object: runtime.RawExtension{Raw: ts}}, "request.uid is empty"},
+		{"a create with no object", admissionv1.AdmissionRequest{UID: "1", Resource: taskSetResource, Operation: admissionv1.Create}, "request.object is empty"},
+		{"an update with no old object", admissionv1.AdmissionRequest{UID: "2", Resource: taskSetResource, Operation: admissionv1.Update, Object: runtime.RawExtension{Raw: ts}}, "request.oldObject is empty"},
+		{"tasks that are not a map", admissionv1.AdmissionRequest{UID: "3", Resource: taskSetResource, Operation: admissionv1.Create,
+			Object: runtime.RawExtension{Raw: []byte(`{"spec":{"tasks":["a"]}}`)}}, "request.object is not a WorkflowTaskSet"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			code, rev, raw := post(t, ValidateTaskSetPath, "application/json", review(tt.req))
+			if code != http.StatusBadRequest || rev.Response == nil || rev.Response.Allowed || rev.Response.Result == nil ||
+				rev.Response.Result.Code != http.StatusBadRequest {
+				t.Fatalf("HTTP %d %s, want a refusal with code 400", code, raw)
+			}
+			if !strings.Contains(rev.Response.Result.Message, tt.wantReason) {
+				t.Errorf("reason %q does not say %q", rev.Response.Result.Message, tt.wantReason)
+			}
+		})
+	}
+}
+
 func TestRequestsThatAreNotPodCreatesAreAllowedWithAReason(t *testing.T) {
 	startGuard(t, Options{}, harnessOptions{})
 	pod := []byte(`{"metadata":{"name":"p","namespace":"ns"}}`)
@@ -102,9 +129,17 @@ func TestRequestsThatAreNotPodCreatesAreAllowedWithAReason(t *testing.T) {
 		{"a pod update", admissionv1.AdmissionRequest{UID: "1", Resource: metav1.GroupVersionResource{Version: "v1", Resource: "pods"}, Operation: admissionv1.Update, Object: runtime.RawExtension{Raw: pod}}, "only reviews pod creation"},
 		{"a configmap", admissionv1.AdmissionRequest{UID: "2", Resource: metav1.GroupVersionResource{Version: "v1", Resource: "configmaps"}, Operation: admissionv1.Create, Object: runtime.RawExtension{Raw: pod}}, "only reviews pods, not configmaps"},
 		{"a pod subresource", admissionv1.AdmissionRequest{UID: "3", Resource: metav1.GroupVersionResource{Version: "v1", Resource: "pods"}, SubResource: "binding", Operation: admissionv1.Create, Object: runtime.RawExtension{Raw: pod}}, "not pods/binding"},
+		{"a TaskSet sent to the pod path", admissionv1.AdmissionRequest{UID: "4", Resource: taskSetResource, Operation: admissionv1.Create, Object: runtime.RawExtension{Raw: pod}}, "only reviews pods, not workflowtasksets.argoproj.io"},
+		{"a TaskSet deletion", admissionv1.AdmissionRequest{UID: "5", Resource: taskSetResource, Operation: admissionv1.Delete, OldObject: runtime.RawExtension{Raw: pod}}, "only reviews WorkflowTaskSet creation and updates, not DELETE"},
+		{"a TaskSet status write", admissionv1.AdmissionRequest{UID: "6", Resource: taskSetResource, SubResource: "status", Operation: admissionv1.Update, Object: runtime.RawExtension{Raw: pod}, OldObject: runtime.RawExtension{Raw: pod}}, "not workflowtasksets.argoproj.io/status"},
+		{"a pod sent to the TaskSet path", admissionv1.AdmissionRequest{UID: "7", Resource: metav1.GroupVersionResource{Version: "v1", Resource: "pods"}, Operation: admissionv1.Create, Object: runtime.RawExtension{Raw: pod}}, "only reviews workflowtasksets.argoproj.io, not pods"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			code, rev, raw := post(t, ValidatePath, "application/json", review(tc.req))
+			path := ValidatePath
+			if strings.Contains(tc.name, "TaskSet") && !strings.Contains(tc.name, "pod path") {
+				path = ValidateTaskSetPath
+			}
+			code, rev, raw := post(t, path, "application/json", review(tc.req))
 			if code != http.StatusOK || rev.Response == nil || !rev.Response.Allowed {
 				t.Fatalf("HTTP %d %s, want allowed", code, raw)
 			}
@@ -136,6 +171,28 @@ func TestDenialCarriesAuditAnnotations(t *testing.T) {
 	}
 	if rev.Response.Result.Code != http.StatusForbidden {
 		t.Errorf("denial code %d, want 403", rev.Response.Result.Code)
+	}
+
+	// A WorkflowTaskSet write names what it adds instead of a pod kind.
+	key := argo.NodeID("done", argo.OnExitNodeName("done"))
+	after := taskSetOf(wf, map[string]any{key: httpTask("notify")})
+	before := taskSetOf(wf, map[string]any{})
+	before.SetLabels(map[string]string{argo.LabelCompleted: "true"})
+	code, rev, body = post(t, ValidateTaskSetPath, "application/json", review(admissionv1.AdmissionRequest{
+		UID: "audit-2", Resource: taskSetResource, Operation: admissionv1.Update, Namespace: ns, Name: "done",
+		Object: runtime.RawExtension{Raw: mustJSON(after.Object)}, OldObject: runtime.RawExtension{Raw: mustJSON(before.Object)}}))
+	if code != http.StatusOK || rev.Response == nil || rev.Response.Allowed {
+		t.Fatalf("HTTP %d %s, want a denial", code, body)
+	}
+	want = map[string]string{"decision": "denied", "reason": "workflow-completed", "workflow": ns + "/done", "kind": argo.TaskSetKind,
+		"workflow-uid": string(wf.GetUID()), "tasks-added": key, "completed-reopened": "true", "source": "live-read", "phase": "Succeeded"}
+	for k, v := range want {
+		if got := rev.Response.AuditAnnotations[k]; got != v {
+			t.Errorf("TaskSet audit annotation %s = %q, want %q", k, got, v)
+		}
+	}
+	if _, ok := rev.Response.AuditAnnotations["pod-kind"]; ok {
+		t.Error("a TaskSet write's audit annotations name a pod kind")
 	}
 }
 
