@@ -9,7 +9,6 @@ import (
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -18,44 +17,16 @@ import (
 
 	"github.com/exit-guard/exit-guard/completionstore"
 	"github.com/exit-guard/exit-guard/internal/argo"
+	"github.com/exit-guard/exit-guard/internal/testenv"
 )
 
-var taskSetGVK = argo.GroupVersion.WithKind(argo.TaskSetKind)
-
-// httpTask is an HTTP template as the controller writes it into a TaskSet.
-func httpTask(name string) map[string]any {
-	return map[string]any{"name": name, "http": map[string]any{"url": "http://notify.example/" + name, "method": "POST"}}
-}
-
-// onExitTask is the key and template of a workflow-level HTTP exit handler.
-func onExitTask(wf client.Object) (string, map[string]any) {
-	return argo.NodeID(wf.GetName(), argo.OnExitNodeName(wf.GetName())), httpTask("notify")
-}
-
-// taskSetOf is the WorkflowTaskSet the controller creates for wf: named like it, with a
-// non-controller owner reference to it.
-func taskSetOf(wf client.Object, tasks map[string]any) *unstructured.Unstructured {
-	ts := &unstructured.Unstructured{}
-	ts.SetGroupVersionKind(taskSetGVK)
-	ts.SetNamespace(wf.GetNamespace())
-	ts.SetName(wf.GetName())
-	ts.SetLabels(map[string]string{argo.LabelCompleted: "false"})
-	ts.SetOwnerReferences([]metav1.OwnerReference{{
-		APIVersion: argo.GroupVersion.String(), Kind: argo.Kind, Name: wf.GetName(), UID: wf.GetUID(),
-	}})
-	ts.Object["spec"] = map[string]any{"tasks": tasks}
-	return ts
-}
-
-// taskPatch is the controller's merge patch of the main resource: tasks added (or, with a nil
-// template, removed) and the completed label.
-func taskPatch(completed bool, tasks map[string]any) client.Patch {
-	p := map[string]any{
-		"metadata": map[string]any{"labels": map[string]any{argo.LabelCompleted: map[bool]string{true: "true", false: "false"}[completed]}},
-		"spec":     map[string]any{"tasks": tasks},
-	}
-	return client.RawPatch(types.MergePatchType, mustJSON(p))
-}
+var (
+	taskSetGVK = testenv.TaskSetGVK
+	httpTask   = testenv.HTTPTask
+	onExitTask = testenv.OnExitTask
+	taskSetOf  = testenv.TaskSet
+	taskPatch  = testenv.TaskSetPatch
+)
 
 // warnings collects the admission warnings a client receives.
 type warnings struct {
@@ -104,8 +75,7 @@ func runningTaskSet(t *testing.T, ns, name string) (*unstructured.Unstructured, 
 // agentReports writes a task's result through the status subresource, as the agent does.
 func agentReports(t *testing.T, ts *unstructured.Unstructured, node string) {
 	t.Helper()
-	p := map[string]any{"status": map[string]any{"nodes": map[string]any{node: map[string]any{"phase": "Succeeded"}}}}
-	if err := env.Client.Status().Patch(t.Context(), ts, client.RawPatch(types.MergePatchType, mustJSON(p))); err != nil {
+	if err := env.Client.Status().Patch(t.Context(), ts, testenv.TaskSetResult(node)); err != nil {
 		t.Fatalf("the agent's status write: %v", err)
 	}
 }

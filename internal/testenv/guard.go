@@ -2,6 +2,7 @@ package testenv
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -10,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -17,6 +19,8 @@ import (
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/rand"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -179,4 +183,51 @@ func ExitPod(wf client.Object) *corev1.Pod {
 		},
 		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "main", Image: "busybox"}}},
 	}
+}
+
+// TaskSetGVK is the GroupVersionKind of Argo's WorkflowTaskSet.
+var TaskSetGVK = argo.GroupVersion.WithKind(argo.TaskSetKind)
+
+// HTTPTask is an HTTP template as Argo's controller writes it into a WorkflowTaskSet.
+func HTTPTask(name string) map[string]any {
+	return map[string]any{"name": name, "http": map[string]any{"url": "http://notify.invalid/" + name, "method": "POST"}}
+}
+
+// OnExitTask is the task key and template of wf's workflow-level HTTP exit handler.
+func OnExitTask(wf client.Object) (string, map[string]any) {
+	return argo.NodeID(wf.GetName(), argo.OnExitNodeName(wf.GetName())), HTTPTask("notify")
+}
+
+// TaskSet is the WorkflowTaskSet Argo's controller creates for wf: named like it, with a
+// non-controller owner reference to it and the label completed=false.
+func TaskSet(wf client.Object, tasks map[string]any) *unstructured.Unstructured {
+	ts := &unstructured.Unstructured{}
+	ts.SetGroupVersionKind(TaskSetGVK)
+	ts.SetNamespace(wf.GetNamespace())
+	ts.SetName(wf.GetName())
+	ts.SetLabels(map[string]string{argo.LabelCompleted: "false"})
+	ts.SetOwnerReferences([]metav1.OwnerReference{{
+		APIVersion: argo.GroupVersion.String(), Kind: argo.Kind, Name: wf.GetName(), UID: wf.GetUID(),
+	}})
+	ts.Object["spec"] = map[string]any{"tasks": tasks}
+	return ts
+}
+
+// TaskSetPatch is the controller's JSON merge patch of a TaskSet's main resource: tasks added
+// (or, with a nil template, removed) and the completed label.
+func TaskSetPatch(completed bool, tasks map[string]any) client.Patch {
+	raw, err := json.Marshal(map[string]any{
+		"metadata": map[string]any{"labels": map[string]any{argo.LabelCompleted: strconv.FormatBool(completed)}},
+		"spec":     map[string]any{"tasks": tasks},
+	})
+	if err != nil {
+		panic(err) // maps of strings and templates always marshal
+	}
+	return client.RawPatch(types.MergePatchType, raw)
+}
+
+// TaskSetResult is the agent's write of a task's result, through the status subresource.
+func TaskSetResult(node string) client.Patch {
+	raw, _ := json.Marshal(map[string]any{"status": map[string]any{"nodes": map[string]any{node: map[string]any{"phase": "Succeeded"}}}})
+	return client.RawPatch(types.MergePatchType, raw)
 }

@@ -152,6 +152,9 @@ func TestGuardDoesItsJobWithTheChartsPermissions(t *testing.T) {
 		t.Fatalf("%v\n%s", err, out)
 	}
 	defer func() { _ = g.Stop() }()
+	if len(webhooks) != 1 {
+		t.Fatalf("the default profile rendered %d webhook configurations, want 1 (pods and TaskSets)", len(webhooks))
+	}
 	registerAt(t, webhooks[0], fmt.Sprintf("https://%s:%d", env.WebhookHost, env.WebhookPort), env.WebhookCAData)
 
 	done := createWorkflow(t, ns, argo.PhaseSucceeded)
@@ -178,7 +181,86 @@ func TestGuardDoesItsJobWithTheChartsPermissions(t *testing.T) {
 	if err := env.Client.Create(t.Context(), agent, client.DryRunAll); err != nil {
 		t.Errorf("artifact-GC pod owned by a succeeded workflow: %v", err)
 	}
+	checkTaskSets(t, ns, true)
 	checkPermissions(t, ns, sa, out)
+}
+
+// checkTaskSets plays an HTTP exit handler's WorkflowTaskSet writes through the chart's TaskSet
+// webhook: a running workflow's writes admitted, cleanup and status writes kept away from the
+// guard by the rules and match conditions (counted by the API server), the stale copy's write
+// refused (or, with enforce false, admitted).
+func checkTaskSets(t *testing.T, ns string, enforce bool) {
+	t.Helper()
+	calls := func() float64 {
+		n, err := env.APIServerCounter(t.Context(), "apiserver_admission_webhook_request_total",
+			map[string]string{"name": "validate-taskset.exit-guard.io"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	wf := createWorkflow(t, ns, argo.PhaseRunning)
+	step := argo.NodeID(wf.GetName(), wf.GetName()+"[0].call")
+	ts := testenv.TaskSet(wf, map[string]any{step: testenv.HTTPTask("call")})
+	// A TaskSet with no tasks, or no spec.tasks at all, starts no work and is not sent.
+	before := calls()
+	empty := testenv.TaskSet(createWorkflow(t, ns, argo.PhaseRunning), nil)
+	empty.Object["spec"] = map[string]any{}
+	if err := env.Client.Create(t.Context(), empty); err != nil {
+		t.Fatalf("an empty TaskSet: %v", err)
+	}
+	if got := calls() - before; got != 0 {
+		t.Errorf("the API server called the TaskSet webhook %v times for a TaskSet without tasks, want none", got)
+	}
+	before = calls()
+	if err := env.Client.Create(t.Context(), ts); err != nil {
+		t.Fatalf("the TaskSet of a running workflow: %v", err)
+	}
+	if got := calls() - before; got != 1 {
+		t.Errorf("the API server called the TaskSet webhook %v times for a TaskSet with a task, want 1", got)
+	}
+	wf.Object["status"] = map[string]any{"phase": string(argo.PhaseSucceeded)}
+	if err := env.Client.Update(t.Context(), wf); err != nil {
+		t.Fatal(err)
+	}
+	before = calls()
+	if err := env.Client.Status().Patch(t.Context(), ts, testenv.TaskSetResult(step)); err != nil {
+		t.Fatalf("the agent's result: %v", err)
+	}
+	if err := env.Client.Patch(t.Context(), ts, testenv.TaskSetPatch(true, map[string]any{step: nil})); err != nil {
+		t.Fatalf("cleanup of a succeeded workflow's TaskSet: %v", err)
+	}
+	if got := calls() - before; got != 0 {
+		t.Errorf("the API server called the TaskSet webhook %v times for a status write and a cleanup, want none", got)
+	}
+	key, tmpl := testenv.OnExitTask(wf)
+	err := env.Client.Patch(t.Context(), ts, testenv.TaskSetPatch(false, map[string]any{key: tmpl}))
+	switch {
+	case enforce && (!apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "WorkflowTaskSet")):
+		t.Errorf("the stale copy's TaskSet patch: err = %v, want refused by exit-guard", err)
+	case !enforce && err != nil:
+		t.Errorf("the stale copy's TaskSet patch: %v, want it admitted with a warning", err)
+	}
+	if got := calls() - before; got != 1 {
+		t.Errorf("the API server called the TaskSet webhook %v times for the stale patch, want 1", got)
+	}
+	// The completed label set back alone, as a stale copy with no new task would.
+	if enforce {
+		err = env.Client.Patch(t.Context(), ts, testenv.TaskSetPatch(false, map[string]any{}))
+		if !apierrors.IsForbidden(err) {
+			t.Errorf("the completed label set back alone: err = %v, want refused by exit-guard", err)
+		}
+	}
+	// A match condition that fails to evaluate skips the webhook under failurePolicy Ignore:
+	// the API server must have evaluated every one of them cleanly.
+	errs, err := env.APIServerCounter(t.Context(), "apiserver_admission_match_condition_evaluation_errors_total",
+		map[string]string{"name": "validate-taskset.exit-guard.io"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if errs != 0 {
+		t.Errorf("the API server failed %v times to evaluate the TaskSet webhook's match conditions", errs)
+	}
 }
 
 // TestWarnModeMarksThroughTheChartsMutatingWebhook does the same in warn mode, where the chart
@@ -187,8 +269,8 @@ func TestWarnModeMarksThroughTheChartsMutatingWebhook(t *testing.T) {
 	ns := newNamespace(t, nil)
 	objs := render(t, profile{name: "warn", set: []string{"guard.mode=warn"}}, "warn", ns)
 	webhooks := install(t, objs)
-	if len(webhooks) != 1 || webhooks[0].GetKind() != "MutatingWebhookConfiguration" {
-		t.Fatalf("warn mode rendered %v, want one MutatingWebhookConfiguration", webhooks)
+	if len(webhooks) != 2 || webhooks[0].GetKind() != "MutatingWebhookConfiguration" || webhooks[1].GetKind() != "ValidatingWebhookConfiguration" {
+		t.Fatalf("warn mode rendered %v, want a MutatingWebhookConfiguration (pods) and a ValidatingWebhookConfiguration (TaskSets)", webhooks)
 	}
 	out := &testenv.Output{}
 	g, err := testenv.StartGuard(t.Context(), guardBin, kubeconfigAs(t, ns, only(t, objs, "ServiceAccount").GetName()), guardArgs(t, objs,
@@ -197,7 +279,9 @@ func TestWarnModeMarksThroughTheChartsMutatingWebhook(t *testing.T) {
 		t.Fatalf("%v\n%s", err, out)
 	}
 	defer func() { _ = g.Stop() }()
-	registerAt(t, webhooks[0], fmt.Sprintf("https://%s:%d", env.WebhookHost, env.WebhookPort), env.WebhookCAData)
+	for _, wh := range webhooks {
+		registerAt(t, wh, fmt.Sprintf("https://%s:%d", env.WebhookHost, env.WebhookPort), env.WebhookCAData)
+	}
 
 	pod := testenv.ExitPod(createWorkflow(t, ns, argo.PhaseSucceeded))
 	if err := env.Client.Create(t.Context(), pod); err != nil {
@@ -210,6 +294,7 @@ func TestWarnModeMarksThroughTheChartsMutatingWebhook(t *testing.T) {
 	if err := env.Client.Create(t.Context(), ok); err != nil || ok.Labels["exit-guard.io/suspect"] != "" {
 		t.Errorf("a running workflow's pod: err %v, labels %v; want admitted unmarked", err, ok.Labels)
 	}
+	checkTaskSets(t, ns, false)
 }
 
 // checkPermissions checks what the ServiceAccount may do: what the guard needs, and nothing of
@@ -237,6 +322,10 @@ func checkPermissions(t *testing.T, ns, sa string, out *testenv.Output) {
 		{authorizationv1.ResourceAttributes{Resource: "secrets", Verb: "list"}, false},
 		{authorizationv1.ResourceAttributes{Resource: "configmaps", Verb: "list"}, false},
 		{authorizationv1.ResourceAttributes{Group: "admissionregistration.k8s.io", Resource: "validatingwebhookconfigurations", Verb: "update"}, false},
+		// The TaskSet comes in the admission request: the guard reads none.
+		{authorizationv1.ResourceAttributes{Group: "argoproj.io", Resource: "workflowtasksets", Verb: "get", Namespace: ns}, false},
+		{authorizationv1.ResourceAttributes{Group: "argoproj.io", Resource: "workflowtasksets", Verb: "list"}, false},
+		{authorizationv1.ResourceAttributes{Group: "argoproj.io", Resource: "workflowtasksets", Verb: "patch", Namespace: ns}, false},
 		{authorizationv1.ResourceAttributes{Group: "coordination.k8s.io", Resource: "leases", Verb: "create", Namespace: ns}, false},
 	} {
 		name := fmt.Sprintf("%s %s.%s in %q", tc.attrs.Verb, tc.attrs.Resource, tc.attrs.Group, tc.attrs.Namespace)

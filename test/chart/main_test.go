@@ -15,6 +15,8 @@ import (
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	"github.com/exit-guard/exit-guard/internal/testenv"
 )
@@ -26,6 +28,8 @@ var (
 )
 
 func TestMain(m *testing.M) {
+	// The test clients log the API server's warnings (warn mode's) through controller-runtime.
+	ctrllog.SetLogger(zap.New(zap.WriteTo(os.Stderr)))
 	dir, err := os.MkdirTemp("", "exit-guard-chart-test")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -81,6 +85,7 @@ var profiles = []profile{
 		"certificates.certManager.issuerRef.group=cert-manager.io"}},
 	{name: "self-managed-warn", set: []string{"certificates.mode=self", "guard.mode=warn"}},
 	{name: "dry-run", set: []string{"guard.mode=dry-run"}},
+	{name: "warn-without-tasksets", set: []string{"guard.mode=warn", "webhook.taskSets.enabled=false"}},
 	{name: "hooks", set: []string{"guard.coverHooks=true"}},
 	{name: "fail-closed", set: []string{"webhook.failurePolicy=Fail", "webhook.timeoutSeconds=3", "guard.liveReadBudget=2s"}},
 	{name: "sidecar", set: []string{"installMode=sidecar"}},
@@ -98,6 +103,9 @@ var profiles = []profile{
 		"logging.level=debug", "logging.format=console", "replicaCount=3",
 		"webhook.extraMatchConditions[0].name=not-a-canary",
 		"webhook.extraMatchConditions[0].expression=!has(object.metadata.labels) || !('canary' in object.metadata.labels)",
+		"webhook.taskSets.failurePolicy=Fail",
+		"webhook.taskSets.extraMatchConditions[0].name=not-a-canary",
+		"webhook.taskSets.extraMatchConditions[0].expression=!has(object.metadata.labels) || !('canary' in object.metadata.labels)",
 	}},
 }
 

@@ -38,11 +38,13 @@ func TestEveryProfileLintsAndRenders(t *testing.T) {
 			runHelm(t, append([]string{"lint", chartDir, "--strict", "--kube-version", "1.37.2"}, p.args()...)...)
 			objs := render(t, p, "eg", "argo")
 			sidecar := strings.HasPrefix(p.name, "sidecar")
-			mutating := p.name == "self-managed-warn" || p.name == "dry-run"
+			mutating := p.name == "self-managed-warn" || p.name == "dry-run" || p.name == "warn-without-tasksets"
+			taskSets := p.name != "warn-without-tasksets"
 			if got := len(find(objs, "MutatingWebhookConfiguration")); got != map[bool]int{true: 1, false: 0}[mutating] {
 				t.Errorf("%d MutatingWebhookConfigurations", got)
 			}
-			if got := len(find(objs, "ValidatingWebhookConfiguration")); got != map[bool]int{true: 0, false: 1}[mutating] {
+			// Pods in enforce mode and WorkflowTaskSets share the one validating configuration.
+			if got := len(find(objs, "ValidatingWebhookConfiguration")); got != map[bool]int{true: 1, false: 0}[!mutating || taskSets] {
 				t.Errorf("%d ValidatingWebhookConfigurations", got)
 			}
 			binding := convert[rbacv1.ClusterRoleBinding](t, find(objs, "ClusterRoleBinding")[0])
@@ -164,30 +166,46 @@ func newNamespace(t *testing.T, labels map[string]string) string {
 // which controller-gen generates from the markers in the code.
 func TestChartMatchesTheGeneratedManifests(t *testing.T) {
 	root := testenv.RepoRoot()
+	// The generated webhooks, by kind of configuration and name.
 	generated := map[string]map[string]any{}
 	raw, err := os.ReadFile(filepath.Join(root, "config", "webhook", "manifests.yaml"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, o := range decodeAll(t, raw) {
-		generated[o.GetKind()] = o.Object["webhooks"].([]any)[0].(map[string]any)
+		for _, w := range o.Object["webhooks"].([]any) {
+			w := w.(map[string]any)
+			generated[o.GetKind()+"/"+w["name"].(string)] = w
+		}
 	}
 	for _, p := range []profile{profiles[0], {name: "warn", set: []string{"guard.mode=warn"}}} {
+		seen := 0
 		for _, o := range render(t, p, "eg", "argo") {
-			want, ok := generated[o.GetKind()]
-			if !ok {
+			if !strings.HasSuffix(o.GetKind(), "WebhookConfiguration") {
 				continue
 			}
-			got := o.Object["webhooks"].([]any)[0].(map[string]any)
-			for _, field := range []string{"name", "rules", "sideEffects", "admissionReviewVersions", "matchPolicy", "reinvocationPolicy"} {
-				if diff := cmp.Diff(want[field], got[field]); diff != "" {
-					t.Errorf("%s %s differs from config/webhook (-generated +chart):\n%s", o.GetKind(), field, diff)
+			for _, w := range o.Object["webhooks"].([]any) {
+				got := w.(map[string]any)
+				want, ok := generated[o.GetKind()+"/"+got["name"].(string)]
+				if !ok {
+					t.Errorf("%s: %s %s has no generated counterpart in config/webhook", p.name, o.GetKind(), got["name"])
+					continue
+				}
+				seen++
+				for _, field := range []string{"name", "rules", "sideEffects", "admissionReviewVersions", "matchPolicy", "reinvocationPolicy"} {
+					if diff := cmp.Diff(want[field], got[field]); diff != "" {
+						t.Errorf("%s: %s %s %s differs from config/webhook (-generated +chart):\n%s", p.name, o.GetKind(), got["name"], field, diff)
+					}
+				}
+				wantPath := want["clientConfig"].(map[string]any)["service"].(map[string]any)["path"]
+				if gotPath := got["clientConfig"].(map[string]any)["service"].(map[string]any)["path"]; gotPath != wantPath {
+					t.Errorf("%s: %s %s path %v, generated %v", p.name, o.GetKind(), got["name"], gotPath, wantPath)
 				}
 			}
-			wantPath := want["clientConfig"].(map[string]any)["service"].(map[string]any)["path"]
-			if gotPath := got["clientConfig"].(map[string]any)["service"].(map[string]any)["path"]; gotPath != wantPath {
-				t.Errorf("%s path %v, generated %v", o.GetKind(), gotPath, wantPath)
-			}
+		}
+		// The pod webhook of the mode and the WorkflowTaskSet webhook.
+		if seen != 2 {
+			t.Errorf("%s: %d webhooks rendered, want 2", p.name, seen)
 		}
 	}
 

@@ -106,7 +106,8 @@ annotations:
 - --cert-dns-name={{ include "exit-guard.dnsName" . }}
 {{- if include "exit-guard.mutating" . }}
 - --mutating-webhook-configuration={{ include "exit-guard.webhookConfigName" . }}
-{{- else }}
+{{- end }}
+{{- if or (not (include "exit-guard.mutating" .)) .Values.webhook.taskSets.enabled }}
 - --validating-webhook-configuration={{ include "exit-guard.webhookConfigName" . }}
 {{- end }}
 - --server-cert-duration={{ .Values.certificates.self.serverCertDuration }}
