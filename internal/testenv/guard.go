@@ -143,8 +143,9 @@ func FreeAddr() (string, error) {
 }
 
 // GuardWebhook is the guard's ValidatingWebhookConfiguration as config/webhook generates it
-// from the code's markers, with the chart's object selector (only pods that Argo made). Give
-// it to Options.ValidatingWebhooks: envtest points it at the local serving address.
+// from the code's markers (pods and WorkflowTaskSets), with the chart's object selector on the
+// pod webhook (only pods that Argo made). Give it to Options.ValidatingWebhooks: envtest points
+// it at the local serving address.
 func GuardWebhook() (*admissionregistrationv1.ValidatingWebhookConfiguration, error) {
 	raw, err := os.ReadFile(filepath.Join(RepoRoot(), "config", "webhook", "manifests.yaml"))
 	if err != nil {
@@ -159,6 +160,9 @@ func GuardWebhook() (*admissionregistrationv1.ValidatingWebhookConfiguration, er
 			continue
 		}
 		for i := range vwc.Webhooks {
+			if rules := vwc.Webhooks[i].Rules; len(rules) == 0 || len(rules[0].Resources) == 0 || rules[0].Resources[0] != "pods" {
+				continue
+			}
 			vwc.Webhooks[i].ObjectSelector = &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{
 				Key: "workflows.argoproj.io/workflow", Operator: metav1.LabelSelectorOpExists}}}
 		}

@@ -26,6 +26,8 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	"github.com/exit-guard/exit-guard/internal/argo"
 	"github.com/exit-guard/exit-guard/internal/testenv"
@@ -44,6 +46,8 @@ const (
 var guardBin string
 
 func TestMain(m *testing.M) {
+	// The test's clients log the API server's warnings through controller-runtime.
+	ctrllog.SetLogger(zap.New(zap.WriteTo(os.Stderr)))
 	dir, err := os.MkdirTemp("", "exit-guard-e2e")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -100,14 +104,41 @@ type outcome struct {
 	wantFail   bool
 	phase      argo.Phase
 	notifyPods int // exit-handler notification pods the API server admitted
-	denials    int // ExitHandlerDenied Events
+	// Of an HTTP exit handler: the calls its URL received, and the agent pods admitted.
+	calls, agentPods int
+	// retried: the workflow was retried after it failed; callsBeforeRetry were made before.
+	retried          bool
+	callsBeforeRetry int
+	denials          int // ExitHandlerDenied Events
+	taskSetDenials   int // those of them for a WorkflowTaskSet write
 }
 
-// run starts an API server with Argo's CRDs, the controller of version behind a lagging proxy,
-// the kubelet stand-in, and the guard as mode says; runs ok succeeding and failing workflows
-// of the reference shape; and returns what became of each.
+// scenario is one run of the proof.
+type scenario struct {
+	version     string
+	mode        guardMode
+	ok, failing int
+	// http makes the exit handler an HTTP template, run by Argo's real agent (argoexec).
+	http bool
+	// retry retries each failing workflow once after it failed, as `argo retry` does.
+	retry bool
+	// env is added to the controller's environment.
+	env []string
+}
+
+// run runs the reference workflows with a pod exit handler.
 func run(t *testing.T, version string, mode guardMode, ok, failing int) []outcome {
 	t.Helper()
+	return runScenario(t, scenario{version: version, mode: mode, ok: ok, failing: failing})
+}
+
+// runScenario starts an API server with Argo's CRDs, the controller of version behind a
+// lagging proxy, the kubelet stand-in (with Argo's agent for agent pods), and the guard as
+// mode says; runs ok succeeding and failing workflows of the reference shape; and returns
+// what became of each.
+func runScenario(t *testing.T, sc scenario) []outcome {
+	t.Helper()
+	version, mode, ok, failing := sc.version, sc.mode, sc.ok, sc.failing
 	ctrlBin, crds := controller(t, version)
 	opts := testenv.Options{CRDDirs: []string{crds}, OwnCRDs: true}
 	if mode != noGuard {
@@ -155,7 +186,20 @@ func run(t *testing.T, version string, mode guardMode, ok, failing int) []outcom
 		defer func() { _ = g.Stop() }()
 	}
 
+	logDir := os.Getenv("E2E_LOG_DIR") // keep the controllers' and agents' logs there
+	if logDir == "" {
+		logDir = t.TempDir()
+	}
 	k := newKubelet(c, namespace)
+	var notify *notifier
+	if sc.http {
+		notify = newNotifier()
+		defer notify.close()
+		if k.agents, err = newAgents(filepath.Join(filepath.Dir(ctrlBin), "argoexec"), env.Config, namespace, logDir); err != nil {
+			t.Fatal(err)
+		}
+		defer k.agents.stop()
+	}
 	go k.run(ctx)
 
 	proxy, err := startLagProxy(env.Config, watchLag)
@@ -167,10 +211,6 @@ func run(t *testing.T, version string, mode guardMode, ok, failing int) []outcom
 	if err := os.WriteFile(kcFile, plainKubeconfig(t, proxy.URL()), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	logDir := os.Getenv("E2E_LOG_DIR") // keep the controllers' logs there
-	if logDir == "" {
-		logDir = t.TempDir()
-	}
 	logFile := filepath.Join(logDir, fmt.Sprintf("controller-%s-%d-%d.log", version, mode, time.Now().Unix()))
 	logOut, err := os.Create(logFile)
 	if err != nil {
@@ -179,7 +219,7 @@ func run(t *testing.T, version string, mode guardMode, ok, failing int) []outcom
 	defer func() { _ = logOut.Close() }()
 	cmd := exec.Command(ctrlBin, "--kubeconfig="+kcFile, "--namespaced", "--managed-namespace="+namespace,
 		"--namespace="+namespace, "--executor-image=executor:e2e", "--loglevel=info")
-	cmd.Env = append(os.Environ(), "LEADER_ELECTION_DISABLE=true", "DEFAULT_REQUEUE_TIME=1s")
+	cmd.Env = append(append(os.Environ(), "LEADER_ELECTION_DISABLE=true", "DEFAULT_REQUEUE_TIME=1s"), sc.env...)
 	cmd.Stdout, cmd.Stderr = logOut, logOut
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -198,6 +238,9 @@ func run(t *testing.T, version string, mode guardMode, ok, failing int) []outcom
 	var wfs []*unstructured.Unstructured
 	for i := range ok + failing {
 		wf := referenceWorkflow(i >= ok)
+		if sc.http {
+			wf = httpWorkflow(i >= ok, notify.url())
+		}
 		if err := c.Create(ctx, wf); err != nil {
 			t.Fatal(err)
 		}
@@ -208,17 +251,43 @@ func run(t *testing.T, version string, mode guardMode, ok, failing int) []outcom
 		case <-time.After(2 * time.Second):
 		}
 	}
-	err = wait.PollUntilContextTimeout(ctx, time.Second, 4*time.Minute, true, func(ctx context.Context) (bool, error) {
-		for _, wf := range wfs {
-			if !phase(ctx, c, wf).Terminal() {
-				return false, nil
+	waitDone := func() {
+		t.Helper()
+		err := wait.PollUntilContextTimeout(ctx, time.Second, 4*time.Minute, true, func(ctx context.Context) (bool, error) {
+			for _, wf := range wfs {
+				if !phase(ctx, c, wf).Terminal() {
+					return false, nil
+				}
+			}
+			return true, nil
+		})
+		if err != nil {
+			logs, _ := os.ReadFile(logFile)
+			t.Fatalf("workflows did not complete on %s: %v\ncontroller log:\n%s", version, err, tail(logs, 60))
+		}
+	}
+	waitDone()
+	before := map[string]int{}
+	if sc.retry {
+		for i, wf := range wfs {
+			if i >= ok {
+				before[wf.GetName()] = notify.count(wf.GetName())
+				retryWorkflow(ctx, t, c, wf)
 			}
 		}
-		return true, nil
-	})
-	if err != nil {
-		logs, _ := os.ReadFile(logFile)
-		t.Fatalf("workflows did not complete on %s: %v\ncontroller log:\n%s", version, err, tail(logs, 60))
+		// The retried workflows run their failed parts, fail again, and notify again.
+		err := wait.PollUntilContextTimeout(ctx, time.Second, time.Minute, true, func(ctx context.Context) (bool, error) {
+			for i, wf := range wfs {
+				if i >= ok && phase(ctx, c, wf).Terminal() && notify.count(wf.GetName()) == before[wf.GetName()] {
+					return false, nil
+				}
+			}
+			return true, nil
+		})
+		if err != nil {
+			t.Logf("the retried workflows made no new call within a minute")
+		}
+		waitDone()
 	}
 	// Give a stale copy time to come back, be reconciled, and try its exit handler.
 	select {
@@ -229,7 +298,12 @@ func run(t *testing.T, version string, mode guardMode, ok, failing int) []outcom
 	var out []outcome
 	for i, wf := range wfs {
 		o := outcome{name: wf.GetName(), wantFail: i >= ok, phase: phase(ctx, c, wf),
-			notifyPods: len(k.pods(wf.GetName(), ".onExit")), denials: denials(ctx, t, c, wf)}
+			notifyPods: len(k.pods(wf.GetName(), ".onExit")), agentPods: k.agentPods(wf.GetName())}
+		o.denials, o.taskSetDenials = denials(ctx, t, c, wf)
+		if sc.http {
+			o.calls = notify.count(wf.GetName())
+			o.callsBeforeRetry, o.retried = before[wf.GetName()], sc.retry && i >= ok
+		}
 		out = append(out, o)
 	}
 	logs, _ := os.ReadFile(logFile)
@@ -254,21 +328,26 @@ func phase(ctx context.Context, c client.Client, wf *unstructured.Unstructured) 
 	return got.Status.Phase
 }
 
-func denials(ctx context.Context, t *testing.T, c client.Client, wf *unstructured.Unstructured) int {
+// denials counts the guard's refusals for wf (Event occurrences), and those of WorkflowTaskSet
+// writes among them.
+func denials(ctx context.Context, t *testing.T, c client.Client, wf *unstructured.Unstructured) (all, taskSets int) {
 	var list eventsv1.EventList
 	if err := c.List(ctx, &list, client.InNamespace(namespace)); err != nil {
 		t.Fatal(err)
 	}
-	n := 0
 	for _, e := range list.Items {
 		if e.Regarding.UID == wf.GetUID() && e.Reason == webhook.EventReasonDenied {
-			n++
+			n := 1
 			if e.Series != nil {
-				n += int(e.Series.Count) - 1
+				n = int(e.Series.Count)
+			}
+			all += n
+			if strings.HasSuffix(e.Action, "WorkflowTaskSet") {
+				taskSets += n
 			}
 		}
 	}
-	return n
+	return all, taskSets
 }
 
 // plainKubeconfig reaches server over plain HTTP with no credentials (the proxy adds them).

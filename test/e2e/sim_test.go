@@ -5,6 +5,7 @@ package e2e
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -21,10 +22,12 @@ import (
 // namespace and writes their status through the status subresource, as a kubelet would: a
 // moment after creation every container running, the pod Running; after a time given by the
 // pod's node every container terminated, the pod Succeeded (or Failed, for a node named
-// "fail"). It records every pod it saw created.
+// "fail"). It records every pod it saw created. Agent pods run Argo's real agent (agents),
+// when the test gives one: the pod runs as long as the agent process does.
 type kubelet struct {
-	c  client.Client
-	ns string
+	c      client.Client
+	ns     string
+	agents *agents
 
 	mu   sync.Mutex
 	seen map[types.UID]seenPod // by pod UID: a stale copy re-creates pods under the same name
@@ -34,6 +37,7 @@ type seenPod struct {
 	name     string
 	workflow string
 	node     string
+	agent    bool
 	at       time.Time
 	running  bool
 	done     bool
@@ -63,9 +67,14 @@ func (k *kubelet) run(ctx context.Context) {
 	for ctx.Err() == nil {
 		var pods corev1.PodList
 		if err := k.c.List(ctx, &pods, client.InNamespace(k.ns)); err == nil {
+			alive := map[types.UID]bool{}
 			for i := range pods.Items {
 				k.step(ctx, &pods.Items[i])
+				if pods.Items[i].DeletionTimestamp == nil {
+					alive[pods.Items[i].UID] = true
+				}
 			}
+			k.agents.keep(alive)
 		}
 		select {
 		case <-ctx.Done():
@@ -79,6 +88,10 @@ func (k *kubelet) step(ctx context.Context, pod *corev1.Pod) {
 	s, ok := k.seen[pod.UID]
 	if !ok {
 		s = seenPod{name: pod.Name, workflow: pod.Labels["workflows.argoproj.io/workflow"], node: pod.Annotations["workflows.argoproj.io/node-name"], at: time.Now()}
+		var err error
+		if s.agent, err = k.agents.start(pod); err != nil {
+			fmt.Fprintf(os.Stderr, "kubelet: starting the agent of pod %s: %v\n", pod.Name, err)
+		}
 		k.seen[pod.UID] = s
 		dumpPod(pod)
 	}
@@ -86,6 +99,14 @@ func (k *kubelet) step(ctx context.Context, pod *corev1.Pod) {
 	d, fail := runtimeOf(s.node)
 	if s.done || pod.DeletionTimestamp != nil {
 		return
+	}
+	if s.agent && s.running {
+		// An agent pod runs until its agent exits.
+		exited, code := k.agents.exited(pod.UID)
+		if !exited {
+			return
+		}
+		d, fail = 0, code != 0
 	}
 	started := metav1.NewTime(s.at)
 	if !s.running {
@@ -145,6 +166,19 @@ func (k *kubelet) step(ctx context.Context, pod *corev1.Pod) {
 	s.done = true
 	k.seen[pod.UID] = s
 	k.mu.Unlock()
+}
+
+// agentPods returns the agent pods seen for workflow.
+func (k *kubelet) agentPods(workflow string) int {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	n := 0
+	for _, s := range k.seen {
+		if s.workflow == workflow && s.agent {
+			n++
+		}
+	}
+	return n
 }
 
 // pods returns the pods seen for workflow whose node name contains part.

@@ -1,0 +1,261 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/client-go/util/retry"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/exit-guard/exit-guard/internal/argo"
+)
+
+// httpWorkflow is the reference workflow with an HTTP exit handler: the notification is an
+// HTTP template (a Slack or PagerDuty call in real life) that calls url, run by Argo's agent,
+// only when {{workflow.status}} != Succeeded.
+func httpWorkflow(fail bool, url string) *unstructured.Unstructured {
+	wf := referenceWorkflow(fail)
+	templates := wf.Object["spec"].(map[string]any)["templates"].([]any)
+	for i, tmpl := range templates {
+		if tmpl.(map[string]any)["name"] == "notify-failure" {
+			templates[i] = map[string]any{"name": "notify-failure", "http": map[string]any{
+				"url": url, "method": "POST", "body": "workflow {{workflow.name}} is {{workflow.status}}",
+				"successCondition": "response.statusCode == 200"}}
+		}
+	}
+	wf.SetGenerateName("http-notify-")
+	return wf
+}
+
+// retryWorkflow retries a Failed workflow as `argo retry` does (FormulateRetryWorkflow of
+// workflow/util at v3.4.17, without node selectors or restartSuccessful), restated for the
+// node types these workflows have: the same object and UID, phase Running, the completed label
+// gone; failed step groups and the root reset to Running; failed pods' nodes removed and their
+// pods deleted; the exit handler's nodes reset (its HTTP node) or removed (its pods and step
+// groups), so that the exit handler runs again. The argo CLI, which would do it, does not
+// build from Argo's module (its UI files are generated at release).
+func retryWorkflow(ctx context.Context, t *testing.T, c client.Client, wf *unstructured.Unstructured) {
+	t.Helper()
+	var podNodes []string
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		podNodes = nil
+		cur := &unstructured.Unstructured{}
+		cur.SetGroupVersionKind(argo.WorkflowGVK)
+		if err := c.Get(ctx, client.ObjectKeyFromObject(wf), cur); err != nil {
+			return err
+		}
+		name := cur.GetName()
+		onExit := name + ".onExit"
+		nodes, _, _ := unstructured.NestedMap(cur.Object, "status", "nodes")
+		now := time.Now().UTC().Format(time.RFC3339)
+		reset := func(n map[string]any) map[string]any {
+			if n["phase"] != "Skipped" {
+				n["phase"] = "Running"
+			}
+			delete(n, "message")
+			delete(n, "finishedAt")
+			n["startedAt"] = now
+			return n
+		}
+		isGroup := func(typ any) bool {
+			return typ == "DAG" || typ == "TaskGroup" || typ == "StepGroup" || typ == "Steps"
+		}
+		kept, deleted := map[string]any{}, map[string]bool{}
+		for id, raw := range nodes {
+			n := raw.(map[string]any)
+			nodeName, _ := n["name"].(string)
+			switch n["phase"] {
+			case "Succeeded", "Skipped":
+				switch {
+				case !strings.HasPrefix(nodeName, onExit):
+					kept[id] = n
+				case isGroup(n["type"]) && n["boundaryID"] != nil && n["boundaryID"] != "":
+					// A step group of the exit handler: not carried over.
+				case n["type"] == "Pod" || n["type"] == "Suspend" || n["type"] == "Skipped":
+					deleted[id] = true
+					if n["type"] == "Pod" {
+						podNodes = append(podNodes, nodeName)
+					}
+				default:
+					kept[id] = reset(n)
+				}
+			case "Error", "Failed", "Omitted":
+				if isGroup(n["type"]) {
+					kept[id] = reset(n)
+				} else {
+					deleted[id] = true
+					if n["type"] == "Pod" {
+						podNodes = append(podNodes, nodeName)
+					}
+				}
+			default:
+				t.Fatalf("workflow %s cannot be retried with node %s in phase %v", name, nodeName, n["phase"])
+			}
+			if nodeName == name {
+				kept[id] = reset(n)
+			}
+		}
+		for _, raw := range kept {
+			n := raw.(map[string]any)
+			for _, field := range []string{"children", "outboundNodes"} {
+				list, _ := n[field].([]any)
+				var out []any
+				for _, id := range list {
+					if !deleted[id.(string)] {
+						out = append(out, id)
+					}
+				}
+				if out == nil {
+					delete(n, field)
+				} else {
+					n[field] = out
+				}
+			}
+		}
+		labels := cur.GetLabels()
+		delete(labels, argo.LabelCompleted)
+		delete(labels, "workflows.argoproj.io/workflow-archiving-status")
+		labels["workflows.argoproj.io/phase"] = "Running"
+		cur.SetLabels(labels)
+		status := cur.Object["status"].(map[string]any)
+		status["phase"] = "Running"
+		status["nodes"] = kept
+		status["startedAt"] = now
+		delete(status, "message")
+		delete(status, "finishedAt")
+		status["persistentVolumeClaims"] = nil
+		var conditions []any
+		for _, cond := range status["conditions"].([]any) {
+			if cond.(map[string]any)["type"] != "Completed" {
+				conditions = append(conditions, cond)
+			}
+		}
+		status["conditions"] = append(conditions, map[string]any{"type": "Completed", "status": "False"})
+		return c.Update(ctx, cur)
+	})
+	if err != nil {
+		t.Fatalf("retrying workflow %s: %v", wf.GetName(), err)
+	}
+	var pods corev1.PodList
+	if err := c.List(ctx, &pods, client.InNamespace(wf.GetNamespace()), client.MatchingLabels{argo.LabelWorkflow: wf.GetName()}); err != nil {
+		t.Fatal(err)
+	}
+	for i := range pods.Items {
+		for _, node := range podNodes {
+			if pods.Items[i].Annotations[argo.AnnotationNodeName] == node {
+				if err := c.Delete(ctx, &pods.Items[i]); err != nil && !apierrors.IsNotFound(err) {
+					t.Fatal(err)
+				}
+			}
+		}
+	}
+	t.Logf("retried %s", wf.GetName())
+}
+
+// httpTally counts a run of HTTP exit handlers.
+type httpTally struct {
+	succeeded, falseCalls, refused, taskSetRefusals, failed, failedCalled, retriedCalledAgain, wrongDenials int
+}
+
+func reportHTTP(t *testing.T, what string, outs []outcome) httpTally {
+	t.Helper()
+	var c httpTally
+	for _, o := range outs {
+		t.Logf("  %s: phase %s, calls %d (%d before the retry), agent pods %d, denials %d (%d of TaskSet writes) (should fail: %v)",
+			o.name, o.phase, o.calls, o.callsBeforeRetry, o.agentPods, o.denials, o.taskSetDenials, o.wantFail)
+		if o.wantFail {
+			c.failed++
+			c.wrongDenials += o.denials
+			if o.calls > 0 {
+				c.failedCalled++
+			}
+			if o.retried && o.callsBeforeRetry > 0 && o.calls > o.callsBeforeRetry {
+				c.retriedCalledAgain++
+			}
+			continue
+		}
+		if o.phase == argo.PhaseSucceeded {
+			c.succeeded++
+			if o.calls > 0 {
+				c.falseCalls++
+			}
+		}
+		if o.denials > 0 {
+			c.refused++
+		}
+		c.taskSetRefusals += o.taskSetDenials
+	}
+	t.Logf("RESULT %s: %d succeeding workflows (%d ended Succeeded), false HTTP calls made for %d, stale attempts refused for %d "+
+		"(%d TaskSet writes refused); %d failing workflows, called %d, called again after a retry %d; wrong denials %d",
+		what, len(outs)-c.failed, c.succeeded, c.falseCalls, c.refused, c.taskSetRefusals, c.failed, c.failedCalled, c.retriedCalledAgain, c.wrongDenials)
+	return c
+}
+
+// checkLegitimateCalls: every failing workflow was notified, every retried one again, and no
+// refusal touched them.
+func checkLegitimateCalls(t *testing.T, c httpTally, retried bool) {
+	t.Helper()
+	if c.failedCalled != c.failed || c.wrongDenials != 0 {
+		t.Errorf("failing workflows: %d of %d called, %d wrong denials", c.failedCalled, c.failed, c.wrongDenials)
+	}
+	if retried && c.retriedCalledAgain != c.failed {
+		t.Errorf("retried workflows: %d of %d called again", c.retriedCalledAgain, c.failed)
+	}
+}
+
+func TestHTTPExitHandlerOnAnExposedController(t *testing.T) {
+	n := tries(t)
+	t.Run("v3.4.17 without the guard", func(t *testing.T) {
+		c := reportHTTP(t, "HTTP exit handler, v3.4.17 without the guard",
+			runScenario(t, scenario{version: "v3.4.17", mode: noGuard, ok: n, http: true}))
+		if c.falseCalls == 0 {
+			t.Errorf("no false HTTP call in %d tries: the proof below proves nothing", n)
+		}
+	})
+	t.Run("v3.4.17 with the guard", func(t *testing.T) {
+		c := reportHTTP(t, "HTTP exit handler, v3.4.17 with the guard",
+			runScenario(t, scenario{version: "v3.4.17", mode: guardDirect, ok: n, failing: 1, http: true, retry: true}))
+		if c.falseCalls != 0 {
+			t.Errorf("%d false HTTP calls went out with the guard on", c.falseCalls)
+		}
+		if c.succeeded != n {
+			t.Errorf("%d of %d workflows ended Succeeded", c.succeeded, n)
+		}
+		if c.refused == 0 {
+			t.Errorf("no stale attempt was refused in %d tries: the guard was not shown at work", n)
+		}
+		checkLegitimateCalls(t, c, true)
+	})
+}
+
+func TestHTTPExitHandlerOnAFixedController(t *testing.T) {
+	c := reportHTTP(t, "HTTP exit handler, v3.7.18 with the guard",
+		runScenario(t, scenario{version: "v3.7.18", mode: guardDirect, ok: tries(t), failing: 1, http: true, retry: true}))
+	if c.falseCalls != 0 || c.refused != 0 {
+		t.Errorf("v3.7.18: %d false HTTP calls, %d refusals; want none", c.falseCalls, c.refused)
+	}
+	checkLegitimateCalls(t, c, true)
+}
+
+// v4.0 keeps honouring INFORMER_WRITE_BACK; set to true, the controller writes its own updates
+// back into its informer cache, as v3.4 does.
+func TestHTTPExitHandlerOnV4WithInformerWriteBack(t *testing.T) {
+	n := tries(t)
+	writeBack := []string{"INFORMER_WRITE_BACK=true"}
+	without := reportHTTP(t, "HTTP exit handler, v4.0.5 INFORMER_WRITE_BACK=true without the guard",
+		runScenario(t, scenario{version: "v4.0.5", mode: noGuard, ok: n, http: true, env: writeBack}))
+	with := reportHTTP(t, "HTTP exit handler, v4.0.5 INFORMER_WRITE_BACK=true with the guard",
+		runScenario(t, scenario{version: "v4.0.5", mode: guardDirect, ok: n, failing: 1, http: true, env: writeBack}))
+	if with.falseCalls != 0 {
+		t.Errorf("%d false HTTP calls went out with the guard on", with.falseCalls)
+	}
+	checkLegitimateCalls(t, with, false)
+	t.Logf("v4.0.5 with INFORMER_WRITE_BACK=true exposed in this run: %v (%d of %d without the guard)", without.falseCalls > 0, without.falseCalls, n)
+}
