@@ -54,7 +54,13 @@ type write struct {
 	state wfState
 }
 
-// podEvent is a pod creation: by the real controller (legit) or by a stale copy.
+// kindTaskSetWrite marks an event that is not a pod: a write of the workflow's WorkflowTaskSet
+// that adds a task (and, from a stale copy, sets the completed label back), decided by the
+// TaskSet webhook.
+const kindTaskSetWrite podKind = "taskset-write"
+
+// podEvent is a pod creation, or a TaskSet write that adds a task: by the real controller
+// (legit) or by a stale copy.
 type podEvent struct {
 	at    time.Duration
 	uid   types.UID
@@ -154,6 +160,7 @@ func generate(seed uint64) *history {
 			// HTTP or plugin templates its agent pod.
 			t += dur(r, 50*time.Millisecond, time.Second)
 			if http {
+				pod(t, uid, kindTaskSetWrite, false)
 				pod(t, uid, kindAgent, false)
 			}
 			for range 1 + r.IntN(3) {
@@ -165,6 +172,10 @@ func generate(seed uint64) *history {
 			}
 			if r.Float64() < 0.9 {
 				pod(t, uid, kindExitHandler, false)
+				if http {
+					// The exit handler's HTTP task.
+					pod(t, uid, kindTaskSetWrite, false)
+				}
 				t += dur(r, 100*time.Millisecond, 3*time.Second)
 			}
 			end := []argo.Phase{argo.PhaseSucceeded, argo.PhaseSucceeded, argo.PhaseSucceeded, argo.PhaseSucceeded,
@@ -207,7 +218,9 @@ func generate(seed uint64) *history {
 				pod(at+time.Millisecond, uid, kindHook, true)
 			}
 			if r.Float64() < 0.3 {
-				// An HTTP exit handler: the stale copy creates a new agent pod.
+				// An HTTP exit handler: the stale copy adds its task to the TaskSet and
+				// creates a new agent pod.
+				pod(at+time.Millisecond, uid, kindTaskSetWrite, true)
 				pod(at+2*time.Millisecond, uid, kindAgent, true)
 			}
 		}
@@ -463,6 +476,9 @@ type tallies struct {
 	// deniedNotDue are stale pods refused although the truth at that moment did not call for
 	// it (a retried workflow running again): harmless to the stale copy, counted apart.
 	deniedNotDue int
+	// Of the events above, the WorkflowTaskSet writes: legitimate (and refused), stale (and
+	// stopped).
+	taskSetLegit, taskSetLegitDenied, taskSetStale, taskSetStopped int
 	// failures are the seeds of the histories that broke a goal.
 	failures []uint64
 }
@@ -533,10 +549,32 @@ func simulate(h *history, s setting, t *tallies, log func(string, ...any)) error
 		default:
 			meta.Annotations[argo.AnnotationNodeName] = simName + "[0].main"
 		}
-		_, d := g.decide(ctx, meta)
+		var d decision
+		if p.kind == kindTaskSetWrite {
+			// The write the TaskSet webhook reads: a task added, the label set back by a
+			// stale copy.
+			d = g.decideTaskSet(ctx, facts{object: objectTaskSet, namespace: simNamespace, name: simName,
+				owner: &metav1.OwnerReference{APIVersion: argo.GroupVersion.String(), Kind: argo.Kind, Name: simName, UID: p.uid},
+				tasks: []string{fmt.Sprintf("%s-%d", simName, pi)}, reopened: p.stale})
+		} else {
+			_, d = g.decide(ctx, meta)
+		}
 
 		state, _, _ := h.truth(p.uid, p.at)
 		due := state.deleted || oracleDenies(s.opts, state.phase)
+		if p.kind == kindTaskSetWrite {
+			if p.stale {
+				t.taskSetStale++
+				if d.deny {
+					t.taskSetStopped++
+				}
+			} else {
+				t.taskSetLegit++
+				if d.deny {
+					t.taskSetLegitDenied++
+				}
+			}
+		}
 		what := "legit"
 		switch {
 		case !p.stale:
@@ -593,11 +631,12 @@ func simulate(h *history, s setting, t *tallies, log func(string, ...any)) error
 }
 
 // oracleCovers and oracleDenies restate the policy of a setting, apart from the code under
-// test: exit handlers and agent pods are always covered, hooks with --cover-hooks or --strict,
-// steps with --strict; the deny phases are the setting's, Succeeded by default.
+// test: exit handlers, agent pods and TaskSet writes that add a task are always covered, hooks
+// with --cover-hooks or --strict, steps with --strict; the deny phases are the setting's,
+// Succeeded by default.
 func oracleCovers(o Options, k podKind) bool {
 	switch k {
-	case kindExitHandler, kindAgent:
+	case kindExitHandler, kindAgent, kindTaskSetWrite:
 		return true
 	case kindHook:
 		return o.Hooks || o.Strict
@@ -700,7 +739,8 @@ func simulationReport(n int, seed uint64, loads map[string]int, results []*talli
 		"docs/reliability.md says what it models and what the figures mean.\n\n")
 	fmt.Fprintf(&b, "%d histories from seed %d (load: %d idle, %d loaded, %d overloaded), %s\n\n",
 		n, seed, loads["idle"], loads["loaded"], loads["overloaded"], took.Round(time.Second))
-	b.WriteString("| setting | legitimate pods | denied (goal 0) | stale pods | stopped | admitted on a live answer (goal 0) | admitted in a window | not covered by the setting |\n|---|---|---|---|---|---|---|---|\n")
+	b.WriteString("Pods and WorkflowTaskSet writes that add a task are counted together; each setting's lines below give the TaskSet writes apart.\n\n")
+	b.WriteString("| setting | legitimate pods and writes | denied (goal 0) | stale ones | stopped | admitted on a live answer (goal 0) | admitted in a window | not covered by the setting |\n|---|---|---|---|---|---|---|---|\n")
 	sum := func(m map[string]int) int {
 		s := 0
 		for _, v := range m {
@@ -716,6 +756,8 @@ func simulationReport(n int, seed uint64, loads map[string]int, results []*talli
 	for i, s := range simSettings {
 		r := results[i]
 		fmt.Fprintf(&b, "\n`%s`:\n", s.name)
+		fmt.Fprintf(&b, "- WorkflowTaskSet writes: %d legitimate (%d denied), %d stale (%d stopped)\n",
+			r.taskSetLegit, r.taskSetLegitDenied, r.taskSetStale, r.taskSetStopped)
 		due := r.staleStopped + sum(r.windows) + sum(r.staleMissedKnown)
 		for _, k := range sortedKeys(r.windows) {
 			fmt.Fprintf(&b, "- window: %s: %d stale pods (%.3f%% of the %d the setting should stop)\n", k, r.windows[k], 100*float64(r.windows[k])/float64(max(due, 1)), due)
@@ -820,7 +862,14 @@ func TestSimulationThroughTheAPIServer(t *testing.T) {
 						pod = agentPod(wf)
 						pod.Name = fmt.Sprintf("pod-%d", pi)
 					}
-					err := env.Client.Create(t.Context(), pod, client.DryRunAll)
+					var obj client.Object = pod
+					if p.kind == kindTaskSetWrite {
+						// The TaskSet created with a task (what a stale copy sends when the
+						// workflow had no TaskSet, and is judged as a patch that adds one).
+						key, tmpl := onExitTask(wf)
+						obj = taskSetOf(wf, map[string]any{key: tmpl})
+					}
+					err := env.Client.Create(t.Context(), obj, client.DryRunAll)
 					denied := apierrors.IsForbidden(err) && strings.Contains(err.Error(), "exit-guard refused")
 					if err != nil && !denied {
 						t.Fatalf("seed %d pod %d: %v", hist.seed, pi, err)
@@ -846,7 +895,7 @@ func TestSimulationThroughTheAPIServer(t *testing.T) {
 					}
 				}
 			}
-			t.Logf("%d histories through the API server: %d legitimate pods, %d stale pods, %d of them due and answerable, all refused: %v",
+			t.Logf("%d histories through the API server: %d legitimate pods and TaskSet writes, %d stale ones, %d of them due and answerable, all refused: %v",
 				histories, legit, stale, judged, judged == stopped)
 			if legit == 0 || judged == 0 {
 				t.Errorf("the sample made %d legitimate pods and %d stale pods to judge: nothing to check", legit, judged)

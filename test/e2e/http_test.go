@@ -210,29 +210,33 @@ func checkLegitimateCalls(t *testing.T, c httpTally, retried bool) {
 	}
 }
 
+// v3.4.17 and v3.6.18 (3.6 never received upstream's fix) write their own updates into their
+// informer cache: a late watch event takes it backwards.
 func TestHTTPExitHandlerOnAnExposedController(t *testing.T) {
 	n := tries(t)
-	t.Run("v3.4.17 without the guard", func(t *testing.T) {
-		c := reportHTTP(t, "HTTP exit handler, v3.4.17 without the guard",
-			runScenario(t, scenario{version: "v3.4.17", mode: noGuard, ok: n, http: true}))
-		if c.falseCalls == 0 {
-			t.Errorf("no false HTTP call in %d tries: the proof below proves nothing", n)
-		}
-	})
-	t.Run("v3.4.17 with the guard", func(t *testing.T) {
-		c := reportHTTP(t, "HTTP exit handler, v3.4.17 with the guard",
-			runScenario(t, scenario{version: "v3.4.17", mode: guardDirect, ok: n, failing: 1, http: true, retry: true}))
-		if c.falseCalls != 0 {
-			t.Errorf("%d false HTTP calls went out with the guard on", c.falseCalls)
-		}
-		if c.succeeded != n {
-			t.Errorf("%d of %d workflows ended Succeeded", c.succeeded, n)
-		}
-		if c.refused == 0 {
-			t.Errorf("no stale attempt was refused in %d tries: the guard was not shown at work", n)
-		}
-		checkLegitimateCalls(t, c, true)
-	})
+	for _, version := range []string{"v3.4.17", "v3.6.18"} {
+		t.Run(version+" without the guard", func(t *testing.T) {
+			c := reportHTTP(t, "HTTP exit handler, "+version+" without the guard",
+				runScenario(t, scenario{version: version, mode: noGuard, ok: n, http: true}))
+			if c.falseCalls == 0 {
+				t.Errorf("no false HTTP call in %d tries: the proof below proves nothing", n)
+			}
+		})
+		t.Run(version+" with the guard", func(t *testing.T) {
+			c := reportHTTP(t, "HTTP exit handler, "+version+" with the guard",
+				runScenario(t, scenario{version: version, mode: guardDirect, ok: n, failing: 1, http: true, retry: true}))
+			if c.falseCalls != 0 {
+				t.Errorf("%d false HTTP calls went out with the guard on", c.falseCalls)
+			}
+			if c.succeeded != n {
+				t.Errorf("%d of %d workflows ended Succeeded", c.succeeded, n)
+			}
+			if c.refused == 0 {
+				t.Errorf("no stale attempt was refused in %d tries: the guard was not shown at work", n)
+			}
+			checkLegitimateCalls(t, c, true)
+		})
+	}
 }
 
 func TestHTTPExitHandlerOnAFixedController(t *testing.T) {
