@@ -3,6 +3,7 @@ package webhook
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -213,22 +214,28 @@ func TestTaskSetWrites(t *testing.T) {
 		}
 	})
 
-	t.Run("a retried workflow the guard's watch has not seen retried: admitted", func(t *testing.T) {
-		h := startGuard(t, Options{}, harnessOptions{noWatch: true})
-		ns := newNamespace(t)
-		wf, ts, step := runningTaskSet(t, ns, "retried")
-		complete(t, wf, ts, step)
-		h.store.Observe(completionstore.Observation{UID: wf.GetUID(), Namespace: ns, Name: wf.GetName(),
-			ResourceVersion: wf.GetResourceVersion(), Phase: argo.PhaseSucceeded})
-		key, tmpl := onExitTask(wf)
-		if err := env.Client.Patch(t.Context(), ts, taskPatch(false, map[string]any{key: tmpl})); !apierrors.IsForbidden(err) {
-			t.Fatalf("before the retry: err = %v, want Forbidden", err)
-		}
-		retry(t, wf, argo.PhaseUnknown)
-		if err := env.Client.Patch(t.Context(), ts, taskPatch(false, map[string]any{key: tmpl})); err != nil {
-			t.Fatalf("the retried workflow's TaskSet patch: %v, want it admitted", err)
-		}
-	})
+	for _, storeFirst := range []bool{false, true} {
+		// Live read first, or store first (the store's completion confirmed live).
+		t.Run(fmt.Sprintf("a retried workflow the guard's watch has not seen retried: admitted (store-first %v)", storeFirst), func(t *testing.T) {
+			h := startGuard(t, Options{StoreFirst: storeFirst}, harnessOptions{noWatch: true})
+			ns := newNamespace(t)
+			wf, ts, step := runningTaskSet(t, ns, "retried")
+			complete(t, wf, ts, step)
+			h.store.Observe(completionstore.Observation{UID: wf.GetUID(), Namespace: ns, Name: wf.GetName(),
+				ResourceVersion: wf.GetResourceVersion(), Phase: argo.PhaseSucceeded})
+			key, tmpl := onExitTask(wf)
+			if err := env.Client.Patch(t.Context(), ts, taskPatch(false, map[string]any{key: tmpl})); !apierrors.IsForbidden(err) {
+				t.Fatalf("before the retry: err = %v, want Forbidden", err)
+			}
+			retry(t, wf, argo.PhaseUnknown)
+			if err := env.Client.Patch(t.Context(), ts, taskPatch(false, map[string]any{key: tmpl})); err != nil {
+				t.Fatalf("the retried workflow's TaskSet patch: %v, want it admitted", err)
+			}
+			if got := h.counter(t, "exit_guard_decisions_total", map[string]string{"reason": string(reasonWorkflowActive), "kind": argo.TaskSetKind}); got < 1 {
+				t.Errorf("TaskSet writes admitted as %s = %v, want the retried one", reasonWorkflowActive, got)
+			}
+		})
+	}
 
 	t.Run("a TaskSet created for a deleted workflow: refused", func(t *testing.T) {
 		startGuard(t, Options{}, harnessOptions{})

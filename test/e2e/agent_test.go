@@ -164,7 +164,10 @@ type notifier struct {
 func newNotifier() *notifier {
 	n := &notifier{calls: map[string]int{}}
 	n.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		wf := strings.TrimPrefix(r.URL.Path, "/notify/")
+		wf, ok := strings.CutPrefix(r.URL.Path, "/notify/")
+		if !ok {
+			wf = r.URL.Path // a ping: not a notification
+		}
 		n.mu.Lock()
 		n.calls[wf]++
 		n.mu.Unlock()
@@ -173,8 +176,11 @@ func newNotifier() *notifier {
 	return n
 }
 
-// url is what a workflow's HTTP template calls; the workflow's name ends the path.
+// url is what a workflow's exit handler calls; the workflow's name ends the path.
 func (n *notifier) url() string { return n.srv.URL + "/notify/{{workflow.name}}" }
+
+// pingURL is what an HTTP step of the main steps calls: counted apart from notifications.
+func (n *notifier) pingURL() string { return n.srv.URL + "/ping/{{workflow.name}}" }
 
 func (n *notifier) count(wf string) int {
 	n.mu.Lock()

@@ -118,8 +118,9 @@ type scenario struct {
 	version     string
 	mode        guardMode
 	ok, failing int
-	// http makes the exit handler an HTTP template, run by Argo's real agent (argoexec).
-	http bool
+	// http makes the exit handler an HTTP template, run by Argo's real agent (argoexec);
+	// httpStep adds an HTTP step to the main steps.
+	http, httpStep bool
 	// retry retries each failing workflow once after it failed, as `argo retry` does.
 	retry bool
 	// env is added to the controller's environment.
@@ -239,7 +240,7 @@ func runScenario(t *testing.T, sc scenario) []outcome {
 	for i := range ok + failing {
 		wf := referenceWorkflow(i >= ok)
 		if sc.http {
-			wf = httpWorkflow(i >= ok, notify.url())
+			wf = httpWorkflow(i >= ok, notify.url(), sc.httpStep, notify.pingURL())
 		}
 		if err := c.Create(ctx, wf); err != nil {
 			t.Fatal(err)
@@ -276,16 +277,16 @@ func runScenario(t *testing.T, sc scenario) []outcome {
 			}
 		}
 		// The retried workflows run their failed parts, fail again, and notify again.
-		err := wait.PollUntilContextTimeout(ctx, time.Second, time.Minute, true, func(ctx context.Context) (bool, error) {
+		err := wait.PollUntilContextTimeout(ctx, time.Second, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
 			for i, wf := range wfs {
-				if i >= ok && phase(ctx, c, wf).Terminal() && notify.count(wf.GetName()) == before[wf.GetName()] {
+				if i >= ok && (!phase(ctx, c, wf).Terminal() || notify.count(wf.GetName()) == before[wf.GetName()]) {
 					return false, nil
 				}
 			}
 			return true, nil
 		})
 		if err != nil {
-			t.Logf("the retried workflows made no new call within a minute")
+			t.Logf("the retried workflows did not all complete with a new call within two minutes")
 		}
 		waitDone()
 	}

@@ -20,15 +20,31 @@ import (
 // httpWorkflow is the reference workflow with an HTTP exit handler: the notification is an
 // HTTP template (a Slack or PagerDuty call in real life) that calls url, run by Argo's agent,
 // only when {{workflow.status}} != Succeeded.
-func httpWorkflow(fail bool, url string) *unstructured.Unstructured {
+// With httpStep, the main steps run an HTTP step too (calling pingURL): the workflow's
+// TaskSet and agent pod then exist during the run, and a stale copy patches the TaskSet
+// instead of creating it, and needs a new agent pod.
+func httpWorkflow(fail bool, url string, httpStep bool, pingURL string) *unstructured.Unstructured {
 	wf := referenceWorkflow(fail)
-	templates := wf.Object["spec"].(map[string]any)["templates"].([]any)
+	spec := wf.Object["spec"].(map[string]any)
+	templates := spec["templates"].([]any)
+	httpTemplate := func(name, url string) map[string]any {
+		return map[string]any{"name": name, "http": map[string]any{
+			"url": url, "method": "POST", "body": "workflow {{workflow.name}} is {{workflow.status}}",
+			"successCondition": "response.statusCode == 200"}}
+	}
 	for i, tmpl := range templates {
-		if tmpl.(map[string]any)["name"] == "notify-failure" {
-			templates[i] = map[string]any{"name": "notify-failure", "http": map[string]any{
-				"url": url, "method": "POST", "body": "workflow {{workflow.name}} is {{workflow.status}}",
-				"successCondition": "response.statusCode == 200"}}
+		switch tmpl.(map[string]any)["name"] {
+		case "notify-failure":
+			templates[i] = httpTemplate("notify-failure", url)
+		case "main":
+			if httpStep {
+				steps := tmpl.(map[string]any)["steps"].([]any)
+				steps[0] = append(steps[0].([]any), map[string]any{"name": "ping", "template": "ping"})
+			}
 		}
+	}
+	if httpStep {
+		spec["templates"] = append(templates, httpTemplate("ping", pingURL))
 	}
 	wf.SetGenerateName("http-notify-")
 	return wf
@@ -132,7 +148,8 @@ func retryWorkflow(ctx context.Context, t *testing.T, c client.Client, wf *unstr
 		delete(status, "finishedAt")
 		status["persistentVolumeClaims"] = nil
 		var conditions []any
-		for _, cond := range status["conditions"].([]any) {
+		previous, _ := status["conditions"].([]any)
+		for _, cond := range previous {
 			if cond.(map[string]any)["type"] != "Completed" {
 				conditions = append(conditions, cond)
 			}
@@ -212,19 +229,30 @@ func checkLegitimateCalls(t *testing.T, c httpTally, retried bool) {
 
 // v3.4.17 and v3.6.18 (3.6 never received upstream's fix) write their own updates into their
 // informer cache: a late watch event takes it backwards.
+//
+// With an HTTP step in the main steps too, the workflow's TaskSet exists when the stale copy
+// comes: it patches it (a new key, the completed label back to "false"), and needs a new agent
+// pod, the old one having been deleted at completion.
 func TestHTTPExitHandlerOnAnExposedController(t *testing.T) {
 	n := tries(t)
-	for _, version := range []string{"v3.4.17", "v3.6.18"} {
-		t.Run(version+" without the guard", func(t *testing.T) {
-			c := reportHTTP(t, "HTTP exit handler, "+version+" without the guard",
-				runScenario(t, scenario{version: version, mode: noGuard, ok: n, http: true}))
+	for _, shape := range []struct {
+		version  string
+		httpStep bool
+	}{{"v3.4.17", false}, {"v3.4.17", true}, {"v3.6.18", false}} {
+		version, name := shape.version, shape.version
+		if shape.httpStep {
+			name += ", an HTTP step too,"
+		}
+		t.Run(name+" without the guard", func(t *testing.T) {
+			c := reportHTTP(t, "HTTP exit handler, "+name+" without the guard",
+				runScenario(t, scenario{version: version, mode: noGuard, ok: n, http: true, httpStep: shape.httpStep}))
 			if c.falseCalls == 0 {
 				t.Errorf("no false HTTP call in %d tries: the proof below proves nothing", n)
 			}
 		})
-		t.Run(version+" with the guard", func(t *testing.T) {
-			c := reportHTTP(t, "HTTP exit handler, "+version+" with the guard",
-				runScenario(t, scenario{version: version, mode: guardDirect, ok: n, failing: 1, http: true, retry: true}))
+		t.Run(name+" with the guard", func(t *testing.T) {
+			c := reportHTTP(t, "HTTP exit handler, "+name+" with the guard",
+				runScenario(t, scenario{version: version, mode: guardDirect, ok: n, failing: 1, http: true, httpStep: shape.httpStep, retry: true}))
 			if c.falseCalls != 0 {
 				t.Errorf("%d false HTTP calls went out with the guard on", c.falseCalls)
 			}
