@@ -550,21 +550,14 @@ func simulate(h *history, s setting, t *tallies, log func(string, ...any)) error
 			meta.Annotations[argo.AnnotationNodeName] = simName + "[0].main"
 		}
 		var d decision
-		// reused: a stale copy's TaskSet write after its workflow was deleted and the name
-		// taken by another. Its create finds the new workflow's TaskSet (same name) and
-		// patches it; a patch keeps that TaskSet's owner, the new workflow, which is what the
-		// guard reads. Assumed here whenever the name is held by another workflow (as if it
-		// had a TaskSet): the worst case.
-		reused := false
 		if p.kind == kindTaskSetWrite {
-			owner := p.uid
-			if _, _, holder := h.truth(p.uid, p.at); p.stale && holder.uid != "" && holder.uid != p.uid {
-				owner, reused = holder.uid, true
-			}
 			// The write the TaskSet webhook reads: a task added, the label set back by a
-			// stale copy.
+			// stale copy. Argo always creates the TaskSet first and patches it only on
+			// AlreadyExists; the API server calls validating webhooks before it looks for an
+			// existing object, so the guard judges the create, which carries the writer's
+			// own owner reference, even when the name now belongs to another workflow.
 			d = g.decideTaskSet(ctx, facts{object: objectTaskSet, namespace: simNamespace, name: simName,
-				owner: &metav1.OwnerReference{APIVersion: argo.GroupVersion.String(), Kind: argo.Kind, Name: simName, UID: owner},
+				owner: &metav1.OwnerReference{APIVersion: argo.GroupVersion.String(), Kind: argo.Kind, Name: simName, UID: p.uid},
 				tasks: []string{fmt.Sprintf("%s-%d", simName, pi)}, reopened: p.stale})
 		} else {
 			_, d = g.decide(ctx, meta)
@@ -616,13 +609,6 @@ func simulate(h *history, s setting, t *tallies, log func(string, ...any)) error
 			case d.deny:
 				t.staleStopped++
 				what = "stale, stopped"
-			case reused:
-				// A window of the TaskSet path: the guard judged the new workflow, rightly
-				// by what it can see. The agent pod path still refuses a new agent pod of
-				// the deleted workflow; an agent of the new one already running runs it.
-				w := "name reused: the stale write patched the new workflow's TaskSet [" + h.load.name + "]"
-				t.windows[w]++
-				what = "stale, admitted: " + w
 			case d.source == sourceLive:
 				t.staleMissedKnown[string(d.reason)]++
 				what, broke = "STALE ADMITTED ON A LIVE ANSWER", true

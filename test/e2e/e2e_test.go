@@ -111,6 +111,7 @@ type outcome struct {
 	callsBeforeRetry int
 	denials          int // ExitHandlerDenied Events
 	taskSetDenials   int // those of them for a WorkflowTaskSet write
+	taskSetPatches   int // those of them for an update (a merge patch) of the TaskSet
 }
 
 // scenario is one run of the proof.
@@ -300,7 +301,7 @@ func runScenario(t *testing.T, sc scenario) []outcome {
 	for i, wf := range wfs {
 		o := outcome{name: wf.GetName(), wantFail: i >= ok, phase: phase(ctx, c, wf),
 			notifyPods: len(k.pods(wf.GetName(), ".onExit")), agentPods: k.agentPods(wf.GetName())}
-		o.denials, o.taskSetDenials = denials(ctx, t, c, wf)
+		o.denials, o.taskSetDenials, o.taskSetPatches = denials(ctx, t, c, wf)
 		if sc.http {
 			o.calls = notify.count(wf.GetName())
 			o.callsBeforeRetry, o.retried = before[wf.GetName()], sc.retry && i >= ok
@@ -329,9 +330,9 @@ func phase(ctx context.Context, c client.Client, wf *unstructured.Unstructured) 
 	return got.Status.Phase
 }
 
-// denials counts the guard's refusals for wf (Event occurrences), and those of WorkflowTaskSet
-// writes among them.
-func denials(ctx context.Context, t *testing.T, c client.Client, wf *unstructured.Unstructured) (all, taskSets int) {
+// denials counts the guard's refusals for wf (Event occurrences), those of WorkflowTaskSet
+// writes among them, and of those the updates.
+func denials(ctx context.Context, t *testing.T, c client.Client, wf *unstructured.Unstructured) (all, taskSets, taskSetUpdates int) {
 	var list eventsv1.EventList
 	if err := c.List(ctx, &list, client.InNamespace(namespace)); err != nil {
 		t.Fatal(err)
@@ -346,9 +347,12 @@ func denials(ctx context.Context, t *testing.T, c client.Client, wf *unstructure
 			if strings.HasSuffix(e.Action, "WorkflowTaskSet") {
 				taskSets += n
 			}
+			if e.Action == "UpdateWorkflowTaskSet" {
+				taskSetUpdates += n
+			}
 		}
 	}
-	return all, taskSets
+	return all, taskSets, taskSetUpdates
 }
 
 // plainKubeconfig reaches server over plain HTTP with no credentials (the proxy adds them).

@@ -178,15 +178,15 @@ func retryWorkflow(ctx context.Context, t *testing.T, c client.Client, wf *unstr
 
 // httpTally counts a run of HTTP exit handlers.
 type httpTally struct {
-	succeeded, falseCalls, refused, taskSetRefusals, failed, failedCalled, retriedCalledAgain, wrongDenials int
+	succeeded, falseCalls, refused, taskSetRefusals, taskSetPatchRefusals, failed, failedCalled, retriedCalledAgain, wrongDenials int
 }
 
 func reportHTTP(t *testing.T, what string, outs []outcome) httpTally {
 	t.Helper()
 	var c httpTally
 	for _, o := range outs {
-		t.Logf("  %s: phase %s, calls %d (%d before the retry), agent pods %d, denials %d (%d of TaskSet writes) (should fail: %v)",
-			o.name, o.phase, o.calls, o.callsBeforeRetry, o.agentPods, o.denials, o.taskSetDenials, o.wantFail)
+		t.Logf("  %s: phase %s, calls %d (%d before the retry), agent pods %d, denials %d (%d of TaskSet writes, %d of them patches) (should fail: %v)",
+			o.name, o.phase, o.calls, o.callsBeforeRetry, o.agentPods, o.denials, o.taskSetDenials, o.taskSetPatches, o.wantFail)
 		if o.wantFail {
 			c.failed++
 			c.wrongDenials += o.denials
@@ -208,10 +208,11 @@ func reportHTTP(t *testing.T, what string, outs []outcome) httpTally {
 			c.refused++
 		}
 		c.taskSetRefusals += o.taskSetDenials
+		c.taskSetPatchRefusals += o.taskSetPatches
 	}
 	t.Logf("RESULT %s: %d succeeding workflows (%d ended Succeeded), false HTTP calls made for %d, stale attempts refused for %d "+
-		"(%d TaskSet writes refused); %d failing workflows, called %d, called again after a retry %d; wrong denials %d",
-		what, len(outs)-c.failed, c.succeeded, c.falseCalls, c.refused, c.taskSetRefusals, c.failed, c.failedCalled, c.retriedCalledAgain, c.wrongDenials)
+		"(%d TaskSet writes refused, %d of them patches); %d failing workflows, called %d, called again after a retry %d; wrong denials %d",
+		what, len(outs)-c.failed, c.succeeded, c.falseCalls, c.refused, c.taskSetRefusals, c.taskSetPatchRefusals, c.failed, c.failedCalled, c.retriedCalledAgain, c.wrongDenials)
 	return c
 }
 
@@ -231,8 +232,10 @@ func checkLegitimateCalls(t *testing.T, c httpTally, retried bool) {
 // informer cache: a late watch event takes it backwards.
 //
 // With an HTTP step in the main steps too, the workflow's TaskSet exists when the stale copy
-// comes: it patches it (a new key, the completed label back to "false"), and needs a new agent
-// pod, the old one having been deleted at completion.
+// comes, and its agent pod was deleted at completion: without the guard the stale copy's create
+// fails with AlreadyExists, it patches the TaskSet (a new key, the completed label back to
+// "false") and creates a new agent pod. With the guard the create itself is refused: the API
+// server calls validating webhooks before it finds the object exists.
 func TestHTTPExitHandlerOnAnExposedController(t *testing.T) {
 	n := tries(t)
 	for _, shape := range []struct {
