@@ -7,12 +7,14 @@ package e2e
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -59,8 +61,16 @@ func TestMain(m *testing.M) {
 	}
 	code := m.Run()
 	_ = os.RemoveAll(dir)
+	if code == 0 && runs.Load() == 0 && flag.Lookup("test.list").Value.String() == "" {
+		// A -run pattern (E2E_RUN) that matches nothing must not pass as a proof.
+		fmt.Fprintln(os.Stderr, "FAIL: no run of the proof started: the -run pattern (E2E_RUN) matched no test")
+		code = 1
+	}
 	os.Exit(code)
 }
+
+// runs counts the runs of the proof started (runScenario).
+var runs atomic.Int32
 
 func tries(t *testing.T) int {
 	t.Helper()
@@ -140,6 +150,7 @@ func run(t *testing.T, version string, mode guardMode, ok, failing int) []outcom
 // what became of each.
 func runScenario(t *testing.T, sc scenario) []outcome {
 	t.Helper()
+	runs.Add(1)
 	version, mode, ok, failing := sc.version, sc.mode, sc.ok, sc.failing
 	ctrlBin, crds := controller(t, version)
 	opts := testenv.Options{CRDDirs: []string{crds}, OwnCRDs: true}
