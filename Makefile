@@ -73,9 +73,9 @@ argo-controllers: ## Build Argo's workflow-controller and argoexec (ARGO_VERSION
 	@hack/argo-controllers.sh ensure $(ARGO_VERSIONS) >/dev/null
 
 .PHONY: e2e-argo
-e2e-argo: argo-controllers ## Reproduce the stale exit handler on real Argo controllers, then refuse it (E2E_TRIES per run).
+e2e-argo: argo-controllers $(HELM) ## Reproduce the stale exit handler on real Argo controllers, then refuse it (E2E_TRIES per run).
 	@assets=$$(hack/envtest-binaries.sh ensure) && \
-	  KUBEBUILDER_ASSETS="$$assets" E2E_TRIES=$(E2E_TRIES) $(GO) test -tags e2e -count=1 -v -timeout 120m -run '$(E2E_RUN)' ./test/e2e
+	  KUBEBUILDER_ASSETS="$$assets" HELM="$(HELM)" E2E_TRIES=$(E2E_TRIES) $(GO) test -tags e2e -count=1 -v -timeout 120m -run '$(E2E_RUN)' ./test/e2e
 
 .PHONY: manifests
 manifests: $(CONTROLLER_GEN) ## Generate config/ from the code's markers, copy it into the chart, write the chart README.

@@ -235,3 +235,44 @@ func TaskSetResult(node string) client.Patch {
 	raw, _ := json.Marshal(map[string]any{"status": map[string]any{"nodes": map[string]any{node: map[string]any{"phase": "Succeeded"}}}})
 	return client.RawPatch(types.MergePatchType, raw)
 }
+
+// ChartWebhook is the ValidatingWebhookConfiguration that the chart renders with its default
+// values (enforce mode: the pod and WorkflowTaskSet webhooks, with the chart's selectors and
+// match conditions), rendered by helm at helmBin. Give it to Options.ValidatingWebhooks:
+// envtest points it at the local serving address.
+func ChartWebhook(helmBin string) (*admissionregistrationv1.ValidatingWebhookConfiguration, error) {
+	cmd := exec.Command(helmBin, "template", "exit-guard", filepath.Join(RepoRoot(), "charts", "exit-guard"), //nolint:gosec // G204: the repository's pinned helm
+		"--namespace", "argo", "--kube-version", "1.37.2")
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return nil, fmt.Errorf("helm template: %w: %s", err, stderr.String())
+	}
+	for _, doc := range strings.Split(string(out), "\n---") {
+		var vwc admissionregistrationv1.ValidatingWebhookConfiguration
+		if err := yaml.Unmarshal([]byte(doc), &vwc); err != nil {
+			return nil, fmt.Errorf("the chart's manifests: %w", err)
+		}
+		if vwc.Kind != "ValidatingWebhookConfiguration" {
+			continue
+		}
+		for i := range vwc.Webhooks {
+			vwc.Webhooks[i].ClientConfig.CABundle = nil // envtest sets its own
+		}
+		return &vwc, nil
+	}
+	return nil, errors.New("the chart rendered no ValidatingWebhookConfiguration")
+}
+
+// HelmBin is the helm the tests use: $HELM, or the one make builds into ./bin.
+func HelmBin() (string, error) {
+	bin := os.Getenv("HELM")
+	if bin == "" {
+		bin = filepath.Join(RepoRoot(), "bin", "helm-v3.22.0")
+	}
+	if _, err := os.Stat(bin); err != nil {
+		return "", fmt.Errorf("no helm at %s: run the tests through make, which builds it from Go modules (or set HELM)", bin)
+	}
+	return bin, nil
+}

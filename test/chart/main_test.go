@@ -48,12 +48,9 @@ func TestMain(m *testing.M) {
 // helm returns the helm binary: $HELM, or the one make builds into ./bin.
 func helm(t *testing.T) string {
 	t.Helper()
-	bin := os.Getenv("HELM")
-	if bin == "" {
-		bin = filepath.Join(testenv.RepoRoot(), "bin", "helm-v3.22.0")
-	}
-	if _, err := os.Stat(bin); err != nil {
-		t.Fatalf("the chart tests need helm at %s: run 'make test', which builds it from Go modules (or set HELM)", bin)
+	bin, err := testenv.HelmBin()
+	if err != nil {
+		t.Fatalf("the chart tests need helm: %v", err)
 	}
 	return bin
 }

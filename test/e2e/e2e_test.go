@@ -155,7 +155,13 @@ func runScenario(t *testing.T, sc scenario) []outcome {
 	ctrlBin, crds := controller(t, version)
 	opts := testenv.Options{CRDDirs: []string{crds}, OwnCRDs: true}
 	if mode != noGuard {
-		vwc, err := testenv.GuardWebhook()
+		// The chart's own webhooks, with its selectors and match conditions: what a user
+		// installs, judged on Argo's own writes.
+		helmBin, err := testenv.HelmBin()
+		if err != nil {
+			t.Fatal(err)
+		}
+		vwc, err := testenv.ChartWebhook(helmBin)
 		if err != nil {
 			t.Fatal(err)
 		}
