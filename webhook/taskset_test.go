@@ -166,14 +166,7 @@ func TestTaskSetWrites(t *testing.T) {
 		wf, ts, step := runningTaskSet(t, ns, "results")
 		complete(t, wf, ts, step)
 		// What the API server counts of its calls to the TaskSet webhook.
-		calls := func() float64 {
-			n, err := env.APIServerCounter(t.Context(), "apiserver_admission_webhook_request_total",
-				map[string]string{"name": "validate-taskset.exit-guard.io"})
-			if err != nil {
-				t.Fatal(err)
-			}
-			return n
-		}
+		calls := env.WebhookCalls(t, "validate-taskset.exit-guard.io")
 		before := calls()
 		// The agent's and the controller's writes of results after completion.
 		agentReports(t, ts, "results-1")

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"testing"
 
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
@@ -42,4 +43,17 @@ series:
 		sum += m.GetCounter().GetValue()
 	}
 	return sum, nil
+}
+
+// WebhookCalls returns a function that reads how many times the API server has called the
+// webhook named name (apiserver_admission_webhook_request_total), failing t on an error.
+func (e *Env) WebhookCalls(t testing.TB, name string) func() float64 {
+	return func() float64 {
+		t.Helper()
+		n, err := e.APIServerCounter(t.Context(), "apiserver_admission_webhook_request_total", map[string]string{"name": name})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
 }

@@ -191,14 +191,7 @@ func TestGuardDoesItsJobWithTheChartsPermissions(t *testing.T) {
 // refused (or, with enforce false, admitted).
 func checkTaskSets(t *testing.T, ns string, enforce bool) {
 	t.Helper()
-	calls := func() float64 {
-		n, err := env.APIServerCounter(t.Context(), "apiserver_admission_webhook_request_total",
-			map[string]string{"name": "validate-taskset.exit-guard.io"})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return n
-	}
+	calls := env.WebhookCalls(t, "validate-taskset.exit-guard.io")
 	wf := createWorkflow(t, ns, argo.PhaseRunning)
 	step := argo.NodeID(wf.GetName(), wf.GetName()+"[0].call")
 	ts := testenv.TaskSet(wf, map[string]any{step: testenv.HTTPTask("call")})
