@@ -13,6 +13,7 @@ import (
 	"sync"
 	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/resourceversion"
 	"k8s.io/utils/clock"
@@ -52,7 +53,9 @@ type Observation struct {
 	Namespace       string
 	Name            string
 	ResourceVersion string
-	Phase           argo.Phase
+	// Phase is status.phase, or argo.PhaseUnsettled when the workflow was seen without its
+	// status and its labels did not tell.
+	Phase argo.Phase
 	// Deleted is true when the workflow is gone.
 	Deleted bool
 }
@@ -65,6 +68,19 @@ func ObservationOf(wf *argo.Workflow, deleted bool) Observation {
 		Name:            wf.Name,
 		ResourceVersion: wf.ResourceVersion,
 		Phase:           wf.Status.Phase,
+		Deleted:         deleted,
+	}
+}
+
+// ObservationOfMetadata is the observation a workflow read without its status makes: its
+// phase is what its labels tell (argo.PhaseFromLabels), argo.PhaseUnsettled when they do not.
+func ObservationOfMetadata(wf metav1.Object, deleted bool) Observation {
+	return Observation{
+		UID:             wf.GetUID(),
+		Namespace:       wf.GetNamespace(),
+		Name:            wf.GetName(),
+		ResourceVersion: wf.GetResourceVersion(),
+		Phase:           argo.PhaseFromLabels(wf.GetLabels()),
 		Deleted:         deleted,
 	}
 }
@@ -171,7 +187,7 @@ func (s *Store) Observe(o Observation) Result {
 		case cmp < 0, cmp == 0 && !o.Deleted:
 			return Stale
 		}
-		if o.Deleted && o.Phase == argo.PhaseUnknown {
+		if o.Deleted && (o.Phase == argo.PhaseUnknown || o.Phase == argo.PhaseUnsettled) {
 			o.Phase = old.Phase
 		}
 	}

@@ -233,8 +233,8 @@ func TestConcurrentObserveAndGet(t *testing.T) {
 func TestFeederHandlesTombstonesFromTheInformer(t *testing.T) {
 	s, _ := newTestStore(t)
 	f := &feeder{store: s, metrics: newStoreMetrics(s)}
-	wf := &argo.Workflow{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "wf", UID: "a", ResourceVersion: "7"},
-		Status: argo.WorkflowStatus{Phase: argo.PhaseSucceeded}}
+	wf := &metav1.PartialObjectMetadata{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "wf", UID: "a", ResourceVersion: "7",
+		Labels: map[string]string{argo.LabelPhase: "Succeeded", argo.LabelCompleted: "true"}}}
 	f.observe(wf, false)
 	f.observe(toolscache.DeletedFinalStateUnknown{Key: "ns/wf", Obj: wf}, false)
 	f.observe("not a workflow", false)
@@ -245,20 +245,44 @@ func TestFeederHandlesTombstonesFromTheInformer(t *testing.T) {
 }
 
 func TestStripWorkflowKeepsOnlyWhatTheStoreNeeds(t *testing.T) {
-	in := &argo.Workflow{
+	in := &metav1.PartialObjectMetadata{
 		ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "wf", UID: "u", ResourceVersion: "3",
-			Labels: map[string]string{"a": "b"}, Annotations: map[string]string{"big": "x"},
-			ManagedFields: []metav1.ManagedFieldsEntry{{Manager: "m"}}},
-		Status: argo.WorkflowStatus{Phase: argo.PhaseFailed},
+			Labels:      map[string]string{"a": "b", argo.LabelPhase: "Failed", argo.LabelCompleted: "true"},
+			Annotations: map[string]string{"big": "x"}, ManagedFields: []metav1.ManagedFieldsEntry{{Manager: "m"}}},
 	}
 	out, err := stripWorkflow(in)
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := &argo.Workflow{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "wf", UID: "u", ResourceVersion: "3"},
-		Status: argo.WorkflowStatus{Phase: argo.PhaseFailed}}
+	want := &metav1.PartialObjectMetadata{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "wf", UID: "u", ResourceVersion: "3",
+		Labels: map[string]string{argo.LabelPhase: "Failed", argo.LabelCompleted: "true"}}}
 	if diff := cmp.Diff(want, out); diff != "" {
 		t.Errorf("stripped workflow (-want +got):\n%s", diff)
+	}
+	if o := ObservationOfMetadata(out.(*metav1.PartialObjectMetadata), false); o.Phase != argo.PhaseFailed {
+		t.Errorf("observation of the stripped workflow has phase %q, want Failed", o.Phase)
+	}
+}
+
+// A workflow whose labels do not settle its phase is recorded as such, never as the phase its
+// label names.
+func TestObservationsOfMetadataThatDoNotSettleThePhase(t *testing.T) {
+	s, _ := newTestStore(t)
+	meta := func(rv string, labels map[string]string) *metav1.PartialObjectMetadata {
+		return &metav1.PartialObjectMetadata{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "wf", UID: "a", ResourceVersion: rv, Labels: labels}}
+	}
+	s.Observe(ObservationOfMetadata(meta("5", map[string]string{argo.LabelPhase: "Failed", argo.LabelCompleted: "true"}), false))
+	// Retried by v4.0+: status.phase "", the completed label removed, the phase label stale.
+	s.Observe(ObservationOfMetadata(meta("6", map[string]string{argo.LabelPhase: "Failed"}), false))
+	if r, _ := s.Get("a"); r.Phase != argo.PhaseUnsettled || r.ResourceVersion != "6" {
+		t.Errorf("record after the retry = %+v, want phase Unsettled at 6", r)
+	}
+	if terminal, _, active := s.Counts(); terminal != 0 || active != 1 {
+		t.Errorf("counts terminal %d, active %d; want an unsettled record counted active", terminal, active)
+	}
+	s.Observe(ObservationOfMetadata(meta("6", map[string]string{argo.LabelPhase: "Failed"}), true))
+	if r, _ := s.Get("a"); !r.Deleted || r.Phase != argo.PhaseUnsettled {
+		t.Errorf("tombstone = %+v, want deleted with phase Unsettled", r)
 	}
 }
 

@@ -12,6 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	toolscache "k8s.io/client-go/tools/cache"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
@@ -19,12 +20,12 @@ import (
 	"github.com/exit-guard/exit-guard/internal/argo"
 )
 
-// CacheByObject configures the manager's cache for Workflows: the namespaces to watch (all when
-// empty) and a transform that keeps only what the store needs. The type argo.Workflow already
-// decodes nothing of spec and status but the phase; the transform drops the rest of the
-// metadata (labels, annotations, managed fields, owner references), so a cached workflow costs
-// a few hundred bytes however large the object is.
-func CacheByObject(namespaces []string) (obj *argo.Workflow, byObject cache.ByObject) {
+// CacheByObject configures the manager's cache for Workflows: metadata only (the API server
+// sends neither spec nor status, so a workflow's size costs the watch nothing), the namespaces
+// to watch (all when empty), and a transform that keeps only what the store needs. The phase
+// comes from the labels Argo writes with it (argo.PhaseFromLabels): a cached workflow costs a
+// few hundred bytes however large the object is.
+func CacheByObject(namespaces []string) (obj client.Object, byObject cache.ByObject) {
 	byObject.Transform = stripWorkflow
 	if len(namespaces) > 0 {
 		byObject.Namespaces = make(map[string]cache.Config, len(namespaces))
@@ -32,16 +33,33 @@ func CacheByObject(namespaces []string) (obj *argo.Workflow, byObject cache.ByOb
 			byObject.Namespaces[ns] = cache.Config{}
 		}
 	}
-	return &argo.Workflow{}, byObject
+	return workflowMetadata(), byObject
 }
 
-// stripWorkflow is the cache transform of CacheByObject.
+// workflowMetadata is the object the cache's Workflow informer is asked for by.
+func workflowMetadata() *metav1.PartialObjectMetadata {
+	m := &metav1.PartialObjectMetadata{}
+	m.SetGroupVersionKind(argo.WorkflowGVK)
+	return m
+}
+
+// stripWorkflow is the cache transform of CacheByObject: it keeps the identity, the
+// resourceVersion, the deletion mark and the two labels that tell the phase.
 func stripWorkflow(obj any) (any, error) {
-	wf, ok := obj.(*argo.Workflow)
+	wf, ok := obj.(*metav1.PartialObjectMetadata)
 	if !ok {
 		return obj, nil
 	}
-	return &argo.Workflow{
+	var labels map[string]string
+	for _, k := range []string{argo.LabelPhase, argo.LabelCompleted} {
+		if v, ok := wf.Labels[k]; ok {
+			if labels == nil {
+				labels = make(map[string]string, 2)
+			}
+			labels[k] = v
+		}
+	}
+	return &metav1.PartialObjectMetadata{
 		TypeMeta: wf.TypeMeta,
 		ObjectMeta: metav1.ObjectMeta{
 			Namespace:         wf.Namespace,
@@ -49,8 +67,8 @@ func stripWorkflow(obj any) (any, error) {
 			UID:               wf.UID,
 			ResourceVersion:   wf.ResourceVersion,
 			DeletionTimestamp: wf.DeletionTimestamp,
+			Labels:            labels,
 		},
-		Status: argo.WorkflowStatus{Phase: wf.Status.Phase},
 	}, nil
 }
 
@@ -84,7 +102,7 @@ func Watch(ctx context.Context, mgr manager.Manager, store *Store, opts WatchOpt
 		return nil, fmt.Errorf("completionstore: registering metrics: %w", err)
 	}
 	// The cache is not started yet: ask for the informer without waiting for it to sync.
-	inf, err := mgr.GetCache().GetInformer(ctx, &argo.Workflow{}, cache.BlockUntilSynced(false))
+	inf, err := mgr.GetCache().GetInformer(ctx, workflowMetadata(), cache.BlockUntilSynced(false))
 	if err != nil {
 		return nil, fmt.Errorf("completionstore: getting the Workflow informer: %w", err)
 	}
@@ -171,12 +189,12 @@ func (f *feeder) observe(obj any, deleted bool) {
 		obj = tomb.Obj
 		deleted = true
 	}
-	wf, ok := obj.(*argo.Workflow)
+	wf, ok := obj.(*metav1.PartialObjectMetadata)
 	if !ok {
 		f.metrics.observations.WithLabelValues("invalid").Inc()
 		return
 	}
-	r := f.store.Observe(ObservationOf(wf, deleted))
+	r := f.store.Observe(ObservationOfMetadata(wf, deleted))
 	f.metrics.observations.WithLabelValues(r.String()).Inc()
 	if r != Invalid {
 		f.store.Progress(wf.ResourceVersion)

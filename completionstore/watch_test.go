@@ -52,7 +52,8 @@ func newWorkflow(t testing.TB, ns, name string, nodes int) *unstructured.Unstruc
 	wf.SetName(name)
 	wf.SetAnnotations(map[string]string{"workflows.argoproj.io/pod-name-format": "v2"})
 	wf.Object["spec"] = map[string]any{"entrypoint": "main", "onExit": "exit-handler"}
-	status := map[string]any{"phase": "Running"}
+	testenv.MarkPhase(wf, argo.PhaseRunning)
+	status := wf.Object["status"].(map[string]any)
 	if nodes > 0 {
 		// A node tree like the one that makes real workflows megabytes large.
 		tree := map[string]any{}
@@ -65,7 +66,6 @@ func newWorkflow(t testing.TB, ns, name string, nodes int) *unstructured.Unstruc
 		}
 		status["nodes"] = tree
 	}
-	wf.Object["status"] = status
 	if err := env.Client.Create(context.Background(), wf); err != nil {
 		t.Fatal(err)
 	}
@@ -86,7 +86,7 @@ func TestWatchFeedsTheStoreFromTheAPIServer(t *testing.T) {
 	}
 	ns := "default"
 	before := newWorkflow(t, ns, "before-"+rand.String(5), 0) // exists before the guard starts
-	before.Object["status"] = map[string]any{"phase": "Succeeded"}
+	testenv.MarkPhase(before, argo.PhaseSucceeded)
 	if err := env.Client.Update(t.Context(), before); err != nil {
 		t.Fatal(err)
 	}
@@ -122,7 +122,7 @@ func TestWatchFeedsTheStoreFromTheAPIServer(t *testing.T) {
 	}
 
 	wf := newWorkflow(t, ns, "live-"+rand.String(5), 0)
-	wf.Object["status"] = map[string]any{"phase": "Succeeded"}
+	testenv.MarkPhase(wf, argo.PhaseSucceeded)
 	if err := env.Client.Update(t.Context(), wf); err != nil {
 		t.Fatal(err)
 	}
@@ -163,7 +163,8 @@ func TestWatchFeedsTheStoreFromTheAPIServer(t *testing.T) {
 }
 
 // BenchmarkCacheMemory measures what the guard's Workflow cache holds per workflow, with the
-// type and transform of CacheByObject, against a cache of whole unstructured workflows. Run
+// metadata-only informer and transform of CacheByObject, against a cache of whole
+// unstructured workflows. Run
 // with: go test -run '^$' -bench CacheMemory ./completionstore (docs/performance.md).
 func BenchmarkCacheMemory(b *testing.B) {
 	const workflows, nodes = 50, 2000
@@ -187,7 +188,7 @@ func BenchmarkCacheMemory(b *testing.B) {
 		obj  client.Object
 		by   cache.ByObject
 	}{
-		{"typed-and-stripped", &argo.Workflow{}, cache.ByObject{Transform: stripWorkflow, Namespaces: map[string]cache.Config{ns: {}}}},
+		{"metadata-and-stripped", workflowMetadata(), cache.ByObject{Transform: stripWorkflow, Namespaces: map[string]cache.Config{ns: {}}}},
 		{"unstructured", &unstructured.Unstructured{Object: map[string]any{"apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow"}},
 			cache.ByObject{Namespaces: map[string]cache.Config{ns: {}}}},
 	} {

@@ -9,6 +9,7 @@ import (
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -181,10 +182,10 @@ func (g *guard) judge(ctx context.Context, d decision, storeFirst bool) decision
 			d.reason, d.source = reasonNotSeenCompleted, sourceStore
 			return d
 		}
-		if fromStore := g.fromRecord(d, rec); !fromStore.deny {
+		if fromStore := g.fromRecord(d, rec); !fromStore.deny && rec.Phase != argo.PhaseUnsettled {
 			return fromStore
 		}
-		// The store says refuse: be sure first.
+		// The store says refuse, or cannot tell: be sure first.
 	}
 	return g.liveDecide(ctx, d)
 }
@@ -224,8 +225,13 @@ func (g *guard) liveDecide(ctx context.Context, d decision) decision {
 // fromRecord decides from what the store holds.
 func (g *guard) fromRecord(d decision, rec completionstore.Record) decision {
 	d.source, d.phase, d.resourceVersion = sourceStore, rec.Phase, rec.ResourceVersion
-	if rec.Deleted {
+	switch {
+	case rec.Deleted:
 		d.deny, d.reason = true, reasonWorkflowDeleted
+		return d
+	case rec.Phase == argo.PhaseUnsettled:
+		// Seen without its status, and its labels did not tell its phase.
+		d.reason = reasonUnverified
 		return d
 	}
 	return g.byPhase(d)
@@ -262,8 +268,16 @@ const (
 	firstRetryDelay = 50 * time.Millisecond
 )
 
-// liveRead GETs the workflow from the API server (no resourceVersion: a consistent read, never
-// the watch cache) within the live-read budget. Only metadata and status.phase are decoded.
+// liveRead reads the workflow from the API server within the live-read budget, consistently
+// (no resourceVersion: never an older state than the newest write), and returns its metadata
+// and status.phase.
+//
+// The read costs the same for a workflow of a megabyte as for a small one: it LISTs the
+// workflow's metadata by name (a fieldSelector on metadata.name, which the API server answers
+// from one key of its watch cache once that cache has caught up with etcd), and takes the
+// phase from the labels Argo writes with it. Only when the labels do not settle the phase
+// (argo.PhaseFromLabels) does it GET the whole object, decoding only metadata and
+// status.phase.
 //
 // The budget is used whole: an attempt that fails fast is retried after a short pause, and one
 // that has not answered within the attempt timeout gets another attempt beside it (a hedge),
@@ -298,8 +312,7 @@ func (g *guard) liveRead(ctx context.Context, namespace, name string) (*argo.Wor
 				done <- answer{panicked: p}
 			}
 		}()
-		wf := &argo.Workflow{}
-		err := g.reader.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, wf)
+		wf, err := g.readWorkflow(ctx, namespace, name)
 		done <- answer{wf: wf, err: err}
 	}
 	attempts, answered := 1, 0
@@ -362,6 +375,33 @@ loop:
 	}
 	g.metrics.liveRead.WithLabelValues(result).Observe(time.Since(start).Seconds())
 	return a.wf, a.err
+}
+
+// readWorkflow is one attempt of liveRead: the metadata by name, and the whole object only
+// when the labels do not settle the phase.
+func (g *guard) readWorkflow(ctx context.Context, namespace, name string) (*argo.Workflow, error) {
+	list := &metav1.PartialObjectMetadataList{}
+	list.SetGroupVersionKind(argo.WorkflowListGVK)
+	if err := g.reader.List(ctx, list, client.InNamespace(namespace), client.MatchingFields{"metadata.name": name}); err != nil {
+		return nil, err
+	}
+	var found *metav1.PartialObjectMetadata
+	for i := range list.Items {
+		if list.Items[i].Name == name {
+			found = &list.Items[i]
+		}
+	}
+	if found == nil {
+		return nil, apierrors.NewNotFound(schema.GroupResource{Group: argo.Group, Resource: argo.Resource}, name)
+	}
+	if phase := argo.PhaseFromLabels(found.Labels); phase != argo.PhaseUnsettled {
+		return &argo.Workflow{ObjectMeta: found.ObjectMeta, Status: argo.WorkflowStatus{Phase: phase}}, nil
+	}
+	wf := &argo.Workflow{}
+	if err := g.reader.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, wf); err != nil {
+		return nil, err
+	}
+	return wf, nil
 }
 
 // permanent says whether a failed read would fail again however often it is retried.

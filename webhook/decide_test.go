@@ -85,6 +85,16 @@ func TestDecisionTable(t *testing.T) {
 	}
 	replaced = createWorkflow(t, ns, "table-replaced", argo.PhaseRunning)
 	replaced.SetUID(oldUID) // pods of the first one still name its UID
+	// Workflows whose labels do not settle the phase: the live read GETs the whole object.
+	retriedV4 := createWorkflow(t, ns, "table-retried-v4", argo.PhaseSucceeded)
+	setPhase(t, retriedV4, argo.PhaseUnknown) // status.phase "", completed removed, phase label stale
+	daemon := createWorkflow(t, ns, "table-daemon", argo.PhaseSucceeded)
+	labels := daemon.GetLabels()
+	labels[argo.LabelCompleted] = "false" // 3.4 with daemon steps: the phase before the label
+	daemon.SetLabels(labels)
+	if err := env.Client.Update(t.Context(), daemon); err != nil {
+		t.Fatal(err)
+	}
 
 	type storeState int
 	const (
@@ -93,6 +103,7 @@ func TestDecisionTable(t *testing.T) {
 		storeSucceeded
 		storeFailed
 		storeTombstone
+		storeUnsettled // seen by the metadata watch, labels that do not settle the phase
 	)
 	yes := true
 	podOf := func(wf *unstructured.Unstructured, kind podKind) *metav1.ObjectMeta {
@@ -162,6 +173,11 @@ func TestDecisionTable(t *testing.T) {
 		{row: "5 live Running", pod: podOf(wfs[argo.PhaseRunning], kindExitHandler), store: storeSucceeded, reason: reasonWorkflowActive, source: sourceLive},
 		{row: "5 live empty phase (v4 retry)", pod: podOf(wfs[argo.PhaseUnknown], kindExitHandler), store: storeSucceeded, reason: reasonWorkflowActive, source: sourceLive},
 		{row: "6 live Succeeded", pod: podOf(wfs[argo.PhaseSucceeded], kindExitHandler), deny: true, reason: reasonWorkflowCompleted, source: sourceLive},
+		{row: "5 live, retried by v4: stale Succeeded phase label, status.phase empty", pod: podOf(retriedV4, kindExitHandler), store: storeSucceeded, reason: reasonWorkflowActive, source: sourceLive},
+		{row: "6 live, daemon steps: Succeeded before the completed label", pod: podOf(daemon, kindExitHandler), deny: true, reason: reasonWorkflowCompleted, source: sourceLive},
+		{row: "12 read fails, store unsettled", pod: podOf(wfs[argo.PhaseRunning], kindExitHandler), opts: Options{StoreFallback: FallbackCompletion}, reader: failing, store: storeUnsettled, reason: reasonUnverified, source: sourceStore},
+		{row: "17 store-first, store unsettled, live confirms Succeeded", pod: podOf(daemon, kindExitHandler), opts: Options{StoreFirst: true}, store: storeUnsettled, deny: true, reason: reasonWorkflowCompleted, source: sourceLive},
+		{row: "17 store-first, store unsettled, live says not terminal", pod: podOf(retriedV4, kindExitHandler), opts: Options{StoreFirst: true}, store: storeUnsettled, reason: reasonWorkflowActive, source: sourceLive},
 		{row: "6 live Succeeded, hook pod with cover-hooks", pod: podOf(wfs[argo.PhaseSucceeded], kindHook), opts: Options{Hooks: true}, deny: true, reason: reasonWorkflowCompleted, source: sourceLive},
 		{row: "7 live Failed, default policy", pod: podOf(wfs[argo.PhaseFailed], kindExitHandler), store: storeFailed, reason: reasonPhaseAllowed, source: sourceLive},
 		{row: "6 live Failed, Failed denied", pod: podOf(wfs[argo.PhaseFailed], kindExitHandler), opts: Options{DenyPhases: []argo.Phase{argo.PhaseFailed}}, deny: true, reason: reasonWorkflowCompleted, source: sourceLive},
@@ -233,6 +249,8 @@ func TestDecisionTable(t *testing.T) {
 					o.Phase = argo.PhaseFailed
 				case storeTombstone:
 					o.Phase, o.Deleted = argo.PhaseRunning, true
+				case storeUnsettled:
+					o.Phase = argo.PhaseUnsettled
 				}
 				store.Observe(o)
 			}
@@ -314,5 +332,37 @@ func TestClassify(t *testing.T) {
 				t.Errorf("classify = kind %s owned %v, want %s %v", f.kind, f.owner != nil, tt.wantKind, tt.wantOwned)
 			}
 		})
+	}
+}
+
+// The live read answers from the API server's watch cache (a LIST by name), yet it must never
+// return an older state than the newest write: each read right after a write sees that write.
+func TestLiveReadSeesTheNewestWrite(t *testing.T) {
+	ns := newNamespace(t)
+	c, err := client.New(env.Config, client.Options{Scheme: testScheme(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	store, err := completionstore.New(completionstore.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := newGuard(c, store, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wf := createWorkflow(t, ns, "read-your-writes", argo.PhaseRunning)
+	const writes = 300
+	for i := range writes {
+		phase := []argo.Phase{argo.PhaseRunning, argo.PhaseSucceeded, argo.PhaseFailed}[i%3]
+		setPhase(t, wf, phase)
+		got, err := g.liveRead(t.Context(), ns, wf.GetName())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.ResourceVersion != wf.GetResourceVersion() || got.Status.Phase != phase {
+			t.Fatalf("write %d of %d: the live read returned resourceVersion %s phase %s, want the write's %s %s",
+				i+1, writes, got.ResourceVersion, got.Status.Phase, wf.GetResourceVersion(), phase)
+		}
 	}
 }

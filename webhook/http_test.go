@@ -229,7 +229,8 @@ func (r *panickingReader) Get(context.Context, client.ObjectKey, client.Object, 
 }
 
 func (r *panickingReader) List(context.Context, client.ObjectList, ...client.ListOption) error {
-	panic("not used")
+	r.calls.Add(1)
+	panic("a bug in the live read")
 }
 
 // TestHandlerFailuresReachTheAPIServerAsHTTPErrors: a panic in the guard is not a refusal. It

@@ -209,21 +209,11 @@ func createWorkflow(t testing.TB, namespace, name string, phase argo.Phase) *uns
 	return wf
 }
 
-// setPhase writes status.phase and the completed label with one whole-object Update, as
-// Argo's controller does.
+// setPhase writes the workflow's phase with one whole-object Update, as Argo's controller does
+// (testenv.MarkPhase; PhaseUnknown as v4.0+'s argo retry leaves it).
 func setPhase(t testing.TB, wf *unstructured.Unstructured, phase argo.Phase) {
 	t.Helper()
-	if phase == argo.PhaseUnknown {
-		delete(wf.Object, "status")
-	} else {
-		wf.Object["status"] = map[string]any{"phase": string(phase)}
-	}
-	labels := wf.GetLabels()
-	if labels == nil {
-		labels = map[string]string{}
-	}
-	labels["workflows.argoproj.io/completed"] = map[bool]string{true: "true", false: "false"}[phase.Terminal()]
-	wf.SetLabels(labels)
+	testenv.MarkPhase(wf, phase)
 	if err := env.Client.Update(t.Context(), wf); err != nil {
 		t.Fatalf("writing phase %q of %s: %v", phase, wf.GetName(), err)
 	}

@@ -415,18 +415,51 @@ func nextAttemptFails(ctx context.Context) (now time.Duration, fail bool) {
 	return p.now, k >= len(p.plan) || p.plan[k]
 }
 
+// decisionMoment is the virtual moment of the decision in ctx.
+func decisionMoment(ctx context.Context) time.Duration {
+	p, ok := ctx.Value(planKey{}).(*decisionPlan)
+	if !ok {
+		return 0
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.now
+}
+
 // simReader answers live reads from the truth at the decision's virtual moment, failing the
 // attempts its plan says.
 type simReader struct {
 	h *history
 }
 
-func (s *simReader) Get(ctx context.Context, key client.ObjectKey, obj client.Object, _ ...client.GetOption) error {
+// List is the first read of each attempt (readWorkflow): the workflow's metadata by name, its
+// labels written as Argo's controller writes them with its phase (none for a workflow not yet
+// reconciled, whose phase only Get tells).
+func (s *simReader) List(ctx context.Context, list client.ObjectList, opts ...client.ListOption) error {
 	now, fail := nextAttemptFails(ctx)
 	if fail {
 		return apierrors.NewServiceUnavailable("simulated: the API server cannot answer")
 	}
-	_, _, holder := s.h.truth("", now)
+	var lo client.ListOptions
+	lo.ApplyOptions(opts)
+	name, _ := lo.FieldSelector.RequiresExactMatch("metadata.name")
+	l := list.(*metav1.PartialObjectMetadataList)
+	l.Items = nil
+	if _, _, holder := s.h.truth("", now); holder.uid != "" {
+		item := metav1.PartialObjectMetadata{ObjectMeta: metav1.ObjectMeta{Namespace: lo.Namespace, Name: name, UID: holder.uid,
+			ResourceVersion: strconv.FormatInt(holder.rv, 10)}}
+		if holder.phase != argo.PhaseUnknown {
+			item.Labels = map[string]string{argo.LabelPhase: string(holder.phase), argo.LabelCompleted: strconv.FormatBool(holder.phase.Terminal())}
+		}
+		l.Items = append(l.Items, item)
+	}
+	return nil
+}
+
+// Get is the second read of an attempt whose labels did not settle the phase, at the same
+// moment.
+func (s *simReader) Get(ctx context.Context, key client.ObjectKey, obj client.Object, _ ...client.GetOption) error {
+	_, _, holder := s.h.truth("", decisionMoment(ctx))
 	if holder.uid == "" {
 		return apierrors.NewNotFound(schema.GroupResource{Group: argo.Group, Resource: argo.Resource}, key.Name)
 	}
@@ -435,10 +468,6 @@ func (s *simReader) Get(ctx context.Context, key client.ObjectKey, obj client.Ob
 	wf.ResourceVersion = strconv.FormatInt(holder.rv, 10)
 	wf.Status.Phase = holder.phase
 	return nil
-}
-
-func (s *simReader) List(context.Context, client.ObjectList, ...client.ListOption) error {
-	return apierrors.NewMethodNotSupported(schema.GroupResource{}, "list")
 }
 
 // setting is a policy the simulation measures.
@@ -795,7 +824,8 @@ type planReader struct {
 	called int
 }
 
-func (p *planReader) Get(ctx context.Context, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+// List is the first read of each live-read attempt (readWorkflow): failing it fails the attempt.
+func (p *planReader) List(ctx context.Context, list client.ObjectList, opts ...client.ListOption) error {
 	p.mu.Lock()
 	k := p.called
 	p.called++
@@ -804,7 +834,7 @@ func (p *planReader) Get(ctx context.Context, key client.ObjectKey, obj client.O
 	if fail {
 		return apierrors.NewServiceUnavailable("simulated: the API server cannot answer")
 	}
-	return p.Reader.Get(ctx, key, obj, opts...)
+	return p.Reader.List(ctx, list, opts...)
 }
 
 func (p *planReader) setPlan(plan []bool) {

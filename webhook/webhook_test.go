@@ -388,10 +388,11 @@ type flakyReader struct {
 	calls    atomic.Int32
 }
 
-func (r *flakyReader) Get(ctx context.Context, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+// List is the first read of each live-read attempt (readWorkflow): failing it fails the attempt.
+func (r *flakyReader) List(ctx context.Context, list client.ObjectList, opts ...client.ListOption) error {
 	n := r.calls.Add(1)
 	if r.failures >= 0 && n > r.failures {
-		return r.Reader.Get(ctx, key, obj, opts...)
+		return r.Reader.List(ctx, list, opts...)
 	}
 	if r.hang && n == 1 {
 		<-ctx.Done()
@@ -487,7 +488,8 @@ type slowReader struct {
 	inFlight atomic.Int32
 }
 
-func (r *slowReader) Get(ctx context.Context, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+// List is the first read of each live-read attempt (readWorkflow).
+func (r *slowReader) List(ctx context.Context, list client.ObjectList, opts ...client.ListOption) error {
 	r.inFlight.Add(1)
 	defer r.inFlight.Add(-1)
 	select {
@@ -495,7 +497,7 @@ func (r *slowReader) Get(ctx context.Context, key client.ObjectKey, obj client.O
 		return ctx.Err()
 	case <-time.After(r.delay):
 	}
-	return r.Reader.Get(ctx, key, obj, opts...)
+	return r.Reader.List(ctx, list, opts...)
 }
 
 // The guard is stopped while decisions are in flight: each is still decided on its live read

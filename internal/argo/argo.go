@@ -47,9 +47,12 @@ const (
 	TaskSetKind     = "WorkflowTaskSet"
 	TaskSetResource = "workflowtasksets"
 	// LabelCompleted is "true" on a TaskSet once its workflow has completed (the agent exits
-	// on it), "false" while it runs.
+	// on it), "false" while it runs. Workflows carry it too: see PhaseFromLabels.
 	LabelCompleted = "workflows.argoproj.io/completed"
 )
+
+// LabelPhase is the label in which Argo's controller repeats a workflow's status.phase.
+const LabelPhase = "workflows.argoproj.io/phase"
 
 // NodeID is the ID Argo gives the node named nodeName in workflow wfName (Workflow.NodeID):
 // the workflow's name and the FNV-32a hash of the node name, in decimal.
@@ -83,6 +86,33 @@ const (
 	PhaseError     Phase = "Error"
 )
 
+// PhaseUnsettled is not a phase Argo writes: it stands for a workflow read without its status
+// (metadata only) whose labels do not settle its phase (PhaseFromLabels).
+const PhaseUnsettled Phase = "Unsettled"
+
+// PhaseFromLabels says what a workflow's labels tell of its status.phase, so that the guard
+// can read workflows without their status (whose node tree makes them large). Argo's
+// controller writes the phase label with status.phase in the same Update (markWorkflowPhase),
+// and the completed label "true" with a terminal phase. The labels settle the phase when
+//   - completed is "true" and the phase label terminal: that phase;
+//   - completed is not "true" and the phase label Pending or Running: that phase.
+//
+// Anything else is PhaseUnsettled, and only the status can tell: a workflow not yet
+// reconciled (no phase label); a workflow retried by v4.0+, whose status.phase is "" under a
+// stale terminal phase label; a workflow with daemon steps on 3.4.x to 3.5.5, whose terminal
+// phase can be written before the completed label.
+func PhaseFromLabels(labels map[string]string) Phase {
+	p := Phase(labels[LabelPhase])
+	completed := labels[LabelCompleted] == "true"
+	switch {
+	case completed && p.Terminal():
+		return p
+	case !completed && (p == PhasePending || p == PhaseRunning):
+		return p
+	}
+	return PhaseUnsettled
+}
+
 // Terminal reports whether p is Succeeded, Failed or Error.
 func (p Phase) Terminal() bool {
 	return p == PhaseSucceeded || p == PhaseFailed || p == PhaseError
@@ -101,8 +131,11 @@ func ParsePhase(s string) (Phase, bool) {
 // GroupVersion is argoproj.io/v1alpha1.
 var GroupVersion = schema.GroupVersion{Group: Group, Version: Version}
 
-// WorkflowGVK is the GroupVersionKind of Workflow.
-var WorkflowGVK = GroupVersion.WithKind(Kind)
+// WorkflowGVK is the GroupVersionKind of Workflow, and WorkflowListGVK that of its list.
+var (
+	WorkflowGVK     = GroupVersion.WithKind(Kind)
+	WorkflowListGVK = GroupVersion.WithKind(Kind + "List")
+)
 
 // Workflow is the part of an Argo Workflow that exit-guard reads. Decoding a workflow into it
 // skips spec and the status' node tree, which is where a workflow's size lies.

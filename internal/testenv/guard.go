@@ -189,6 +189,31 @@ func ExitPod(wf client.Object) *corev1.Pod {
 	}
 }
 
+// MarkPhase sets wf's phase the way Argo's controller does (markWorkflowPhase): status.phase,
+// the phase label, and the completed label, all in the one write that follows. PhaseUnknown
+// leaves wf as v4.0+'s argo retry does: no status.phase, no completed label, and the phase
+// label, if any, stale.
+func MarkPhase(wf *unstructured.Unstructured, phase argo.Phase) {
+	labels := wf.GetLabels()
+	if labels == nil {
+		labels = map[string]string{}
+	}
+	if phase == argo.PhaseUnknown {
+		delete(wf.Object, "status")
+		delete(labels, argo.LabelCompleted)
+	} else {
+		status, _ := wf.Object["status"].(map[string]any)
+		if status == nil {
+			status = map[string]any{}
+			wf.Object["status"] = status
+		}
+		status["phase"] = string(phase)
+		labels[argo.LabelPhase] = string(phase)
+		labels[argo.LabelCompleted] = strconv.FormatBool(phase.Terminal())
+	}
+	wf.SetLabels(labels)
+}
+
 // TaskSetGVK is the GroupVersionKind of Argo's WorkflowTaskSet.
 var TaskSetGVK = argo.GroupVersion.WithKind(argo.TaskSetKind)
 

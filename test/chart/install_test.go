@@ -109,7 +109,7 @@ func createWorkflow(t *testing.T, ns string, phase argo.Phase) *unstructured.Uns
 	if err := env.Client.Create(t.Context(), wf); err != nil {
 		t.Fatal(err)
 	}
-	wf.Object["status"] = map[string]any{"phase": string(phase)}
+	testenv.MarkPhase(wf, phase)
 	if err := env.Client.Update(t.Context(), wf); err != nil {
 		t.Fatal(err)
 	}
@@ -212,7 +212,7 @@ func checkTaskSets(t *testing.T, ns string, enforce bool) {
 	if got := calls() - before; got != 1 {
 		t.Errorf("the API server called the TaskSet webhook %v times for a TaskSet with a task, want 1", got)
 	}
-	wf.Object["status"] = map[string]any{"phase": string(argo.PhaseSucceeded)}
+	testenv.MarkPhase(wf, argo.PhaseSucceeded)
 	if err := env.Client.Update(t.Context(), wf); err != nil {
 		t.Fatal(err)
 	}

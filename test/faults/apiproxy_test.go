@@ -18,7 +18,7 @@ import (
 
 // apiProxy is a plain-HTTP proxy on loopback between a guard and the test API server. It
 // forwards every request with the test's credentials, and injects the faults a loaded API
-// server shows its clients: reads of single workflows that hang until the client gives up,
+// server shows its clients: reads of single workflows (isSingleRead) that hang until the client gives up,
 // and Workflow watch streams that stall (events held back) or are cut.
 type apiProxy struct {
 	target *url.URL
@@ -86,6 +86,15 @@ func isWorkflowPath(r *http.Request) bool {
 	return strings.HasPrefix(r.URL.Path, "/apis/argoproj.io/") && strings.Contains(r.URL.Path, "/workflows")
 }
 
+// isSingleRead says whether r reads one workflow, as the guard's live read does: a GET of the
+// object, or a list of the collection by metadata.name.
+func isSingleRead(r *http.Request) bool {
+	if r.Method != http.MethodGet || !isWorkflowPath(r) || isWatch(r) {
+		return false
+	}
+	return !strings.HasSuffix(r.URL.Path, "/workflows") || strings.Contains(r.URL.Query().Get("fieldSelector"), "metadata.name=")
+}
+
 func isWatch(r *http.Request) bool {
 	w := r.URL.Query().Get("watch")
 	return w == "true" || w == "1"
@@ -109,15 +118,14 @@ func (p *apiProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			cancel()
 		}()
 	}
-	if p.hangReads.Load() && r.Method == http.MethodGet && isWorkflowPath(r) && !isWatch(r) &&
-		!strings.HasSuffix(r.URL.Path, "/workflows") {
+	if p.hangReads.Load() && isSingleRead(r) {
 		p.hung.Add(1)
 		<-ctx.Done()
 		return
 	}
 	// A list is a GET of the collection, or (client-go's WatchList) a watch that starts with
 	// the initial events.
-	if r.Method == http.MethodGet && isWorkflowPath(r) && strings.HasSuffix(r.URL.Path, "/workflows") &&
+	if r.Method == http.MethodGet && isWorkflowPath(r) && strings.HasSuffix(r.URL.Path, "/workflows") && !isSingleRead(r) &&
 		(!isWatch(r) || r.URL.Query().Get("sendInitialEvents") == "true") {
 		p.lists.Add(1)
 	}

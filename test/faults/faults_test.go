@@ -136,7 +136,7 @@ func TestWatchExpiresWhileWorkflowsCompleteAndAreDeleted(t *testing.T) {
 	p.cutWatches() // the guard watches again, into the stall
 	for i := range n {
 		wf := toComplete[i]
-		wf.Object["status"] = map[string]any{"phase": string(argo.PhaseSucceeded)}
+		testenv.MarkPhase(wf, argo.PhaseSucceeded)
 		if err := env.Client.Update(t.Context(), wf); err != nil {
 			t.Fatal(err)
 		}
@@ -144,7 +144,7 @@ func TestWatchExpiresWhileWorkflowsCompleteAndAreDeleted(t *testing.T) {
 		// resourceVersion (an exit handler of a Failed workflow is admitted by default);
 		// the relist then reports its deletion with the older copy the informer had.
 		gone := toDelete[i]
-		gone.Object["status"] = map[string]any{"phase": string(argo.PhaseFailed)}
+		testenv.MarkPhase(gone, argo.PhaseFailed)
 		if err := env.Client.Update(t.Context(), gone); err != nil {
 			t.Fatal(err)
 		}
@@ -314,7 +314,7 @@ func TestAPIServerRestartsUnderLoad(t *testing.T) {
 	}
 	up := c.sent.Load()
 	later := createWorkflow(t, ns, "completed-after-restart", argo.PhaseRunning)
-	later.Object["status"] = map[string]any{"phase": string(argo.PhaseSucceeded)}
+	testenv.MarkPhase(later, argo.PhaseSucceeded)
 	if err := env.Client.Update(t.Context(), later); err != nil {
 		t.Fatal(err)
 	}

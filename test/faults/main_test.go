@@ -154,7 +154,7 @@ func createWorkflow(t *testing.T, ns, name string, phase argo.Phase) *unstructur
 	if err := env.Client.Create(t.Context(), wf); err != nil {
 		t.Fatal(err)
 	}
-	wf.Object["status"] = map[string]any{"phase": string(phase)}
+	testenv.MarkPhase(wf, phase)
 	if err := env.Client.Update(t.Context(), wf); err != nil {
 		t.Fatal(err)
 	}
