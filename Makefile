@@ -60,6 +60,24 @@ fuzz: ## Run each fuzz target of the request decoders for FUZZTIME (seeds: webho
 	  $(GO) test ./webhook -run '^$$' -fuzz "^$$target$$" -fuzztime $(FUZZTIME) -fuzzminimizetime 3s || exit 1; \
 	done
 
+# Retained workflows of make load's start-up run, and their sizes (docs/performance.md).
+LOAD_WORKFLOWS ?= 10000
+LOAD_SIZE_KB ?= 32
+LOAD_LARGE_KB ?= 300
+LOAD_LARGE_EVERY ?= 100
+
+.PHONY: load
+load: build ## Measure start-up, memory and watch cost on a local API server (loopback, bounded); prints Markdown tables.
+	@assets=$$(hack/envtest-binaries.sh ensure) && export KUBEBUILDER_ASSETS="$$assets" && \
+	  $(GO) run ./test/load startup --guard $(BIN)/exit-guard --workflows $(LOAD_WORKFLOWS) \
+	    --size-kb $(LOAD_SIZE_KB) --large-kb $(LOAD_LARGE_KB) --large-every $(LOAD_LARGE_EVERY) && \
+	  $(GO) run ./test/load watch --guard $(BIN)/exit-guard
+
+.PHONY: bench
+bench: ## Run the benchmarks (one decision, live reads by size, the Workflow cache) against a real API server.
+	@assets=$$(hack/envtest-binaries.sh ensure) && \
+	  KUBEBUILDER_ASSETS="$$assets" $(GO) test -run '^$$' -bench . -benchmem ./webhook ./completionstore
+
 # Workflows per run of the Argo proof (make e2e-argo); CI runs fewer.
 E2E_TRIES ?= 5
 # The Argo versions built, and the proof's tests run (a go test -run pattern; all by default;

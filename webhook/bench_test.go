@@ -1,6 +1,7 @@
 package webhook
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 
@@ -18,8 +19,8 @@ func BenchmarkDecide(b *testing.B) {
 	ns := newNamespace(b)
 	wf := createWorkflow(b, ns, "bench", argo.PhaseRunning)
 	// A workflow of about 1 MiB, as large node trees make them.
-	big := createWorkflow(b, ns, "bench-big", "")
-	big.Object["status"] = map[string]any{"phase": "Running", "nodes": map[string]any{"n": map[string]any{"message": strings.Repeat("x", 1<<20)}}}
+	big := createWorkflow(b, ns, "bench-big", argo.PhaseRunning)
+	big.Object["status"].(map[string]any)["nodes"] = map[string]any{"n": map[string]any{"message": strings.Repeat("x", 1<<20)}}
 	if err := env.Client.Update(b.Context(), big); err != nil {
 		b.Fatal(err)
 	}
@@ -49,6 +50,58 @@ func BenchmarkDecide(b *testing.B) {
 			for b.Loop() {
 				if _, d := g.decide(b.Context(), &tc.pod); d.deny {
 					b.Fatal("denied a pod of a running workflow")
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkLiveReadBySize compares, for a small workflow and one of about 1 MiB, three ways to
+// read a workflow consistently (no resourceVersion): a GET of the whole object (decoded into
+// argo.Workflow), a GET of its metadata only, and the LIST by metadata.name that the live read
+// makes (readWorkflow). A thousand other workflows share the namespace.
+func BenchmarkLiveReadBySize(b *testing.B) {
+	ns := newNamespace(b)
+	createWorkflow(b, ns, "small", argo.PhaseRunning)
+	big := createWorkflow(b, ns, "big", argo.PhaseRunning)
+	big.Object["status"].(map[string]any)["nodes"] = map[string]any{"n": map[string]any{"message": strings.Repeat("x", 1<<20)}}
+	if err := env.Client.Update(b.Context(), big); err != nil {
+		b.Fatal(err)
+	}
+	for i := range 1000 {
+		createWorkflow(b, ns, fmt.Sprintf("other-%d", i), argo.PhaseSucceeded)
+	}
+	c, err := client.New(env.Config, client.Options{Scheme: testScheme(b)})
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, name := range []string{"small", "big"} {
+		key := client.ObjectKey{Namespace: ns, Name: name}
+		b.Run(name+"/get-whole-object", func(b *testing.B) {
+			for b.Loop() {
+				if err := c.Get(b.Context(), key, &argo.Workflow{}); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+		b.Run(name+"/get-metadata", func(b *testing.B) {
+			for b.Loop() {
+				m := &metav1.PartialObjectMetadata{}
+				m.SetGroupVersionKind(argo.WorkflowGVK)
+				if err := c.Get(b.Context(), key, m); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+		b.Run(name+"/list-metadata-by-name", func(b *testing.B) {
+			for b.Loop() {
+				l := &metav1.PartialObjectMetadataList{}
+				l.SetGroupVersionKind(argo.WorkflowListGVK)
+				if err := c.List(b.Context(), l, client.InNamespace(ns), client.MatchingFields{"metadata.name": name}); err != nil {
+					b.Fatal(err)
+				}
+				if len(l.Items) != 1 {
+					b.Fatalf("the list by name returned %d workflows", len(l.Items))
 				}
 			}
 		})

@@ -1,0 +1,372 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/exit-guard/exit-guard/internal/argo"
+	"github.com/exit-guard/exit-guard/internal/testenv"
+)
+
+// The columns of the side-by-side run: each has a namespace of its own, and the policy under
+// test selects only that namespace.
+const (
+	colNone       = "no webhook"
+	colGuard      = "exit-guard"
+	colStoreFirst = "exit-guard --store-first"
+	colLiveGet    = "live-GET peer"
+	colVAP        = "ValidatingAdmissionPolicy peer"
+)
+
+var columns = []string{colNone, colGuard, colStoreFirst, colLiveGet, colVAP}
+
+func columnNamespace(col string) string {
+	return "col-" + strings.NewReplacer(" ", "-", "--", "").Replace(strings.ToLower(strings.Fields(col)[0]+"-"+strconv.Itoa(slices.Index(columns, col))))
+}
+
+// runAPIServer creates exit-handler pods (server-side dry runs) through the API server under
+// each policy, interleaved, at growing numbers of retained Succeeded workflows, and reports the
+// latency the API server's client sees. It also counts, from the API server's own metrics,
+// which pods reached the guard's webhook.
+func runAPIServer(args []string) error {
+	fs := flag.NewFlagSet("apiserver", flag.ContinueOnError)
+	var c common
+	c.register(fs, 60*time.Minute)
+	sizesFlag := fs.String("retained", "0,1000,10000,100000", "Retained Succeeded workflows at each step, comma-separated, growing.")
+	rounds := fs.Int("rounds", 2000, "Pod creates per column at each step.")
+	slowBudget := fs.Duration("slow-budget", 60*time.Second, "At each step, a column stops once its creates have taken this long in all.")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	var steps []int
+	for _, f := range strings.Split(*sizesFlag, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 0 || (len(steps) > 0 && n < steps[len(steps)-1]) {
+			return fmt.Errorf("--retained: %q is not a growing list of counts", *sizesFlag)
+		}
+		steps = append(steps, n)
+	}
+	ctx, cancel, err := c.context()
+	if err != nil {
+		return err
+	}
+	defer cancel()
+	helm, err := testenv.HelmBin()
+	if err != nil {
+		return err
+	}
+	chart, err := testenv.ChartWebhook(helm)
+	if err != nil {
+		return err
+	}
+	env, err := testenv.Start(testenv.Options{})
+	if err != nil {
+		return err
+	}
+	defer func() { _ = env.Stop() }()
+	cl, err := fastClient(env)
+	if err != nil {
+		return err
+	}
+	pods, err := loadPodTemplates()
+	if err != nil {
+		return err
+	}
+
+	// One running workflow per column owns the exit handlers; each column's namespace carries
+	// its name as a label for the selectors.
+	owners := map[string]*unstructured.Unstructured{}
+	for _, col := range columns {
+		ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: columnNamespace(col), Labels: map[string]string{"column": columnNamespace(col)}}}
+		if err := cl.Create(ctx, ns); err != nil {
+			return err
+		}
+		wf := retainedWorkflow(ns.Name, "running", 2000)
+		testenv.MarkPhase(wf, argo.PhaseRunning)
+		if err := cl.Create(ctx, wf); err != nil {
+			return err
+		}
+		owners[col] = wf
+	}
+
+	// The policies.
+	var procs []*process
+	defer func() {
+		for _, p := range procs {
+			p.stop()
+		}
+	}()
+	ports := map[string]int{}
+	for _, col := range []string{colGuard, colStoreFirst, colLiveGet} {
+		addr, err := testenv.FreeAddr()
+		if err != nil {
+			return err
+		}
+		port, _ := strconv.Atoi(addr[strings.LastIndexByte(addr, ':')+1:])
+		ports[col] = port
+		var p *process
+		switch col {
+		case colGuard:
+			p, err = startGuard(c.guard, env, port)
+		case colStoreFirst:
+			p, err = startGuard(c.guard, env, port, "--store-first")
+		case colLiveGet:
+			p, err = startLiveGet(env, port)
+		}
+		if err != nil {
+			return err
+		}
+		p.name = col
+		procs = append(procs, p)
+		if _, err := p.waitReady(ctx); err != nil {
+			return err
+		}
+		if err := cl.Create(ctx, webhookFor(chart, env, col, port)); err != nil {
+			return err
+		}
+	}
+	for _, o := range vapPeer(columnNamespace(colVAP)) {
+		if err := cl.Create(ctx, o); err != nil {
+			return err
+		}
+	}
+	// A policy applies some time after it is created: wait until each column refuses the
+	// exit handler of a Succeeded workflow.
+	for _, col := range columns[1:] {
+		wf := retainedWorkflow(columnNamespace(col), "succeeded", 2000)
+		if err := cl.Create(ctx, wf); err != nil {
+			return err
+		}
+		if err := waitRefused(ctx, cl, podFor(&pods.exit, wf)); err != nil {
+			return fmt.Errorf("%s: %w", col, err)
+		}
+	}
+
+	fmt.Printf("Exit-handler pod creates (server-side dry run, %d KB pods as Argo makes them) through kube-apiserver, the columns interleaved in a random order each round; %d rounds per step, a column stopped after %s of creates in a step. Retained workflows are Succeeded, small, in the ValidatingAdmissionPolicy's namespace (its binding selects them as params).\n",
+		podSize(&pods.exit)/1000, *rounds, *slowBudget)
+	retained := 0
+	for _, step := range steps {
+		fmt.Fprintf(os.Stderr, "retaining %d workflows\n", step)
+		_, rv, err := createRetained(ctx, cl, columnNamespace(colVAP), retained, step, sizes{size: 2000}, nil)
+		if err != nil {
+			return err
+		}
+		retained = step
+		for _, p := range procs[:2] {
+			if err := p.waitRV(ctx, rv); err != nil {
+				return err
+			}
+		}
+		lat := map[string][]time.Duration{}
+		spent := map[string]time.Duration{}
+		errs := map[string]int{}
+		order := slices.Clone(columns)
+		for range *rounds {
+			rand.Shuffle(len(order), func(i, j int) { order[i], order[j] = order[j], order[i] })
+			for _, col := range order {
+				if spent[col] > *slowBudget {
+					continue
+				}
+				p := podFor(&pods.exit, owners[col])
+				start := time.Now()
+				err := cl.Create(ctx, p, client.DryRunAll)
+				d := time.Since(start)
+				spent[col] += d
+				if err != nil {
+					errs[col]++
+					if errs[col] == 1 {
+						fmt.Fprintf(os.Stderr, "  %s refused the exit handler of a running workflow: %v\n", col, err)
+					}
+					continue
+				}
+				lat[col] = append(lat[col], d)
+			}
+			if ctx.Err() != nil {
+				return errTimeout
+			}
+		}
+		fmt.Printf("\n**%d retained workflows**\n\n", step)
+		fmt.Println("| policy | creates | p50 | p99 | p99.9 | p50 / no webhook | p99 / no webhook | refused wrongly |")
+		fmt.Println("|---|---|---|---|---|---|---|---|")
+		base := quantiles(lat[colNone])
+		for _, col := range columns {
+			q := quantiles(lat[col])
+			fmt.Printf("| %s | %d | %s | %s | %s | %.2f | %.2f | %d |\n", col, len(lat[col]), ms(q[0]), ms(q[1]), ms(q[2]),
+				float64(q[0])/float64(base[0]), float64(q[1])/float64(base[1]), errs[col])
+		}
+		for col, n := range errs {
+			if n > 0 {
+				return fmt.Errorf("%s refused %d exit handlers of a running workflow", col, n)
+			}
+		}
+		if err := countUnconcerned(ctx, env, cl, pods, owners[colGuard]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// countUnconcerned creates pods the guard's policy does not concern in its column (step pods of
+// a workflow, pods no workflow owns) and reads from the API server's metrics how many reached
+// its webhook, and how many its match conditions kept away.
+func countUnconcerned(ctx context.Context, env *testenv.Env, cl client.Client, pods *podTemplates, owner *unstructured.Unstructured) error {
+	const n = 200
+	name := webhookName(colGuard)
+	read := func() (calls, excluded float64, err error) {
+		if calls, err = env.APIServerCounter(ctx, "apiserver_admission_webhook_request_total", map[string]string{"name": name}); err != nil {
+			return 0, 0, err
+		}
+		excluded, err = env.APIServerCounter(ctx, "apiserver_admission_match_condition_exclusions_total", map[string]string{"name": name})
+		return calls, excluded, err
+	}
+	calls0, excl0, err := read()
+	if err != nil {
+		return err
+	}
+	for range n {
+		if err := cl.Create(ctx, podFor(&pods.step, owner), client.DryRunAll); err != nil {
+			return err
+		}
+		if err := cl.Create(ctx, foreignPod(owner.GetNamespace()), client.DryRunAll); err != nil {
+			return err
+		}
+	}
+	calls1, excl1, err := read()
+	if err != nil {
+		return err
+	}
+	exitCalls0 := calls1
+	if err := cl.Create(ctx, podFor(&pods.exit, owner), client.DryRunAll); err != nil {
+		return err
+	}
+	exitCalls1, _, err := read()
+	if err != nil {
+		return err
+	}
+	fmt.Printf("\nPods the policy does not concern, in exit-guard's namespace: %d step pods and %d pods no workflow owns. The API server called exit-guard's webhook %.0f times for them; its match conditions excluded %.0f (the step pods; the object selector keeps the others away uncounted). One exit handler after them: %.0f call.\n",
+		n, n, calls1-calls0, excl1-excl0, exitCalls1-exitCalls0)
+	if calls1 != calls0 || excl1-excl0 != n || exitCalls1-exitCalls0 != 1 {
+		return fmt.Errorf("pods the policy does not concern reached the webhook, or the counters do not count: calls %v, exclusions %v, exit handler calls %v",
+			calls1-calls0, excl1-excl0, exitCalls1-exitCalls0)
+	}
+	return nil
+}
+
+// webhookName is the name of col's pod webhook.
+func webhookName(col string) string { return "pod." + columnNamespace(col) + ".load.exit-guard.io" }
+
+// webhookFor is the chart's pod webhook, named for col, sent to port and only for col's
+// namespace.
+func webhookFor(chart *admissionregistrationv1.ValidatingWebhookConfiguration, env *testenv.Env, col string, port int) *admissionregistrationv1.ValidatingWebhookConfiguration {
+	var pod admissionregistrationv1.ValidatingWebhook
+	for _, w := range chart.Webhooks {
+		if len(w.Rules) > 0 && slices.Contains(w.Rules[0].Resources, "pods") {
+			pod = *w.DeepCopy()
+		}
+	}
+	path := "/validate-pod"
+	if pod.ClientConfig.Service != nil && pod.ClientConfig.Service.Path != nil {
+		path = *pod.ClientConfig.Service.Path
+	}
+	url := "https://" + env.WebhookHost + ":" + strconv.Itoa(port) + path
+	pod.ClientConfig = admissionregistrationv1.WebhookClientConfig{URL: &url, CABundle: env.WebhookCAData}
+	pod.Name = webhookName(col)
+	pod.NamespaceSelector = &metav1.LabelSelector{MatchLabels: map[string]string{"column": columnNamespace(col)}}
+	if col == colLiveGet {
+		// The peer is sent every pod of its namespace, as a policy engine's webhook is; it
+		// picks the exit handlers itself.
+		pod.MatchConditions, pod.ObjectSelector = nil, nil
+	}
+	return &admissionregistrationv1.ValidatingWebhookConfiguration{ObjectMeta: metav1.ObjectMeta{Name: columnNamespace(col)},
+		Webhooks: []admissionregistrationv1.ValidatingWebhook{pod}}
+}
+
+// vapPeer is the ValidatingAdmissionPolicy peer: Workflows as params, the binding selecting
+// those labelled Succeeded in the pod's namespace; an exit handler is refused when any of them
+// owns it. The API server evaluates it once per selected workflow.
+func vapPeer(ns string) []client.Object {
+	fail := admissionregistrationv1.Ignore
+	allow := admissionregistrationv1.AllowAction
+	policy := &admissionregistrationv1.ValidatingAdmissionPolicy{
+		ObjectMeta: metav1.ObjectMeta{Name: "exit-handler-of-succeeded-workflow"},
+		Spec: admissionregistrationv1.ValidatingAdmissionPolicySpec{
+			FailurePolicy: &fail,
+			ParamKind:     &admissionregistrationv1.ParamKind{APIVersion: argo.GroupVersion.String(), Kind: argo.Kind},
+			MatchConstraints: &admissionregistrationv1.MatchResources{ResourceRules: []admissionregistrationv1.NamedRuleWithOperations{{
+				RuleWithOperations: admissionregistrationv1.RuleWithOperations{Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Create},
+					Rule: admissionregistrationv1.Rule{APIGroups: []string{""}, APIVersions: []string{"v1"}, Resources: []string{"pods"}}}}}},
+			MatchConditions: []admissionregistrationv1.MatchCondition{{Name: "exit-handler",
+				Expression: "has(object.metadata.labels) && 'workflows.argoproj.io/on-exit' in object.metadata.labels"}},
+			Validations: []admissionregistrationv1.Validation{{
+				Expression: "!has(object.metadata.ownerReferences) || !object.metadata.ownerReferences.exists(r, r.kind == 'Workflow' && r.uid == params.metadata.uid)",
+				Message:    "the exit handler of a Succeeded workflow",
+			}},
+		},
+	}
+	binding := &admissionregistrationv1.ValidatingAdmissionPolicyBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: "exit-handler-of-succeeded-workflow"},
+		Spec: admissionregistrationv1.ValidatingAdmissionPolicyBindingSpec{
+			PolicyName: policy.Name,
+			ParamRef: &admissionregistrationv1.ParamRef{
+				Selector:                &metav1.LabelSelector{MatchLabels: map[string]string{argo.LabelPhase: string(argo.PhaseSucceeded)}},
+				ParameterNotFoundAction: &allow,
+			},
+			ValidationActions: []admissionregistrationv1.ValidationAction{admissionregistrationv1.Deny},
+			MatchResources: &admissionregistrationv1.MatchResources{
+				NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"column": ns}}},
+		},
+	}
+	return []client.Object{policy, binding}
+}
+
+// waitRefused creates p (dry run) until the API server refuses it: a new policy takes effect a
+// moment after it is created.
+func waitRefused(ctx context.Context, cl client.Client, p *corev1.Pod) error {
+	deadline := time.Now().Add(time.Minute)
+	for {
+		p := p.DeepCopy()
+		err := cl.Create(ctx, p, client.DryRunAll)
+		if err != nil && strings.Contains(err.Error(), "denied") || err != nil && strings.Contains(err.Error(), "forbidden") {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the exit handler of a Succeeded workflow is still admitted a minute after the policy was created (%v)", err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// quantiles returns p50, p99 and p99.9 of d.
+func quantiles(d []time.Duration) [3]time.Duration {
+	if len(d) == 0 {
+		return [3]time.Duration{}
+	}
+	s := slices.Clone(d)
+	slices.Sort(s)
+	at := func(q float64) time.Duration {
+		i := int(q*float64(len(s))+0.5) - 1
+		return s[max(0, min(i, len(s)-1))]
+	}
+	return [3]time.Duration{at(0.5), at(0.99), at(0.999)}
+}
+
+func ms(d time.Duration) string { return fmt.Sprintf("%.2f ms", float64(d.Microseconds())/1000) }
+
+func podSize(p *corev1.Pod) int {
+	raw, _ := json.Marshal(p)
+	return len(raw)
+}

@@ -1,0 +1,269 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+
+	"github.com/exit-guard/exit-guard/internal/testenv"
+)
+
+// process is a watcher under measurement: the exit-guard binary, or this tool's own watcher of
+// whole objects (runWatcher) in a child process, so that its memory and CPU are its own.
+type process struct {
+	name      string
+	cmd       *exec.Cmd
+	probeAddr string // serves /readyz
+	// metricsAddr serves the guard's metrics.
+	metricsAddr string
+	// rv reads how far its watch has got (a resourceVersion).
+	rv      func(ctx context.Context) (uint64, error)
+	started time.Time
+	exited  chan struct{}
+	exitErr error
+	out     *testenv.Output
+	dir     string
+}
+
+// shapes of watcher measured beside the guard.
+const (
+	// shapeFull: a plain informer of whole objects (unstructured), as most controllers run.
+	shapeFull = "full-object"
+	// shapePhase: whole objects on the wire, decoded into a type that keeps metadata and
+	// status.phase and stripped by a transform: the guard's own watch before it read metadata
+	// only.
+	shapePhase = "full-stream-typed"
+)
+
+// startGuard runs the exit-guard binary against env's API server, serving its webhook on port
+// with env's serving certificate.
+func startGuard(bin string, env *testenv.Env, port int, args ...string) (*process, error) {
+	p, err := newProcess("exit-guard", env.KubeConfig())
+	if err != nil {
+		return nil, err
+	}
+	metricsAddr, err := testenv.FreeAddr()
+	if err != nil {
+		return nil, err
+	}
+	p.metricsAddr = metricsAddr
+	args = append([]string{"--webhook-port=" + strconv.Itoa(port), "--webhook-cert-path=" + env.WebhookCertDir,
+		"--health-probe-bind-address=" + p.probeAddr, "--metrics-bind-address=" + metricsAddr}, args...)
+	p.rv = func(ctx context.Context) (uint64, error) {
+		v, err := scrape(ctx, "http://"+metricsAddr+"/metrics", "exit_guard_watch_resource_version")
+		return uint64(v), err
+	}
+	return p, p.start(bin, args...)
+}
+
+// startLiveGet runs the live-GET peer webhook (runLiveGet) in a child process on port.
+func startLiveGet(env *testenv.Env, port int) (*process, error) {
+	p, err := newProcess("live-GET peer", env.KubeConfig())
+	if err != nil {
+		return nil, err
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	return p, p.start(self, liveGetCommand, "--addr="+net.JoinHostPort(env.WebhookHost, strconv.Itoa(port)),
+		"--cert-dir="+env.WebhookCertDir, "--probe="+p.probeAddr)
+}
+
+// startWatcher runs this tool's watcher of the given shape in a child process.
+func startWatcher(shape string, kubeconfig []byte) (*process, error) {
+	p, err := newProcess(shape, kubeconfig)
+	if err != nil {
+		return nil, err
+	}
+	p.rv = func(ctx context.Context) (uint64, error) {
+		body, err := get(ctx, "http://"+p.probeAddr+"/rv")
+		if err != nil {
+			return 0, err
+		}
+		return strconv.ParseUint(strings.TrimSpace(body), 10, 64)
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	return p, p.start(self, watcherCommand, "--shape="+shape, "--probe="+p.probeAddr)
+}
+
+func newProcess(name string, kubeconfig []byte) (*process, error) {
+	dir, err := os.MkdirTemp("", "exit-guard-load")
+	if err != nil {
+		return nil, err
+	}
+	if err := os.WriteFile(filepath.Join(dir, "kubeconfig"), kubeconfig, 0o600); err != nil {
+		return nil, err
+	}
+	addr, err := testenv.FreeAddr()
+	if err != nil {
+		return nil, err
+	}
+	return &process{name: name, probeAddr: addr, exited: make(chan struct{}), out: &testenv.Output{}, dir: dir}, nil
+}
+
+func (p *process) start(bin string, args ...string) error {
+	p.cmd = exec.Command(bin, args...) //nolint:gosec // G204: the guard this repository built, or this tool itself
+	p.cmd.Env = append(os.Environ(), "KUBECONFIG="+filepath.Join(p.dir, "kubeconfig"))
+	p.cmd.Stdout, p.cmd.Stderr = p.out, p.out
+	p.started = time.Now()
+	if err := p.cmd.Start(); err != nil {
+		return err
+	}
+	go func() { p.exitErr = p.cmd.Wait(); close(p.exited) }()
+	return nil
+}
+
+// waitReady polls /readyz every 10 ms and returns how long after the start it first passed.
+func (p *process) waitReady(ctx context.Context) (time.Duration, error) {
+	for {
+		select {
+		case <-p.exited:
+			return 0, fmt.Errorf("%s exited before it was ready: %v\n%s", p.name, p.exitErr, p.out)
+		case <-ctx.Done():
+			return 0, fmt.Errorf("%s never became ready: %w", p.name, errTimeout)
+		default:
+		}
+		if _, err := get(ctx, "http://"+p.probeAddr+"/readyz"); err == nil {
+			return time.Since(p.started), nil
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// waitRV waits until the process's watch has reached rv.
+func (p *process) waitRV(ctx context.Context, rv uint64) error {
+	for {
+		got, err := p.rv(ctx)
+		if err == nil && got >= rv {
+			return nil
+		}
+		select {
+		case <-p.exited:
+			return fmt.Errorf("%s exited: %v\n%s", p.name, p.exitErr, p.out)
+		case <-ctx.Done():
+			return fmt.Errorf("%s's watch never reached resourceVersion %d (at %d, %v): %w", p.name, rv, got, err, errTimeout)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// memory is what /proc says of the process's resident memory: now, and its peak (VmHWM).
+type memory struct{ rss, peak int64 }
+
+func (p *process) memory() (memory, error) {
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", p.cmd.Process.Pid))
+	if err != nil {
+		return memory{}, err
+	}
+	var m memory
+	sc := bufio.NewScanner(bytes.NewReader(raw))
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		if len(f) < 2 {
+			continue
+		}
+		kb, _ := strconv.ParseInt(f[1], 10, 64)
+		switch f[0] {
+		case "VmRSS:":
+			m.rss = kb << 10
+		case "VmHWM:":
+			m.peak = kb << 10
+		}
+	}
+	return m, nil
+}
+
+// cpu is the CPU time the process has used, user and system.
+func (p *process) cpu() (time.Duration, error) {
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p.cmd.Process.Pid))
+	if err != nil {
+		return 0, err
+	}
+	// The command name, in parentheses, may hold spaces: count fields after it.
+	s := string(raw)
+	f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+	if len(f) < 13 {
+		return 0, fmt.Errorf("unexpected /proc stat: %q", s)
+	}
+	utime, _ := strconv.ParseInt(f[11], 10, 64)
+	stime, _ := strconv.ParseInt(f[12], 10, 64)
+	// Linux reports clock ticks of 1/100 s (USER_HZ) to user space.
+	return time.Duration(utime+stime) * 10 * time.Millisecond, nil
+}
+
+func (p *process) stop() {
+	if p.cmd == nil || p.cmd.Process == nil {
+		return
+	}
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.exited:
+	case <-time.After(30 * time.Second):
+		_ = p.cmd.Process.Kill()
+		<-p.exited
+	}
+	_ = os.RemoveAll(p.dir)
+}
+
+func get(ctx context.Context, url string) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return "", err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return "", err
+	}
+	defer func() { _ = resp.Body.Close() }()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return "", err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return "", fmt.Errorf("%s: %s", url, resp.Status)
+	}
+	return string(body), nil
+}
+
+// scrape reads the value of an unlabelled gauge or counter from a Prometheus endpoint.
+func scrape(ctx context.Context, url, name string) (float64, error) {
+	body, err := get(ctx, url)
+	if err != nil {
+		return 0, err
+	}
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	mfs, err := parser.TextToMetricFamilies(strings.NewReader(body))
+	if err != nil {
+		return 0, err
+	}
+	mf, ok := mfs[name]
+	if !ok || len(mf.GetMetric()) == 0 {
+		return 0, errors.New(name + " not served")
+	}
+	m := mf.GetMetric()[0]
+	if m.GetGauge() != nil {
+		return m.GetGauge().GetValue(), nil
+	}
+	return m.GetCounter().GetValue(), nil
+}

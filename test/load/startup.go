@@ -1,0 +1,196 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/exit-guard/exit-guard/internal/argo"
+	"github.com/exit-guard/exit-guard/internal/testenv"
+)
+
+// runStartup measures, with N retained workflows, how long after its start each watcher is
+// Ready and how much memory it holds: at its peak (the initial list) and once settled. The
+// guard also has to decide right once Ready: the exit handler of a retained Succeeded workflow
+// refused, that of a running one admitted (server-side dry runs through the API server).
+func runStartup(args []string) error {
+	fs := flag.NewFlagSet("startup", flag.ContinueOnError)
+	var c common
+	c.register(fs, 30*time.Minute)
+	n := fs.Int("workflows", 10000, "Retained (Succeeded) workflows.")
+	size := fs.Int("size-kb", 32, "Size of most workflows, in KB of JSON.")
+	large := fs.Int("large-kb", 300, "Size of the large workflows, in KB.")
+	largeEvery := fs.Int("large-every", 100, "One workflow in this many is large (0: none).")
+	settle := fs.Duration("settle", 15*time.Second, "How long after Ready the steady memory is read.")
+	watchers := fs.String("watchers", "exit-guard,"+shapePhase+","+shapeFull, "The watchers measured, in order.")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	ctx, cancel, err := c.context()
+	if err != nil {
+		return err
+	}
+	defer cancel()
+	sz := sizes{size: *size * 1000, large: *large * 1000, largeEvery: *largeEvery}
+
+	vwc, err := testenv.GuardWebhook()
+	if err != nil {
+		return err
+	}
+	env, err := testenv.Start(testenv.Options{ValidatingWebhooks: []*admissionregistrationv1.ValidatingWebhookConfiguration{vwc}})
+	if err != nil {
+		return err
+	}
+	defer func() { _ = env.Stop() }()
+	cl, err := fastClient(env)
+	if err != nil {
+		return err
+	}
+
+	type row struct {
+		watcher   string
+		workflows int
+		ready     time.Duration
+		at        memory // at Ready
+		settled   memory
+	}
+	var rows []row
+	measure := func(watcher string, workflows int) (row, error) {
+		var p *process
+		var err error
+		if watcher == "exit-guard" {
+			p, err = startGuard(c.guard, env, env.WebhookPort)
+		} else {
+			p, err = startWatcher(watcher, env.KubeConfig())
+		}
+		if err != nil {
+			return row{}, err
+		}
+		defer p.stop()
+		ready, err := p.waitReady(ctx)
+		if err != nil {
+			return row{}, err
+		}
+		r := row{watcher: watcher, workflows: workflows, ready: ready}
+		if r.at, err = p.memory(); err != nil {
+			return row{}, err
+		}
+		if watcher == "exit-guard" && workflows > 0 {
+			if err := checkGuard(ctx, p, cl, workflows); err != nil {
+				return row{}, err
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return row{}, errTimeout
+		case <-time.After(*settle):
+		}
+		r.settled, err = p.memory()
+		fmt.Fprintf(os.Stderr, "  %s with %d workflows: Ready after %s, RSS %s (peak %s), %s later %s\n",
+			watcher, workflows, ready.Round(time.Millisecond), mib(r.at.rss), mib(r.at.peak), *settle, mib(r.settled.rss))
+		return r, err
+	}
+
+	fmt.Fprintln(os.Stderr, "measuring the guard with no workflow")
+	empty, err := measure("exit-guard", 0)
+	if err != nil {
+		return err
+	}
+	rows = append(rows, empty)
+	fmt.Fprintf(os.Stderr, "creating %d Succeeded workflows (%s)\n", *n, sz)
+	start := time.Now()
+	bytes, _, err := createRetained(ctx, cl, "retained", 0, *n, sz, func(d int) { fmt.Fprintf(os.Stderr, "  %d created\n", d) })
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(os.Stderr, "created %d workflows, %s of JSON, in %s\n", *n, mib(bytes), time.Since(start).Round(time.Second))
+	for _, w := range strings.Split(*watchers, ",") {
+		r, err := measure(w, *n)
+		if err != nil {
+			return err
+		}
+		rows = append(rows, r)
+	}
+
+	fmt.Printf("\n%d retained workflows, %s of JSON (%s); memory read from /proc: VmHWM (peak) and VmRSS; settled = %s after Ready.\n\n",
+		*n, mib(bytes), sz, *settle)
+	fmt.Println("| watcher | workflows | Ready after | peak RSS | RSS at Ready | RSS settled | settled per workflow | peak / settled |")
+	fmt.Println("|---|---|---|---|---|---|---|---|")
+	for _, r := range rows {
+		per := "-"
+		if r.workflows > 0 {
+			base := empty.settled.rss
+			if r.watcher != "exit-guard" {
+				base = 0 // no empty run of the other watchers: their figure includes their fixed cost
+			}
+			per = fmt.Sprintf("%.2f KB", float64(r.settled.rss-base)/float64(r.workflows)/1000)
+		}
+		fmt.Printf("| %s | %d | %s | %s | %s | %s | %s | %.2f |\n", r.watcher, r.workflows, r.ready.Round(time.Millisecond),
+			mib(r.at.peak), mib(r.at.rss), mib(r.settled.rss), per, float64(r.at.peak)/float64(r.settled.rss))
+	}
+	return nil
+}
+
+// checkGuard asks the API server, through the guard, about two exit handlers: that of a
+// retained Succeeded workflow must be refused, that of a running one admitted.
+func checkGuard(ctx context.Context, p *process, cl client.Client, workflows int) error {
+	wf := &argo.Workflow{}
+	if err := cl.Get(ctx, client.ObjectKey{Namespace: "retained", Name: "wf-0"}, wf); err != nil {
+		return err
+	}
+	err := cl.Create(ctx, testenv.ExitPod(wf), client.DryRunAll)
+	if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "exit-guard") {
+		return fmt.Errorf("the exit handler of a Succeeded workflow was not refused after the restart: %v", err)
+	}
+	running := retainedWorkflow("retained", fmt.Sprintf("running-%d", time.Now().UnixNano()), 1000)
+	testenv.MarkPhase(running, argo.PhaseRunning)
+	if err := cl.Create(ctx, running); err != nil {
+		return err
+	}
+	if err := cl.Create(ctx, testenv.ExitPod(running), client.DryRunAll); err != nil {
+		return fmt.Errorf("the exit handler of a running workflow was refused: %w", err)
+	}
+	got, err := scrapeLabelled(ctx, "http://"+p.metricsAddr+"/metrics", `exit_guard_store_records{state="terminal"}`)
+	if err != nil {
+		return err
+	}
+	if int(got) < workflows {
+		return fmt.Errorf("the guard's store holds %v terminal workflows once Ready, want %d", got, workflows)
+	}
+	return nil
+}
+
+// fastClient is a client of env's API server without client-side rate limits.
+func fastClient(env *testenv.Env) (client.Client, error) {
+	cfg := rest.CopyConfig(env.Config)
+	cfg.QPS, cfg.Burst = -1, 0
+	return client.New(cfg, client.Options{Scheme: env.Scheme})
+}
+
+// scrapeLabelled reads one series, written as in the text format (name{labels}), from a
+// Prometheus endpoint.
+func scrapeLabelled(ctx context.Context, url, series string) (float64, error) {
+	body, err := get(ctx, url)
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(body, "\n") {
+		if v, ok := strings.CutPrefix(line, series+" "); ok {
+			var f float64
+			_, err := fmt.Sscan(v, &f)
+			return f, err
+		}
+	}
+	return 0, errors.New(series + " not served")
+}
+
+func mib(b int64) string { return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20)) }
