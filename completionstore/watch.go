@@ -44,20 +44,14 @@ func workflowMetadata() *metav1.PartialObjectMetadata {
 }
 
 // stripWorkflow is the cache transform of CacheByObject: it keeps the identity, the
-// resourceVersion, the deletion mark and the two labels that tell the phase.
+// resourceVersion, the deletion mark, and labels that tell the same phase as the workflow's
+// (argo.PhaseFromLabels). Those labels are one of a few maps shared by every cached workflow of
+// that phase (a map per workflow would be a third of what the cache holds of it): nothing may
+// write to a cached workflow's labels.
 func stripWorkflow(obj any) (any, error) {
 	wf, ok := obj.(*metav1.PartialObjectMetadata)
 	if !ok {
 		return obj, nil
-	}
-	var labels map[string]string
-	for _, k := range []string{argo.LabelPhase, argo.LabelCompleted} {
-		if v, ok := wf.Labels[k]; ok {
-			if labels == nil {
-				labels = make(map[string]string, 2)
-			}
-			labels[k] = v
-		}
 	}
 	return &metav1.PartialObjectMetadata{
 		TypeMeta: wf.TypeMeta,
@@ -67,10 +61,20 @@ func stripWorkflow(obj any) (any, error) {
 			UID:               wf.UID,
 			ResourceVersion:   wf.ResourceVersion,
 			DeletionTimestamp: wf.DeletionTimestamp,
-			Labels:            labels,
+			Labels:            phaseLabels[argo.PhaseFromLabels(wf.Labels)],
 		},
 	}, nil
 }
+
+// phaseLabels holds, for each phase the labels can settle, the labels Argo writes with it; an
+// unsettled phase has none (nil).
+var phaseLabels = func() map[argo.Phase]map[string]string {
+	m := map[argo.Phase]map[string]string{}
+	for _, p := range []argo.Phase{argo.PhasePending, argo.PhaseRunning, argo.PhaseSucceeded, argo.PhaseFailed, argo.PhaseError} {
+		m[p] = map[string]string{argo.LabelPhase: string(p), argo.LabelCompleted: strconv.FormatBool(p.Terminal())}
+	}
+	return m
+}()
 
 // WatchOptions configures Watch.
 type WatchOptions struct {
