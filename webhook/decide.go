@@ -272,12 +272,12 @@ const (
 // (no resourceVersion: never an older state than the newest write), and returns its metadata
 // and status.phase.
 //
-// The read costs the same for a workflow of a megabyte as for a small one: it LISTs the
-// workflow's metadata by name (a fieldSelector on metadata.name, which the API server answers
-// from one key of its watch cache once that cache has caught up with etcd), and takes the
-// phase from the labels Argo writes with it. Only when the labels do not settle the phase
-// (argo.PhaseFromLabels) does it GET the whole object, decoding only metadata and
-// status.phase.
+// An admission costs the same for a workflow of a megabyte as for a small one: the read LISTs
+// the workflow's metadata by name (a fieldSelector on metadata.name, which the API server
+// answers from one key of its watch cache once that cache has caught up with etcd), and takes
+// the phase from the labels Argo writes with it. Only when the labels do not settle the phase
+// (argo.PhaseFromLabels), or settle it on one that would refuse, does it GET the whole object,
+// decoding only metadata and status.phase: a refusal is always decided from the status.
 //
 // The budget is used whole: an attempt that fails fast is retried after a short pause, and one
 // that has not answered within the attempt timeout gets another attempt beside it (a hedge),
@@ -301,7 +301,11 @@ func (g *guard) liveRead(ctx context.Context, namespace, name string) (*argo.Wor
 		panicked any
 	}
 	done := make(chan answer, maxLiveReadAttempts)
-	attempt := func(extra bool) {
+	// whole: a hedge GETs the whole object rather than LIST again: a LIST by name that has
+	// not answered within the attempt timeout is most often one the API server answers 429
+	// while its watch cache (re)initializes, which client-go retries on its own after each
+	// Retry-After; a GET goes to etcd.
+	attempt := func(extra, whole bool) {
 		if extra {
 			defer func() { <-g.extraReads }()
 		}
@@ -312,11 +316,11 @@ func (g *guard) liveRead(ctx context.Context, namespace, name string) (*argo.Wor
 				done <- answer{panicked: p}
 			}
 		}()
-		wf, err := g.readWorkflow(ctx, namespace, name)
+		wf, err := g.readWorkflow(ctx, namespace, name, whole)
 		done <- answer{wf: wf, err: err}
 	}
 	attempts, answered := 1, 0
-	go attempt(false)
+	go attempt(false, false)
 	next := time.NewTimer(g.opts.LiveReadTimeout)
 	defer next.Stop()
 	delay := firstRetryDelay
@@ -355,7 +359,7 @@ loop:
 			}
 			g.metrics.liveReadAttempts.WithLabelValues(cause).Inc()
 			attempts++
-			go attempt(true)
+			go attempt(true, cause == "hedged")
 			next.Reset(g.opts.LiveReadTimeout)
 			cause = "hedged"
 		case <-ctx.Done():
@@ -377,25 +381,29 @@ loop:
 	return a.wf, a.err
 }
 
-// readWorkflow is one attempt of liveRead: the metadata by name, and the whole object only
-// when the labels do not settle the phase.
-func (g *guard) readWorkflow(ctx context.Context, namespace, name string) (*argo.Workflow, error) {
-	list := &metav1.PartialObjectMetadataList{}
-	list.SetGroupVersionKind(argo.WorkflowListGVK)
-	if err := g.reader.List(ctx, list, client.InNamespace(namespace), client.MatchingFields{"metadata.name": name}); err != nil {
-		return nil, err
-	}
-	var found *metav1.PartialObjectMetadata
-	for i := range list.Items {
-		if list.Items[i].Name == name {
-			found = &list.Items[i]
+// readWorkflow is one attempt of liveRead: the metadata by name, and the whole object when
+// the labels do not settle the phase, or settle it on one that would refuse: a refusal is
+// decided from status.phase only, so that labels can at worst admit what the status would
+// refuse, never refuse what it would admit. whole skips the LIST.
+func (g *guard) readWorkflow(ctx context.Context, namespace, name string, whole bool) (*argo.Workflow, error) {
+	if !whole {
+		list := &metav1.PartialObjectMetadataList{}
+		list.SetGroupVersionKind(argo.WorkflowListGVK)
+		if err := g.reader.List(ctx, list, client.InNamespace(namespace), client.MatchingFields{"metadata.name": name}); err != nil {
+			return nil, err
 		}
-	}
-	if found == nil {
-		return nil, apierrors.NewNotFound(schema.GroupResource{Group: argo.Group, Resource: argo.Resource}, name)
-	}
-	if phase := argo.PhaseFromLabels(found.Labels); phase != argo.PhaseUnsettled {
-		return &argo.Workflow{ObjectMeta: found.ObjectMeta, Status: argo.WorkflowStatus{Phase: phase}}, nil
+		var found *metav1.PartialObjectMetadata
+		for i := range list.Items {
+			if list.Items[i].Name == name {
+				found = &list.Items[i]
+			}
+		}
+		if found == nil {
+			return nil, apierrors.NewNotFound(schema.GroupResource{Group: argo.Group, Resource: argo.Resource}, name)
+		}
+		if phase := argo.PhaseFromLabels(found.Labels); phase != argo.PhaseUnsettled && !g.denyPhases[phase] {
+			return &argo.Workflow{ObjectMeta: found.ObjectMeta, Status: argo.WorkflowStatus{Phase: phase}}, nil
+		}
 	}
 	wf := &argo.Workflow{}
 	if err := g.reader.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, wf); err != nil {

@@ -95,6 +95,15 @@ func TestDecisionTable(t *testing.T) {
 	if err := env.Client.Update(t.Context(), daemon); err != nil {
 		t.Fatal(err)
 	}
+	// Labels that say Succeeded over a status that says Running: Argo never writes this, and
+	// the status wins (a refusal is decided from the status only).
+	labelsOnly := createWorkflow(t, ns, "table-labels-only", argo.PhaseRunning)
+	labels = labelsOnly.GetLabels()
+	labels[argo.LabelPhase], labels[argo.LabelCompleted] = string(argo.PhaseSucceeded), "true"
+	labelsOnly.SetLabels(labels)
+	if err := env.Client.Update(t.Context(), labelsOnly); err != nil {
+		t.Fatal(err)
+	}
 
 	type storeState int
 	const (
@@ -174,6 +183,7 @@ func TestDecisionTable(t *testing.T) {
 		{row: "5 live empty phase (v4 retry)", pod: podOf(wfs[argo.PhaseUnknown], kindExitHandler), store: storeSucceeded, reason: reasonWorkflowActive, source: sourceLive},
 		{row: "6 live Succeeded", pod: podOf(wfs[argo.PhaseSucceeded], kindExitHandler), deny: true, reason: reasonWorkflowCompleted, source: sourceLive},
 		{row: "5 live, retried by v4: stale Succeeded phase label, status.phase empty", pod: podOf(retriedV4, kindExitHandler), store: storeSucceeded, reason: reasonWorkflowActive, source: sourceLive},
+		{row: "5 live, labels say Succeeded, status.phase Running: the status decides", pod: podOf(labelsOnly, kindExitHandler), reason: reasonWorkflowActive, source: sourceLive},
 		{row: "6 live, daemon steps: Succeeded before the completed label", pod: podOf(daemon, kindExitHandler), deny: true, reason: reasonWorkflowCompleted, source: sourceLive},
 		{row: "12 read fails, store unsettled", pod: podOf(wfs[argo.PhaseRunning], kindExitHandler), opts: Options{StoreFallback: FallbackCompletion}, reader: failing, store: storeUnsettled, reason: reasonUnverified, source: sourceStore},
 		{row: "17 store-first, store unsettled, live confirms Succeeded", pod: podOf(daemon, kindExitHandler), opts: Options{StoreFirst: true}, store: storeUnsettled, deny: true, reason: reasonWorkflowCompleted, source: sourceLive},

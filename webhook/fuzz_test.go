@@ -51,11 +51,24 @@ func argoPods(f *testing.F) [][]byte {
 }
 
 // fixedReader answers live reads without an API server: "done" Succeeded, "running" Running,
-// anything else 404. Its labels settle the phase: Get is never needed.
+// anything else 404. Its labels settle the phase; a refusal reads the whole object (Get).
 type fixedReader struct{}
 
-func (fixedReader) Get(context.Context, client.ObjectKey, client.Object, ...client.GetOption) error {
-	return errors.New("fixedReader: the labels settle every phase; Get is not expected")
+func (fixedReader) Get(_ context.Context, key client.ObjectKey, obj client.Object, _ ...client.GetOption) error {
+	wf, ok := obj.(*argo.Workflow)
+	if !ok {
+		return fmt.Errorf("unexpected %T", obj)
+	}
+	switch key.Name {
+	case "done":
+		wf.UID, wf.Status.Phase = "uid-done", argo.PhaseSucceeded
+	case "running":
+		wf.UID, wf.Status.Phase = "uid-running", argo.PhaseRunning
+	default:
+		return errors.New("fixedReader: a Get of a workflow the List did not find")
+	}
+	wf.Namespace, wf.Name, wf.ResourceVersion = key.Namespace, key.Name, "7"
+	return nil
 }
 
 func (fixedReader) List(_ context.Context, list client.ObjectList, opts ...client.ListOption) error {

@@ -81,7 +81,7 @@ func ParseStoreFallback(s string) (StoreFallback, error) {
 
 const (
 	// defaultLiveReadTimeout is how long one attempt of the live read may take before
-	// another is started beside it (a hedge): a consistent GET answers in milliseconds when
+	// another is started beside it (a hedge): a consistent read answers in milliseconds when
 	// the API server is well.
 	defaultLiveReadTimeout = time.Second
 	// defaultLiveReadBudget is how long the live read may take in all, attempts and retries

@@ -388,11 +388,26 @@ type flakyReader struct {
 	calls    atomic.Int32
 }
 
-// List is the first read of each live-read attempt (readWorkflow): failing it fails the attempt.
+// List is the first read of a live-read attempt, Get that of a hedge (readWorkflow): each
+// call counts.
 func (r *flakyReader) List(ctx context.Context, list client.ObjectList, opts ...client.ListOption) error {
+	if err := r.fault(ctx); err != nil {
+		return err
+	}
+	return r.Reader.List(ctx, list, opts...)
+}
+
+func (r *flakyReader) Get(ctx context.Context, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+	if err := r.fault(ctx); err != nil {
+		return err
+	}
+	return r.Reader.Get(ctx, key, obj, opts...)
+}
+
+func (r *flakyReader) fault(ctx context.Context) error {
 	n := r.calls.Add(1)
 	if r.failures >= 0 && n > r.failures {
-		return r.Reader.List(ctx, list, opts...)
+		return nil
 	}
 	if r.hang && n == 1 {
 		<-ctx.Done()

@@ -27,6 +27,10 @@ type apiProxy struct {
 	addr   string
 
 	hangReads atomic.Bool
+	// throttleLists answers every LIST of workflows by name 429 with a Retry-After, as the
+	// API server does while its watch cache (re)initializes.
+	throttleLists atomic.Bool
+	throttled     atomic.Int64
 	stall     atomic.Bool
 	hung      atomic.Int64 // reads held until their client gave up
 	lists     atomic.Int64 // lists of Workflows: an informer's initial list, or its relist
@@ -121,6 +125,14 @@ func (p *apiProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if p.hangReads.Load() && isSingleRead(r) {
 		p.hung.Add(1)
 		<-ctx.Done()
+		return
+	}
+	if p.throttleLists.Load() && isSingleRead(r) && strings.HasSuffix(r.URL.Path, "/workflows") {
+		p.throttled.Add(1)
+		w.Header().Set("Retry-After", "1")
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusTooManyRequests)
+		_, _ = w.Write([]byte(`{"kind":"Status","apiVersion":"v1","status":"Failure","message":"storage is (re)initializing","reason":"TooManyRequests","code":429}`))
 		return
 	}
 	// A list is a GET of the collection, or (client-go's WatchList) a watch that starts with

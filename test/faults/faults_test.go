@@ -73,6 +73,39 @@ func decideAll(t *testing.T, c *tally, want map[*unstructured.Unstructured]bool)
 	}
 }
 
+// While the API server's watch cache (re)initializes it answers a LIST by name 429 with a
+// Retry-After, which client-go retries on its own; the live read's hedge GETs the whole object
+// (from etcd) instead, and every exit handler is still decided live, inside the deadline.
+func TestListsRefusedWhileTheWatchCacheInitializesAreDecidedByAGet(t *testing.T) {
+	b := newService(t)
+	p := startAPIProxy(t, env.Config)
+	r := startReplicaWith(t, b, "a", p.kubeconfig(t), "--live-read-timeout=300ms", "--live-read-budget=2s")
+
+	ns := newNamespace(t)
+	running := createWorkflow(t, ns, "running", argo.PhaseRunning)
+	succeeded := createWorkflow(t, ns, "succeeded", argo.PhaseSucceeded)
+	deleted := createWorkflow(t, ns, "deleted", argo.PhaseRunning)
+	if err := env.Client.Delete(t.Context(), deleted); err != nil {
+		t.Fatal(err)
+	}
+	p.throttleLists.Store(true)
+	c := &tally{}
+	for range 3 {
+		decideAll(t, c, map[*unstructured.Unstructured]bool{running: false, succeeded: true, deleted: true})
+	}
+	t.Logf("lists refused 429: %s; %d lists refused", c, p.throttled.Load())
+	if p.throttled.Load() == 0 {
+		t.Error("no live read was refused 429: the test proved nothing")
+	}
+	// Absent (-1) until the first failure.
+	if got := max(0, r.metric(t, `exit_guard_live_read_failures_total{kind="timeout"}`)) + max(0, r.metric(t, `exit_guard_live_read_failures_total{kind="error"}`)); got != 0 {
+		t.Errorf("%v live reads fell back to the store, want every one answered by a GET", got)
+	}
+	if got := r.metric(t, `exit_guard_live_read_retries_total{cause="hedged"}`); got < float64(c.sent.Load()) {
+		t.Errorf("%v hedges for %d decisions, want one each", got, c.sent.Load())
+	}
+}
+
 // TestLiveReadsThatHangAreDecidedInsideTheDeadline: every live read hangs; the guard answers
 // inside the webhook's timeout, from its store (here with --store-fallback=completion, so that
 // the store's every state shows in the answer).

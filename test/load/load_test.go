@@ -58,7 +58,7 @@ func TestLoadSmoke(t *testing.T) {
 		}
 	})
 	t.Run("watch", func(t *testing.T) {
-		if err := runWatch([]string{"--guard=" + guard, "--workflows=4", "--size-kb=100", "--writes=3", "--timeout=5m"}); err != nil {
+		if err := runWatch([]string{"--guard=" + guard, "--workflows=4", "--size-kb=100", "--writes=3", "--idle=1s", "--timeout=5m"}); err != nil {
 			t.Fatal(err)
 		}
 	})

@@ -149,19 +149,26 @@ func (p *process) waitReady(ctx context.Context) (time.Duration, error) {
 	}
 }
 
-// waitRV waits until the process's watch has reached rv.
+// waitRV waits until the process's watch has reached rv, asking every 20 ms.
 func (p *process) waitRV(ctx context.Context, rv uint64) error {
-	for {
+	_, err := p.waitRVEvery(ctx, rv, 20*time.Millisecond)
+	return err
+}
+
+// waitRVEvery waits until the process's watch has reached rv, asking every interval, and
+// returns how many times it asked.
+func (p *process) waitRVEvery(ctx context.Context, rv uint64, interval time.Duration) (int, error) {
+	for asked := 1; ; asked++ {
 		got, err := p.rv(ctx)
 		if err == nil && got >= rv {
-			return nil
+			return asked, nil
 		}
 		select {
 		case <-p.exited:
-			return fmt.Errorf("%s exited: %v\n%s", p.name, p.exitErr, p.out)
+			return asked, fmt.Errorf("%s exited: %v\n%s", p.name, p.exitErr, p.out)
 		case <-ctx.Done():
-			return fmt.Errorf("%s's watch never reached resourceVersion %d (at %d, %v): %w", p.name, rv, got, err, errTimeout)
-		case <-time.After(20 * time.Millisecond):
+			return asked, fmt.Errorf("%s's watch never reached resourceVersion %d (at %d, %v): %w", p.name, rv, got, err, errTimeout)
+		case <-time.After(interval):
 		}
 	}
 }
