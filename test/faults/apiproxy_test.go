@@ -31,9 +31,9 @@ type apiProxy struct {
 	// API server does while its watch cache (re)initializes.
 	throttleLists atomic.Bool
 	throttled     atomic.Int64
-	stall     atomic.Bool
-	hung      atomic.Int64 // reads held until their client gave up
-	lists     atomic.Int64 // lists of Workflows: an informer's initial list, or its relist
+	stall         atomic.Bool
+	hung          atomic.Int64 // reads held until their client gave up
+	lists         atomic.Int64 // lists of Workflows: an informer's initial list, or its relist
 
 	mu      sync.Mutex
 	watches map[int]context.CancelFunc
