@@ -178,7 +178,7 @@ func runAPIServer(args []string) error {
 		errs, timeouts := map[string]int{}, map[string]int{}
 		order := slices.Clone(columns)
 		for range *rounds {
-			rand.Shuffle(len(order), func(i, j int) { order[i], order[j] = order[j], order[i] })
+			rand.Shuffle(len(order), func(i, j int) { order[i], order[j] = order[j], order[i] }) //nolint:gosec // G404: an order of columns, not a secret
 			for _, col := range order {
 				if spent[col] > *slowBudget {
 					continue
@@ -352,7 +352,7 @@ func waitRefused(ctx context.Context, cl client.Client, p *corev1.Pod) error {
 			return nil
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("the exit handler of a Succeeded workflow is still admitted a minute after the policy was created (%v)", err)
+			return fmt.Errorf("the exit handler of a Succeeded workflow is still admitted a minute after the policy was created (%w)", err)
 		}
 		time.Sleep(200 * time.Millisecond)
 	}

@@ -18,7 +18,7 @@ func TestMain(m *testing.M) {
 		child := map[string]func([]string) error{watcherCommand: runWatcher, liveGetCommand: runLiveGet}[os.Args[1]]
 		if child != nil {
 			if err := child(os.Args[2:]); err != nil {
-				os.Stderr.WriteString(err.Error() + "\n")
+				_, _ = os.Stderr.WriteString(err.Error() + "\n")
 				os.Exit(1)
 			}
 			os.Exit(0)

@@ -25,7 +25,7 @@ type podTemplates struct {
 func loadPodTemplates() (*podTemplates, error) {
 	var t podTemplates
 	for file, p := range map[string]*corev1.Pod{"v3.4.17-exit-handler.json": &t.exit, "v3.4.17-step.json": &t.step} {
-		raw, err := os.ReadFile(filepath.Join(testenv.RepoRoot(), "webhook", "testdata", "argo-pods", file))
+		raw, err := os.ReadFile(filepath.Join(testenv.RepoRoot(), "webhook", "testdata", "argo-pods", file)) //nolint:gosec // G304: the repository's own test data
 		if err != nil {
 			return nil, err
 		}

@@ -137,7 +137,7 @@ func (p *process) waitReady(ctx context.Context) (time.Duration, error) {
 	for {
 		select {
 		case <-p.exited:
-			return 0, fmt.Errorf("%s exited before it was ready: %v\n%s", p.name, p.exitErr, p.out)
+			return 0, fmt.Errorf("%s exited before it was ready: %w\n%s", p.name, p.exitErr, p.out)
 		case <-ctx.Done():
 			return 0, fmt.Errorf("%s never became ready: %w", p.name, errTimeout)
 		default:
@@ -165,9 +165,9 @@ func (p *process) waitRVEvery(ctx context.Context, rv uint64, interval time.Dura
 		}
 		select {
 		case <-p.exited:
-			return asked, fmt.Errorf("%s exited: %v\n%s", p.name, p.exitErr, p.out)
+			return asked, fmt.Errorf("%s exited: %w\n%s", p.name, p.exitErr, p.out)
 		case <-ctx.Done():
-			return asked, fmt.Errorf("%s's watch never reached resourceVersion %d (at %d, %v): %w", p.name, rv, got, err, errTimeout)
+			return asked, fmt.Errorf("%s's watch never reached resourceVersion %d (at %d, %w): %w", p.name, rv, got, err, errTimeout)
 		case <-time.After(interval):
 		}
 	}

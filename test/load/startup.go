@@ -149,7 +149,7 @@ func checkGuard(ctx context.Context, p *process, cl client.Client, workflows int
 	}
 	err := cl.Create(ctx, testenv.ExitPod(wf), client.DryRunAll)
 	if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "exit-guard") {
-		return fmt.Errorf("the exit handler of a Succeeded workflow was not refused after the restart: %v", err)
+		return fmt.Errorf("the exit handler of a Succeeded workflow was not refused after the restart: %w", err)
 	}
 	running := retainedWorkflow("retained", fmt.Sprintf("running-%d", time.Now().UnixNano()), 1000)
 	testenv.MarkPhase(running, argo.PhaseRunning)
