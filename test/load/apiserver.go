@@ -75,15 +75,11 @@ func runAPIServer(args []string) error {
 	if err != nil {
 		return err
 	}
-	env, err := testenv.Start(testenv.Options{})
+	env, cl, err := startAPIServer(false)
 	if err != nil {
 		return err
 	}
 	defer func() { _ = env.Stop() }()
-	cl, err := fastClient(env)
-	if err != nil {
-		return err
-	}
 	pods, err := loadPodTemplates()
 	if err != nil {
 		return err

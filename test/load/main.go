@@ -25,7 +25,11 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
+
+	"github.com/exit-guard/exit-guard/internal/testenv"
 )
 
 func main() {
@@ -83,3 +87,26 @@ func (c *common) context() (context.Context, context.CancelFunc, error) {
 }
 
 var errTimeout = errors.New("the run went past its --timeout")
+
+// startAPIServer starts a local API server (and etcd), with the guard's webhook registered on
+// its default serving address when guardWebhook, and returns it with a client that has no
+// client-side rate limit. Stop it when done.
+func startAPIServer(guardWebhook bool) (*testenv.Env, client.Client, error) {
+	var opts testenv.Options
+	if guardWebhook {
+		vwc, err := testenv.GuardWebhook()
+		if err != nil {
+			return nil, nil, err
+		}
+		opts.ValidatingWebhooks = []*admissionregistrationv1.ValidatingWebhookConfiguration{vwc}
+	}
+	env, err := testenv.Start(opts)
+	if err != nil {
+		return nil, nil, err
+	}
+	cl, err := fastClient(env)
+	if err != nil {
+		return nil, nil, errors.Join(err, env.Stop())
+	}
+	return env, cl, nil
+}

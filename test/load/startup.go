@@ -9,7 +9,6 @@ import (
 	"strings"
 	"time"
 
-	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -42,19 +41,11 @@ func runStartup(args []string) error {
 	defer cancel()
 	sz := sizes{size: *size * 1000, large: *large * 1000, largeEvery: *largeEvery}
 
-	vwc, err := testenv.GuardWebhook()
-	if err != nil {
-		return err
-	}
-	env, err := testenv.Start(testenv.Options{ValidatingWebhooks: []*admissionregistrationv1.ValidatingWebhookConfiguration{vwc}})
+	env, cl, err := startAPIServer(true)
 	if err != nil {
 		return err
 	}
 	defer func() { _ = env.Stop() }()
-	cl, err := fastClient(env)
-	if err != nil {
-		return err
-	}
 
 	type row struct {
 		watcher   string

@@ -9,7 +9,6 @@ import (
 	"sync"
 	"time"
 
-	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -42,19 +41,11 @@ func runWatch(args []string) error {
 		return err
 	}
 	defer cancel()
-	vwc, err := testenv.GuardWebhook()
-	if err != nil {
-		return err
-	}
-	env, err := testenv.Start(testenv.Options{ValidatingWebhooks: []*admissionregistrationv1.ValidatingWebhookConfiguration{vwc}})
+	env, cl, err := startAPIServer(true)
 	if err != nil {
 		return err
 	}
 	defer func() { _ = env.Stop() }()
-	cl, err := fastClient(env)
-	if err != nil {
-		return err
-	}
 	fmt.Fprintf(os.Stderr, "creating %d running workflows of %d KB\n", *n, *size)
 	wfs := make([]*unstructured.Unstructured, *n)
 	for i := range wfs {

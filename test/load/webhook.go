@@ -18,7 +18,6 @@ import (
 	"time"
 
 	admissionv1 "k8s.io/api/admission/v1"
-	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -62,19 +61,11 @@ func runWebhook(args []string) error {
 		return err
 	}
 	defer cancel()
-	vwc, err := testenv.GuardWebhook()
-	if err != nil {
-		return err
-	}
-	env, err := testenv.Start(testenv.Options{ValidatingWebhooks: []*admissionregistrationv1.ValidatingWebhookConfiguration{vwc}})
+	env, cl, err := startAPIServer(true)
 	if err != nil {
 		return err
 	}
 	defer func() { _ = env.Stop() }()
-	cl, err := fastClient(env)
-	if err != nil {
-		return err
-	}
 	pods, err := loadPodTemplates()
 	if err != nil {
 		return err
