@@ -348,7 +348,10 @@ func waitRefused(ctx context.Context, cl client.Client, p *corev1.Pod) error {
 			return nil
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("the exit handler of a Succeeded workflow is still admitted a minute after the policy was created (%w)", err)
+			if err == nil {
+				return errors.New("the exit handler of a Succeeded workflow is still admitted a minute after the policy was created")
+			}
+			return fmt.Errorf("the exit handler of a Succeeded workflow still gets no refusal a minute after the policy was created: %w", err)
 		}
 		time.Sleep(200 * time.Millisecond)
 	}

@@ -139,8 +139,11 @@ func checkGuard(ctx context.Context, p *process, cl client.Client, workflows int
 		return err
 	}
 	err := cl.Create(ctx, testenv.ExitPod(wf), client.DryRunAll)
-	if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "exit-guard") {
-		return fmt.Errorf("the exit handler of a Succeeded workflow was not refused after the restart: %w", err)
+	switch {
+	case err == nil:
+		return errors.New("the exit handler of a Succeeded workflow was admitted after the restart")
+	case !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "exit-guard"):
+		return fmt.Errorf("the exit handler of a Succeeded workflow was not refused by the guard after the restart: %w", err)
 	}
 	running := retainedWorkflow("retained", fmt.Sprintf("running-%d", time.Now().UnixNano()), 1000)
 	testenv.MarkPhase(running, argo.PhaseRunning)
