@@ -46,6 +46,20 @@ func (r *replica) metric(t *testing.T, sample string) float64 {
 	return -1
 }
 
+// threeWorkflows creates, in a new namespace, a running workflow, a Succeeded one, and one
+// that was deleted.
+func threeWorkflows(t *testing.T) (running, succeeded, deleted *unstructured.Unstructured) {
+	t.Helper()
+	ns := newNamespace(t)
+	running = createWorkflow(t, ns, "running", argo.PhaseRunning)
+	succeeded = createWorkflow(t, ns, "succeeded", argo.PhaseSucceeded)
+	deleted = createWorkflow(t, ns, "deleted", argo.PhaseRunning)
+	if err := env.Client.Delete(t.Context(), deleted); err != nil {
+		t.Fatal(err)
+	}
+	return running, succeeded, deleted
+}
+
 // decideAll creates an exit-handler pod of each workflow (dry runs) and checks each answer:
 // refused when want says so, admitted otherwise; it counts into c.
 func decideAll(t *testing.T, c *tally, want map[*unstructured.Unstructured]bool) {
@@ -81,13 +95,7 @@ func TestListsRefusedWhileTheWatchCacheInitializesAreDecidedByAGet(t *testing.T)
 	p := startAPIProxy(t, env.Config)
 	r := startReplicaWith(t, b, "a", p.kubeconfig(t), "--live-read-timeout=300ms", "--live-read-budget=2s")
 
-	ns := newNamespace(t)
-	running := createWorkflow(t, ns, "running", argo.PhaseRunning)
-	succeeded := createWorkflow(t, ns, "succeeded", argo.PhaseSucceeded)
-	deleted := createWorkflow(t, ns, "deleted", argo.PhaseRunning)
-	if err := env.Client.Delete(t.Context(), deleted); err != nil {
-		t.Fatal(err)
-	}
+	running, succeeded, deleted := threeWorkflows(t)
 	p.throttleLists.Store(true)
 	c := &tally{}
 	for range 3 {
@@ -114,13 +122,7 @@ func TestLiveReadsThatHangAreDecidedInsideTheDeadline(t *testing.T) {
 	p := startAPIProxy(t, env.Config)
 	r := startReplicaWith(t, b, "a", p.kubeconfig(t), "--live-read-timeout=300ms", "--live-read-budget=1s", "--store-fallback=completion")
 
-	ns := newNamespace(t)
-	running := createWorkflow(t, ns, "running", argo.PhaseRunning)
-	succeeded := createWorkflow(t, ns, "succeeded", argo.PhaseSucceeded)
-	deleted := createWorkflow(t, ns, "deleted", argo.PhaseRunning)
-	if err := env.Client.Delete(t.Context(), deleted); err != nil {
-		t.Fatal(err)
-	}
+	running, succeeded, deleted := threeWorkflows(t)
 	waitFor(t, "the guard's store to hold the deletion and the completion", func() bool {
 		return r.metric(t, `exit_guard_store_records{state="deleted"}`) >= 1 && r.metric(t, `exit_guard_store_records{state="terminal"}`) >= 1
 	})

@@ -110,11 +110,10 @@ func runAPIServer(args []string) error {
 	}()
 	ports := map[string]int{}
 	for _, col := range []string{colGuard, colStoreFirst, colLiveGet} {
-		addr, err := testenv.FreeAddr()
+		port, err := freePort()
 		if err != nil {
 			return err
 		}
-		port, _ := strconv.Atoi(addr[strings.LastIndexByte(addr, ':')+1:])
 		ports[col] = port
 		var p *process
 		switch col {

@@ -274,3 +274,16 @@ func scrape(ctx context.Context, url, name string) (float64, error) {
 	}
 	return m.GetCounter().GetValue(), nil
 }
+
+// freePort is a loopback port that was free a moment ago.
+func freePort() (int, error) {
+	addr, err := testenv.FreeAddr()
+	if err != nil {
+		return 0, err
+	}
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return 0, err
+	}
+	return strconv.Atoi(port)
+}

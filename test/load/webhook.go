@@ -101,11 +101,10 @@ func runWebhook(args []string) error {
 		{"exit handler, --store-first", []string{"--store-first"}, podFor(&pods.exit, wf), rates},
 		{"exit handler, live read", nil, podFor(&pods.exit, wf), lrates},
 	} {
-		addr, err := testenv.FreeAddr()
+		port, err := freePort()
 		if err != nil {
 			return err
 		}
-		port, _ := strconv.Atoi(addr[strings.LastIndexByte(addr, ':')+1:])
 		p, err := startGuard(c.guard, env, port, t.args...)
 		if err != nil {
 			return err
