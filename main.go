@@ -4,14 +4,17 @@
 package main
 
 import (
+	"context"
 	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap/zapcore"
 	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -19,6 +22,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	crwebhook "sigs.k8s.io/controller-runtime/pkg/webhook"
 
@@ -43,6 +47,7 @@ type flags struct {
 	gracefulShutdown time.Duration
 	shutdownDelay    time.Duration
 	zap              zap.Options
+	restartOnFailure bool
 
 	mode            string
 	denyPhases      string
@@ -179,6 +184,8 @@ func parseFlags(args []string) (*flags, error) {
 	fs.StringVar(&f.namespaces, "namespaces", "", "Comma-separated namespaces to watch and guard; empty means all.")
 	fs.DurationVar(&f.completionTTL, "completion-ttl", 10*time.Minute, "How long the store remembers a workflow after its last change.")
 	fs.DurationVar(&f.sweepInterval, "sweep-interval", 30*time.Second, "How often expired records are removed from the store.")
+	fs.BoolVar(&f.restartOnFailure, "restart-on-failure", false,
+		"When the guard fails (the API server, its certificate, a port), restart it in the process after a backoff instead of exiting; for the sidecar in Argo's controller pod, where a container that exits makes the pod NotReady.")
 	fs.StringVar(&f.certMode, "cert-mode", "external",
 		"Where the webhook certificate comes from: external (files in --webhook-cert-path, e.g. from cert-manager or the chart) or self (the guard creates and rotates it).")
 	fs.StringVar(&f.certSecret, "cert-secret", "exit-guard-webhook-tls", "With --cert-mode=self: the Secret that holds the CA and serving certificate.")
@@ -206,21 +213,99 @@ func main() {
 	}
 	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&f.zap)))
 	setupLog := ctrl.Log.WithName("setup")
-	storeOpts, guardOpts, err := f.guardOptions()
+	if err := f.validate(); err != nil {
+		setupLog.Error(err, "invalid flags")
+		os.Exit(2)
+	}
+	started := time.Now()
+	restartState := restartFromEnv()
+	ctx := ctrl.SetupSignalHandler()
+	drainer, err := shutdown.New(f.shutdownDelay, ctrl.Log.WithName("shutdown"))
 	if err != nil {
 		setupLog.Error(err, "invalid flags")
 		os.Exit(2)
+	}
+	// Stops every run: ends a while after the signal, once the webhook has drained.
+	runCtx := drainer.Run(ctx)
+
+	// The probes outlive each run of the guard, so that a restart in the process (below) does
+	// not fail the liveness probe; readiness is the current run's.
+	probes := newProbes()
+	if err := probes.serve(ctx, f.probeAddr, setupLog); err != nil {
+		setupLog.Error(err, "unable to serve the health probes")
+		os.Exit(1)
+	}
+	restarts := prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "exit_guard_restarts_total",
+		Help: "How many times the guard restarted in its process after a failure (--restart-on-failure).",
+	})
+	ready := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "exit_guard_ready",
+		Help: "1 while every readiness check of the guard passes (the webhook serves, the Workflow watch has synced, not shutting down), else 0.",
+	}, probes.readyValue)
+	if err := errors.Join(metrics.Registry.Register(restarts), metrics.Registry.Register(ready)); err != nil {
+		setupLog.Error(err, "unable to register the metrics")
+		os.Exit(1)
+	}
+
+	restarts.Add(float64(restartState.count))
+	err = run(runCtx, f, drainer, probes)
+	probes.set(nil)
+	if err == nil || ctx.Err() != nil {
+		if err != nil {
+			setupLog.Error(err, "stopped with an error")
+		}
+		return
+	}
+	if !f.restartOnFailure {
+		setupLog.Error(err, "stopped with an error")
+		os.Exit(1)
+	}
+	// In the pod of Argo's controller a container that exits makes the pod NotReady and,
+	// exiting again, CrashLoopBackOff: the guard starts again in the same process instead (a
+	// fresh image of it, by exec), and exit_guard_ready and exit_guard_restarts_total say that
+	// it is not working. The probes keep answering during the backoff.
+	next := restartState.next(time.Since(started))
+	setupLog.Error(err, "stopped with an error: restarting", "in", next.backoff.String(), "restarts", next.count)
+	select {
+	case <-ctx.Done():
+		return
+	case <-time.After(next.backoff):
+	}
+	if err := next.exec(); err != nil {
+		setupLog.Error(err, "unable to restart")
+		os.Exit(1)
+	}
+}
+
+// validate checks every flag that can be checked without the API server.
+func (f *flags) validate() error {
+	if _, _, err := f.guardOptions(); err != nil {
+		return err
+	}
+	if _, err := f.certOptions(); err != nil {
+		return err
+	}
+	return nil
+}
+
+// run runs the guard until ctx ends (nil) or it fails.
+func run(ctx context.Context, f *flags, drainer *shutdown.Drainer, probes *probes) error {
+	storeOpts, guardOpts, err := f.guardOptions()
+	if err != nil {
+		return err
 	}
 	certOpts, err := f.certOptions()
 	if err != nil {
-		setupLog.Error(err, "invalid flags")
-		os.Exit(2)
+		return err
 	}
-
 	scheme, err := argo.NewScheme()
 	if err != nil {
-		setupLog.Error(err, "unable to build the scheme")
-		os.Exit(1)
+		return fmt.Errorf("building the scheme: %w", err)
+	}
+	cfg, err := ctrl.GetConfig()
+	if err != nil {
+		return fmt.Errorf("reaching the API server: %w", err)
 	}
 	wfObj, wfCache := completionstore.CacheByObject(guardOpts.Namespaces)
 
@@ -238,16 +323,11 @@ func main() {
 		KeyName:  f.webhookKeyName,
 		TLSOpts:  tlsOpts,
 	})
+	// The webhook serves once its certificate exists: a self-managed one is written by the
+	// rotator after the start, and a mounted Secret may be empty (an optional volume whose
+	// Secret is not there yet). Meanwhile the API server cannot reach it and fails open.
 	certsReady := make(chan struct{})
-	if certOpts != nil {
-		// A self-managed certificate does not exist before the rotator writes it.
-		webhookServer = certs.WaitFor(webhookServer, certsReady)
-	}
-	drainer, err := shutdown.New(f.shutdownDelay, ctrl.Log.WithName("shutdown"))
-	if err != nil {
-		setupLog.Error(err, "invalid flags")
-		os.Exit(2)
-	}
+	webhookServer = certs.WaitFor(webhookServer, certsReady)
 	webhookServer = drainer.Server(webhookServer)
 
 	metricsOpts := metricsserver.Options{BindAddress: f.metricsAddr, TLSOpts: tlsOpts}
@@ -255,69 +335,53 @@ func main() {
 		metricsOpts.SecureServing = true
 		metricsOpts.FilterProvider = metricsauth.FilterProvider
 	}
-	mgr, err := ctrl.NewManager(ctrl.GetConfigOrDie(), ctrl.Options{
+	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:                  scheme,
 		Metrics:                 metricsOpts,
-		HealthProbeBindAddress:  f.probeAddr,
+		HealthProbeBindAddress:  "0", // served by probes, across runs
 		WebhookServer:           webhookServer,
 		Cache:                   cache.Options{ByObject: map[client.Object]cache.ByObject{wfObj: wfCache}},
 		GracefulShutdownTimeout: &f.gracefulShutdown,
 	})
 	if err != nil {
-		setupLog.Error(err, "unable to create the manager")
-		os.Exit(1)
+		return fmt.Errorf("creating the manager: %w", err)
 	}
 
+	checks := map[string]healthz.Checker{}
 	if certOpts != nil {
 		certsChecker, err := certs.Setup(mgr, *certOpts, certsReady)
 		if err != nil {
-			setupLog.Error(err, "unable to manage the webhook certificate")
-			os.Exit(1)
+			return fmt.Errorf("managing the webhook certificate: %w", err)
 		}
-		if err := mgr.AddReadyzCheck("certificate", certsChecker); err != nil {
-			setupLog.Error(err, "unable to add the readiness check")
-			os.Exit(1)
+		checks["certificate"] = certsChecker
+	} else {
+		dir := f.webhookCertPath
+		if dir == "" { // controller-runtime's default
+			dir = filepath.Join(os.TempDir(), "k8s-webhook-server", "serving-certs")
 		}
+		go waitForFiles(ctx, certsReady, ctrl.Log.WithName("setup"),
+			filepath.Join(dir, f.webhookCertName), filepath.Join(dir, f.webhookKeyName))
 	}
 
 	store, err := completionstore.New(storeOpts)
 	if err != nil {
-		setupLog.Error(err, "unable to create the completion store")
-		os.Exit(1)
+		return fmt.Errorf("creating the completion store: %w", err)
 	}
-	ctx := ctrl.SetupSignalHandler()
 	synced, err := completionstore.Watch(ctx, mgr, store, completionstore.WatchOptions{})
 	if err != nil {
-		setupLog.Error(err, "unable to watch Workflows")
-		os.Exit(1)
+		return err
 	}
 	if err := webhook.Setup(mgr, store, guardOpts); err != nil {
-		setupLog.Error(err, "unable to set up the webhook")
-		os.Exit(1)
+		return err
 	}
 
-	if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
-		setupLog.Error(err, "unable to add the liveness check")
-		os.Exit(1)
-	}
 	// Ready only once the webhook port serves with its certificate loaded, and the store has
 	// every workflow of the initial list: before that it cannot tell completed from running.
-	if err := mgr.AddReadyzCheck("webhook", mgr.GetWebhookServer().StartedChecker()); err != nil {
-		setupLog.Error(err, "unable to add the readiness check")
-		os.Exit(1)
-	}
-	if err := mgr.AddReadyzCheck("workflows-synced", synced); err != nil {
-		setupLog.Error(err, "unable to add the readiness check")
-		os.Exit(1)
-	}
-	if err := mgr.AddReadyzCheck("not-shutting-down", drainer.Ready()); err != nil {
-		setupLog.Error(err, "unable to add the readiness check")
-		os.Exit(1)
-	}
+	checks["webhook"] = mgr.GetWebhookServer().StartedChecker()
+	checks["workflows-synced"] = synced
+	checks["not-shutting-down"] = drainer.Ready()
+	probes.set(checks)
 
-	setupLog.Info("starting manager")
-	if err := mgr.Start(drainer.Run(ctx)); err != nil {
-		setupLog.Error(err, "manager stopped with an error")
-		os.Exit(1)
-	}
+	ctrl.Log.WithName("setup").Info("starting manager")
+	return mgr.Start(ctx)
 }

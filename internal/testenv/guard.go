@@ -54,6 +54,18 @@ type Guard struct {
 // and metrics endpoints on free loopback ports (appended after args, so they win), and waits
 // until /readyz answers 200. Its output goes to out.
 func StartGuard(ctx context.Context, bin string, kubeconfig []byte, args []string, out io.Writer) (*Guard, error) {
+	g, err := LaunchGuard(bin, kubeconfig, args, out)
+	if err != nil {
+		return nil, err
+	}
+	if err := g.WaitReady(ctx, 90*time.Second); err != nil {
+		return nil, errors.Join(err, g.Stop())
+	}
+	return g, nil
+}
+
+// LaunchGuard is StartGuard without the wait.
+func LaunchGuard(bin string, kubeconfig []byte, args []string, out io.Writer) (*Guard, error) {
 	dir, err := os.MkdirTemp("", "exit-guard-run")
 	if err != nil {
 		return nil, err
@@ -78,24 +90,51 @@ func StartGuard(ctx context.Context, bin string, kubeconfig []byte, args []strin
 		return nil, err
 	}
 	go func() { g.exitErr = g.cmd.Wait(); close(g.exited) }()
-	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 90*time.Second, true, func(ctx context.Context) (bool, error) {
-		select {
-		case <-g.exited:
-			return false, fmt.Errorf("exit-guard exited before it was ready: %w", g.exitErr)
-		default:
+	return g, nil
+}
+
+// WaitReady waits up to timeout for /readyz to answer 200; it fails at once when the process
+// ends.
+func (g *Guard) WaitReady(ctx context.Context, timeout time.Duration) error {
+	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
+		if err := g.Exited(); err != nil {
+			return false, fmt.Errorf("exit-guard exited before it was ready: %w", err)
 		}
-		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+g.ProbeAddr+"/readyz", nil)
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			return false, nil
-		}
-		_ = resp.Body.Close()
-		return resp.StatusCode == http.StatusOK, nil
+		code, err := g.Probe(ctx, "/readyz")
+		return err == nil && code == http.StatusOK, nil
 	})
 	if err != nil {
-		return nil, errors.Join(fmt.Errorf("exit-guard never became ready: %w", err), g.Stop())
+		return fmt.Errorf("exit-guard never became ready: %w", err)
 	}
-	return g, nil
+	return nil
+}
+
+// Exited returns an error when the process has ended (its exit error, or one that says so),
+// nil while it runs.
+func (g *Guard) Exited() error {
+	select {
+	case <-g.exited:
+		if g.exitErr != nil {
+			return g.exitErr
+		}
+		return errors.New("exit-guard exited with status 0")
+	default:
+		return nil
+	}
+}
+
+// Probe GETs path on the probe endpoint and returns the status code.
+func (g *Guard) Probe(ctx context.Context, path string) (int, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+g.ProbeAddr+path, nil)
+	if err != nil {
+		return 0, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	_ = resp.Body.Close()
+	return resp.StatusCode, nil
 }
 
 // Stop sends SIGTERM and waits for the process to end (killing it after 30 s). It returns the

@@ -105,7 +105,7 @@ func servedCert(addr string, caBundle []byte) (string, error) {
 // so a failed call would show as an admitted pod) across several certificates.
 func TestSelfManagedCertificateRotatesUnderLoad(t *testing.T) {
 	ns := newNamespace(t, nil)
-	objs := render(t, profile{name: "self", set: []string{"certificates.mode=self"}}, "rot", ns)
+	objs := render(t, profiles[0], "rot", ns)
 	webhooks := install(t, objs)
 	sa := only(t, objs, "ServiceAccount").GetName()
 	secret := types.NamespacedName{Namespace: ns, Name: only(t, objs, "Secret").GetName()}
@@ -190,7 +190,7 @@ func TestSelfManagedCertificateRotatesUnderLoad(t *testing.T) {
 // webhook configuration by name, and nothing more.
 func TestSidecarSelfModeGrantsArgoOnlyWhatTheGuardNeeds(t *testing.T) {
 	ns := newNamespace(t, nil)
-	objs := render(t, profile{name: "sidecar-self", set: []string{"installMode=sidecar", "certificates.mode=self"}}, "exit-guard", ns)
+	objs := render(t, profile{name: "sidecar", set: []string{"installMode=sidecar"}}, "exit-guard", ns)
 	webhooks := install(t, objs)
 	sa := "argo-workflows-workflow-controller"
 	checkPermissions(t, ns, sa, &testenv.Output{})
@@ -241,10 +241,11 @@ func checkCertPermissions(t *testing.T, ns, sa, secret, webhook string) {
 	}
 }
 
-// TestChartCertificateSurvivesUpgrade installs the chart with helm into the test API server,
-// upgrades it with other values, and checks that the Secret and the caBundle did not change:
-// a new CA on upgrade would break admission until every guard pod reloads. Two renders with
-// no cluster give two CAs, so what keeps it is the chart's lookup of the installed Secret.
+// TestChartCertificateSurvivesUpgrade installs the chart (certificates.mode=chart) with helm
+// into the test API server, upgrades it with other values, and checks that the Secret and the
+// caBundle did not change: a new CA on upgrade would break admission until every guard pod
+// reloads. Two renders with no cluster give two CAs, so what keeps it is the chart's lookup of
+// the installed Secret (and why chart mode is not for `helm template`: see gitops_test.go).
 func TestChartCertificateSurvivesUpgrade(t *testing.T) {
 	ns := newNamespace(t, nil)
 	kc := filepath.Join(t.TempDir(), "kubeconfig")
@@ -265,10 +266,10 @@ func TestChartCertificateSurvivesUpgrade(t *testing.T) {
 		}
 		return s.Data, vwc.Webhooks[0].ClientConfig.CABundle
 	}
-	runHelm(t, helmArgs("install", "up", chartDir)...)
+	runHelm(t, helmArgs("install", "up", chartDir, "--set", "certificates.mode=chart")...)
 	t.Cleanup(func() { runHelm(t, helmArgs("uninstall", "up")...) })
 	secret1, ca1 := state()
-	runHelm(t, helmArgs("upgrade", "up", chartDir, "--set", "logging.level=debug", "--set", "replicaCount=3")...)
+	runHelm(t, helmArgs("upgrade", "up", chartDir, "--set", "certificates.mode=chart", "--set", "logging.level=debug", "--set", "replicaCount=3")...)
 	secret2, ca2 := state()
 	if diff := cmp.Diff(secret1, secret2); diff != "" {
 		t.Errorf("helm upgrade changed the certificate Secret (-before +after):\n%s", diff)
@@ -282,8 +283,8 @@ func TestChartCertificateSurvivesUpgrade(t *testing.T) {
 	}
 
 	// The control: without an installed Secret to look up, each render makes a new CA.
-	a := only(t, render(t, profiles[0], "up", "elsewhere"), "Secret").Object["data"]
-	b := only(t, render(t, profiles[0], "up", "elsewhere"), "Secret").Object["data"]
+	a := only(t, render(t, chartCerts, "up", "elsewhere"), "Secret").Object["data"]
+	b := only(t, render(t, chartCerts, "up", "elsewhere"), "Secret").Object["data"]
 	if cmp.Equal(a, b) {
 		t.Error("two renders with no cluster made the same certificate: the test proves nothing")
 	}

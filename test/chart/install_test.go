@@ -44,11 +44,13 @@ func install(t *testing.T, objs []*unstructured.Unstructured) (webhooks []*unstr
 	return webhooks
 }
 
-// registerAt creates a rendered webhook configuration with only its clientConfig changed: the
-// API server calls url, trusting caBundle (none: keep the field empty for the guard to fill).
-// The test process cannot be reached through the Service (EndpointSlices refuse loopback).
-func registerAt(t *testing.T, wh *unstructured.Unstructured, url string, caBundle []byte) {
+// pointAt returns a copy of a rendered webhook configuration with only its clientConfig
+// changed: the API server calls url, trusting caBundle (none: the field stays empty for the
+// guard to fill). The test process cannot be reached through the Service (EndpointSlices
+// refuse loopback).
+func pointAt(t *testing.T, wh *unstructured.Unstructured, url string, caBundle []byte) *unstructured.Unstructured {
 	t.Helper()
+	wh = wh.DeepCopy()
 	hooks, _, _ := unstructured.NestedSlice(wh.Object, "webhooks")
 	for i := range hooks {
 		h := hooks[i].(map[string]any)
@@ -63,6 +65,13 @@ func registerAt(t *testing.T, wh *unstructured.Unstructured, url string, caBundl
 	if err := unstructured.SetNestedSlice(wh.Object, hooks, "webhooks"); err != nil {
 		t.Fatal(err)
 	}
+	return wh
+}
+
+// registerAt creates a rendered webhook configuration pointed at url (see pointAt).
+func registerAt(t *testing.T, wh *unstructured.Unstructured, url string, caBundle []byte) {
+	t.Helper()
+	wh = pointAt(t, wh, url, caBundle)
 	if err := env.Client.Create(t.Context(), wh); err != nil {
 		t.Fatalf("registering %s: %v", wh.GetName(), err)
 	}
@@ -141,7 +150,7 @@ func waitDeniedEvent(t *testing.T, wf *unstructured.Unstructured) {
 // aside). It then checks that permissions the guard does not need are not granted.
 func TestGuardDoesItsJobWithTheChartsPermissions(t *testing.T) {
 	ns := newNamespace(t, nil)
-	objs := render(t, profiles[0], "perm", ns)
+	objs := render(t, chartCerts, "perm", ns)
 	webhooks := install(t, objs)
 	sa := only(t, objs, "ServiceAccount").GetName()
 
@@ -260,7 +269,7 @@ func checkTaskSets(t *testing.T, ns string, enforce bool) {
 // registers the mutating webhook: the stale pod is admitted and marked.
 func TestWarnModeMarksThroughTheChartsMutatingWebhook(t *testing.T) {
 	ns := newNamespace(t, nil)
-	objs := render(t, profile{name: "warn", set: []string{"guard.mode=warn"}}, "warn", ns)
+	objs := render(t, profile{name: "warn", set: []string{"guard.mode=warn", "certificates.mode=chart"}}, "warn", ns)
 	webhooks := install(t, objs)
 	if len(webhooks) != 2 || webhooks[0].GetKind() != "MutatingWebhookConfiguration" || webhooks[1].GetKind() != "ValidatingWebhookConfiguration" {
 		t.Fatalf("warn mode rendered %v, want a MutatingWebhookConfiguration (pods) and a ValidatingWebhookConfiguration (TaskSets)", webhooks)

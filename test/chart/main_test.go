@@ -76,6 +76,7 @@ type profile struct {
 
 var profiles = []profile{
 	{name: "default"},
+	chartCerts,
 	{name: "cert-manager", set: []string{"certificates.mode=cert-manager"}},
 	{name: "cert-manager-with-issuer", set: []string{"certificates.mode=cert-manager",
 		"certificates.certManager.issuerRef.name=corporate-ca", "certificates.certManager.issuerRef.kind=ClusterIssuer",
@@ -86,7 +87,7 @@ var profiles = []profile{
 	{name: "hooks", set: []string{"guard.coverHooks=true"}},
 	{name: "fail-closed", set: []string{"webhook.failurePolicy=Fail", "webhook.timeoutSeconds=3", "guard.liveReadBudget=2s"}},
 	{name: "sidecar", set: []string{"installMode=sidecar"}},
-	{name: "sidecar-self-managed", set: []string{"installMode=sidecar", "certificates.mode=self"}},
+	{name: "sidecar-chart-certificates", set: []string{"installMode=sidecar", "certificates.mode=chart"}},
 	{name: "everything", set: []string{
 		"image.digest=sha256:" + strings.Repeat("ab", 32),
 		"commonLabels.team=platform", "commonAnnotations.owner=platform-team",
@@ -105,6 +106,10 @@ var profiles = []profile{
 		"webhook.taskSets.extraMatchConditions[0].expression=!has(object.metadata.labels) || !('canary' in object.metadata.labels)",
 	}},
 }
+
+// chartCerts has Helm generate the webhook certificate (certificates.mode=chart): the tests
+// that serve the API server's calls with envtest's own certificate use it.
+var chartCerts = profile{name: "chart-certificates", set: []string{"certificates.mode=chart"}}
 
 func (p profile) args() []string {
 	var out []string

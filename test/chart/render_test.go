@@ -221,7 +221,7 @@ func TestChartMatchesTheGeneratedManifests(t *testing.T) {
 		return out
 	}
 	guard, certRules := rules("rbac/role.yaml"), rules("rbac-certs/role.yaml")
-	objs := render(t, profile{name: "self", set: []string{"certificates.mode=self"}}, "eg", "argo")
+	objs := render(t, profiles[0], "eg", "argo")
 	for _, o := range append(find(objs, "ClusterRole"), find(objs, "Role")...) {
 		want := guard["ClusterRole"]
 		if strings.HasSuffix(o.GetName(), "-certs") {
@@ -245,7 +245,7 @@ func TestChartMatchesTheGeneratedManifests(t *testing.T) {
 // TestChartCertificateIsValidForTheService checks the chart-generated certificate the way the
 // API server will: it chains to the caBundle of the webhook configuration and names the Service.
 func TestChartCertificateIsValidForTheService(t *testing.T) {
-	objs := render(t, profiles[0], "eg", "argo")
+	objs := render(t, chartCerts, "eg", "argo")
 	secret := convert[corev1.Secret](t, only(t, objs, "Secret"))
 	vwc := convert[admissionregistrationv1.ValidatingWebhookConfiguration](t, only(t, objs, "ValidatingWebhookConfiguration"))
 	pool := x509.NewCertPool()

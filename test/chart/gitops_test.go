@@ -1,0 +1,343 @@
+package chart
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/itchyny/gojq"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/yaml"
+
+	"github.com/exit-guard/exit-guard/internal/argo"
+	"github.com/exit-guard/exit-guard/internal/testenv"
+)
+
+// TestTwoRendersAreIdentical: Argo CD and Flux render the chart with `helm template`, where
+// Helm's lookup finds nothing. Every profile whose certificates do not come from the chart
+// itself must render the same bytes twice, or each sync would change the installed objects.
+func TestTwoRendersAreIdentical(t *testing.T) {
+	for _, p := range profiles {
+		if strings.Contains(strings.Join(p.set, " "), "certificates.mode=chart") {
+			continue // a new CA on every render without a cluster: helm install/upgrade only
+		}
+		t.Run(p.name, func(t *testing.T) {
+			args := append([]string{"template", "exit-guard", chartDir, "--namespace", "argo", "--kube-version", "1.37.2"}, p.args()...)
+			first, second := runHelm(t, args...), runHelm(t, args...)
+			if !bytes.Equal(first, second) {
+				t.Errorf("two renders differ:\n%s", lineDiff(first, second))
+			}
+		})
+	}
+}
+
+// lineDiff lists the lines of a that b lacks and the other way round.
+func lineDiff(a, b []byte) string {
+	count := func(s []byte) map[string]int {
+		m := map[string]int{}
+		for _, l := range strings.Split(string(s), "\n") {
+			m[l]++
+		}
+		return m
+	}
+	ca, cb := count(a), count(b)
+	var out strings.Builder
+	for l, n := range ca {
+		if cb[l] < n {
+			fmt.Fprintf(&out, "- %s\n", l)
+		}
+	}
+	for l, n := range cb {
+		if ca[l] < n {
+			fmt.Fprintf(&out, "+ %s\n", l)
+		}
+	}
+	return out.String()
+}
+
+// application is the part of docs/argocd-application.yaml the test reads.
+type application struct {
+	Spec struct {
+		Source struct {
+			Path string `json:"path"`
+			Helm struct {
+				ReleaseName string `json:"releaseName"`
+			} `json:"helm"`
+		} `json:"source"`
+		IgnoreDifferences []struct {
+			Group             string   `json:"group"`
+			Kind              string   `json:"kind"`
+			Name              string   `json:"name"`
+			JSONPointers      []string `json:"jsonPointers"`
+			JQPathExpressions []string `json:"jqPathExpressions"`
+		} `json:"ignoreDifferences"`
+		SyncPolicy struct {
+			SyncOptions []string `json:"syncOptions"`
+		} `json:"syncPolicy"`
+	} `json:"spec"`
+}
+
+func readApplication(t *testing.T) application {
+	t.Helper()
+	raw, err := os.ReadFile(filepath.Join(testenv.RepoRoot(), "docs", "argocd-application.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var app application
+	if err := yaml.Unmarshal(raw, &app); err != nil {
+		t.Fatalf("docs/argocd-application.yaml: %v", err)
+	}
+	if app.Spec.Source.Path != "charts/exit-guard" || app.Spec.Source.Helm.ReleaseName == "" {
+		t.Fatalf("docs/argocd-application.yaml installs %q as %q, want charts/exit-guard under a release name", app.Spec.Source.Path, app.Spec.Source.Helm.ReleaseName)
+	}
+	if !contains(app.Spec.SyncPolicy.SyncOptions, "RespectIgnoreDifferences=true") {
+		t.Error("docs/argocd-application.yaml lacks RespectIgnoreDifferences=true: a sync would write over the caBundle")
+	}
+	return app
+}
+
+// withoutIgnored is obj with the fields the Application's ignoreDifferences name removed, as
+// Argo CD removes them before it compares.
+func (app application) withoutIgnored(t *testing.T, obj *unstructured.Unstructured) map[string]any {
+	t.Helper()
+	raw, err := json.Marshal(obj.Object)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc map[string]any // numbers as float64, which gojq takes
+	if err := json.Unmarshal(raw, &doc); err != nil {
+		t.Fatal(err)
+	}
+	for _, ig := range app.Spec.IgnoreDifferences {
+		gvk := obj.GroupVersionKind()
+		if ig.Group != gvk.Group || ig.Kind != gvk.Kind || (ig.Name != "" && ig.Name != obj.GetName()) {
+			continue
+		}
+		var paths [][]any
+		for _, expr := range ig.JQPathExpressions {
+			q, err := gojq.Parse("path(" + expr + ")")
+			if err != nil {
+				t.Fatalf("jqPathExpression %q: %v", expr, err)
+			}
+			iter := q.Run(doc)
+			for v, ok := iter.Next(); ok; v, ok = iter.Next() {
+				if err, isErr := v.(error); isErr {
+					t.Fatalf("jqPathExpression %q: %v", expr, err)
+				}
+				paths = append(paths, v.([]any))
+			}
+		}
+		for _, p := range ig.JSONPointers {
+			var path []any
+			for _, tok := range strings.Split(strings.TrimPrefix(p, "/"), "/") {
+				if i, err := strconv.Atoi(tok); err == nil {
+					path = append(path, i)
+				} else {
+					path = append(path, tok)
+				}
+			}
+			paths = append(paths, path)
+		}
+		for _, p := range paths {
+			deletePath(doc, p)
+		}
+	}
+	return doc
+}
+
+func deletePath(doc any, path []any) {
+	for i, step := range path {
+		last := i == len(path)-1
+		switch node := doc.(type) {
+		case map[string]any:
+			key, _ := step.(string)
+			if last {
+				delete(node, key)
+				return
+			}
+			doc = node[key]
+		case []any:
+			idx, ok := step.(int)
+			if !ok || idx >= len(node) {
+				return
+			}
+			if last {
+				return // Argo CD does not remove list items this way; no recipe asks it
+			}
+			doc = node[idx]
+		default:
+			return
+		}
+	}
+}
+
+// missing lists the fields of want that got lacks or holds with another value.
+func missing(want, got any, at string) []string {
+	switch w := want.(type) {
+	case map[string]any:
+		g, ok := got.(map[string]any)
+		if !ok {
+			return []string{at}
+		}
+		var out []string
+		for k, v := range w {
+			out = append(out, missing(v, g[k], at+"."+k)...)
+		}
+		return out
+	case []any:
+		g, ok := got.([]any)
+		if !ok || len(g) != len(w) {
+			return []string{at}
+		}
+		var out []string
+		for i := range w {
+			out = append(out, missing(w[i], g[i], fmt.Sprintf("%s[%d]", at, i))...)
+		}
+		return out
+	default:
+		if fmt.Sprint(want) != fmt.Sprint(got) {
+			return []string{fmt.Sprintf("%s: want %v, live %v", at, want, got)}
+		}
+		return nil
+	}
+}
+
+// TestGitOpsSyncSettlesAroundTheGuard plays Argo CD with docs/argocd-application.yaml: it
+// renders the chart's defaults with `helm template`, applies them server-side (its
+// ServerSideApply sync option), runs the guard with the chart's permissions as it writes its
+// CA and certificate, renders and applies again (the next sync), and checks that the guard's
+// writes survived, that it still refuses a stale exit handler, and that with the
+// Application's ignoreDifferences every applied field matches the live objects: the app is
+// in sync and stays so.
+func TestGitOpsSyncSettlesAroundTheGuard(t *testing.T) {
+	app := readApplication(t)
+	release := app.Spec.Source.Helm.ReleaseName
+	ns := newNamespace(t, nil)
+	url := "https://localhost:" + strconv.Itoa(env.WebhookPort)
+	// What a sync applies: the rendered objects, the webhooks pointed at the test process
+	// (which the API server cannot reach through the Service), the Deployment run by the test.
+	desired := func() (objs, applied []*unstructured.Unstructured) {
+		objs = render(t, profiles[0], release, ns)
+		for _, o := range objs {
+			switch o.GetKind() {
+			case "Deployment", "PodDisruptionBudget":
+			case "ValidatingWebhookConfiguration", "MutatingWebhookConfiguration":
+				applied = append(applied, pointAt(t, o, url, nil))
+			default:
+				applied = append(applied, o.DeepCopy())
+			}
+		}
+		return objs, applied
+	}
+	sync := func(applied []*unstructured.Unstructured) {
+		for _, o := range applied {
+			if err := env.Client.Apply(t.Context(), client.ApplyConfigurationFromUnstructured(o.DeepCopy()),
+				client.FieldOwner("argocd-controller"), client.ForceOwnership); err != nil {
+				t.Fatalf("applying %s %s: %v", o.GetKind(), o.GetName(), err)
+			}
+			obj := o
+			t.Cleanup(func() { _ = env.Client.Delete(context.Background(), obj) })
+		}
+	}
+	live := func(o *unstructured.Unstructured) *unstructured.Unstructured {
+		l := &unstructured.Unstructured{}
+		l.SetGroupVersionKind(o.GroupVersionKind())
+		if err := env.Client.Get(t.Context(), client.ObjectKeyFromObject(o), l); err != nil {
+			t.Fatal(err)
+		}
+		return l
+	}
+
+	objs, applied := desired()
+	sync(applied)
+	sa := only(t, objs, "ServiceAccount").GetName()
+	secret := only(t, objs, "Secret")
+	var webhook *unstructured.Unstructured
+	for _, o := range applied {
+		if strings.HasSuffix(o.GetKind(), "WebhookConfiguration") {
+			webhook = o
+		}
+	}
+
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	certDir := t.TempDir()
+	mountSecret(ctx, t, types.NamespacedName{Namespace: ns, Name: secret.GetName()}, certDir)
+	out := &testenv.Output{}
+	g, err := testenv.StartGuard(ctx, guardBin, kubeconfigAs(t, ns, sa), guardArgs(t, objs,
+		"--webhook-port="+strconv.Itoa(env.WebhookPort), "--webhook-cert-path="+certDir,
+		"--cert-namespace="+ns, "--cert-extra-dns-names=localhost"), out)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	defer func() { _ = g.Stop() }()
+
+	done := createWorkflow(t, ns, argo.PhaseSucceeded)
+	refused := func(when string) {
+		err := env.Client.Create(t.Context(), testenv.ExitPod(done))
+		if !apierrors.IsForbidden(err) {
+			t.Errorf("%s: stale exit-handler pod: err = %v, want refused\n%s", when, err, out)
+		}
+	}
+	refused("after the first sync")
+	before := map[string]*unstructured.Unstructured{"secret": live(secret), "webhook": live(webhook)}
+	caBundle, _, _ := unstructured.NestedSlice(before["webhook"].Object, "webhooks")
+	for i, w := range caBundle {
+		if ca, _, _ := unstructured.NestedString(w.(map[string]any), "clientConfig", "caBundle"); ca == "" {
+			t.Fatalf("the guard wrote no caBundle into webhook %d of %s", i, webhook.GetName())
+		} else if pem, _ := base64.StdEncoding.DecodeString(ca); !bytes.Contains(pem, []byte("BEGIN CERTIFICATE")) {
+			t.Fatalf("webhook %d of %s: the caBundle holds no certificate", i, webhook.GetName())
+		}
+	}
+
+	// The next sync: a new render, applied over what the guard wrote.
+	_, again := desired()
+	sync(again)
+	for name, b := range before {
+		a := live(b)
+		switch name {
+		case "secret":
+			if !reflect.DeepEqual(b.Object["data"], a.Object["data"]) {
+				t.Error("the second sync changed the certificate Secret's data")
+			}
+		case "webhook":
+			if !reflect.DeepEqual(b.Object["webhooks"], a.Object["webhooks"]) {
+				t.Error("the second sync changed the webhooks (their caBundle)")
+			}
+		}
+	}
+	refused("after the second sync")
+
+	// Argo CD's view: the live objects, less the Application's ignoreDifferences, hold every
+	// applied field, and nothing the guard wrote is left to differ.
+	for _, o := range again {
+		l := app.withoutIgnored(t, live(o))
+		want := app.withoutIgnored(t, o)
+		for _, m := range missing(want, l, o.GetKind()+"/"+o.GetName()) {
+			t.Errorf("out of sync: %s", m)
+		}
+		if o.GetKind() == "Secret" {
+			if _, ok := l["data"]; ok {
+				t.Errorf("the Application does not ignore the data the guard writes into Secret %s", o.GetName())
+			}
+		}
+		if strings.HasSuffix(o.GetKind(), "WebhookConfiguration") {
+			for i, w := range l["webhooks"].([]any) {
+				if _, ok := w.(map[string]any)["clientConfig"].(map[string]any)["caBundle"]; ok {
+					t.Errorf("the Application does not ignore the caBundle the guard writes into webhook %d of %s", i, o.GetName())
+				}
+			}
+		}
+	}
+}
