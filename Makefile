@@ -12,6 +12,8 @@ HELM_VERSION ?= v3.22.0
 HELM := $(BIN)/helm-$(HELM_VERSION)
 CONTROLLER_GEN_VERSION ?= v0.23.0
 CONTROLLER_GEN := $(BIN)/controller-gen-$(CONTROLLER_GEN_VERSION)
+PROMTOOL_VERSION ?= v0.316.0
+PROMTOOL := $(BIN)/promtool-$(PROMTOOL_VERSION)
 CHART := charts/exit-guard
 # Options for `go test`, e.g. GOTESTFLAGS='-run TestX -v'.
 GOTESTFLAGS ?=
@@ -36,9 +38,9 @@ envtest-binaries: ## Build kube-apiserver and etcd from Go modules into the user
 	@hack/envtest-binaries.sh ensure
 
 .PHONY: test
-test: $(HELM) ## Run every test with the race detector against a real kube-apiserver (builds it and helm if missing).
+test: $(HELM) $(PROMTOOL) ## Run every test with the race detector against a real kube-apiserver (builds it, helm and promtool if missing).
 	@assets=$$(hack/envtest-binaries.sh ensure) && \
-	  KUBEBUILDER_ASSETS="$$assets" HELM="$(HELM)" $(GO) test -race -count=1 $(GOTESTFLAGS) ./...
+	  KUBEBUILDER_ASSETS="$$assets" HELM="$(HELM)" PROMTOOL="$(PROMTOOL)" $(GO) test -race -count=1 $(GOTESTFLAGS) ./...
 
 # Histories of the randomized simulation in make soak (make test runs 3,000).
 SOAK_HISTORIES ?= 100000
@@ -122,6 +124,12 @@ $(HELM):
 	@echo "building helm $(HELM_VERSION) into ./bin from Go modules (about 2 minutes the first time)"
 	GOBIN=$(BIN)/.helm-tmp $(GO) install helm.sh/helm/v3/cmd/helm@$(HELM_VERSION)
 	mv $(BIN)/.helm-tmp/helm $@ && rmdir $(BIN)/.helm-tmp
+
+$(PROMTOOL):
+	@mkdir -p $(BIN)
+	@echo "building promtool $(PROMTOOL_VERSION) into ./bin from Go modules (a few minutes the first time)"
+	GOBIN=$(BIN)/.promtool-tmp $(GO) install github.com/prometheus/prometheus/cmd/promtool@$(PROMTOOL_VERSION)
+	mv $(BIN)/.promtool-tmp/promtool $@ && rmdir $(BIN)/.promtool-tmp
 
 $(CONTROLLER_GEN):
 	@mkdir -p $(BIN)

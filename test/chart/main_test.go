@@ -96,6 +96,7 @@ var profiles = []profile{
 		`nodeSelector.kubernetes\.io/os=linux`,
 		"tolerations[0].key=dedicated", "tolerations[0].operator=Exists", "tolerations[0].effect=NoSchedule",
 		"metrics.serviceMonitor.enabled=true", "metrics.serviceMonitor.labels.release=prometheus",
+		"prometheusRule.enabled=true", "prometheusRule.labels.release=prometheus", "prometheusRule.alertLabels.team=platform",
 		"networkPolicy.enabled=true",
 		"guard.strict=true", "guard.denyPhases={Succeeded,Failed,Error}", "guard.namespaces={argo,ci}",
 		"logging.level=debug", "logging.format=console", "replicaCount=3",

@@ -1,0 +1,99 @@
+package chart
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"sigs.k8s.io/yaml"
+
+	"github.com/exit-guard/exit-guard/internal/testenv"
+)
+
+// promtool returns the promtool binary: $PROMTOOL, or the one make builds into ./bin.
+func promtool(t *testing.T) string {
+	t.Helper()
+	bin := os.Getenv("PROMTOOL")
+	if bin == "" {
+		bin = filepath.Join(testenv.RepoRoot(), "bin", "promtool-v0.316.0")
+	}
+	if _, err := os.Stat(bin); err != nil { //nolint:gosec // G703: $PROMTOOL or the repository's own bin/
+		t.Fatalf("the alert tests need promtool at %s: run them through make test, which builds it from Go modules (or set PROMTOOL)", bin)
+	}
+	return bin
+}
+
+// TestAlertRules renders the chart's PrometheusRule (release "exit-guard" in "argo"), checks
+// the rules with `promtool check rules`, and runs the unit tests of testdata/alerts_test.yaml
+// on them with `promtool test rules`: each alert firing on synthetic series that should fire
+// it, and silent on series that should not.
+func TestAlertRules(t *testing.T) {
+	objs := render(t, profile{name: "alerts", set: []string{"prometheusRule.enabled=true"}}, "exit-guard", "argo")
+	rule := only(t, objs, "PrometheusRule")
+	spec, ok := rule.Object["spec"]
+	if !ok {
+		t.Fatal("the PrometheusRule has no spec")
+	}
+	rules, err := yaml.Marshal(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "rules.yaml"), rules, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	tests, err := os.ReadFile(filepath.Join("testdata", "alerts_test.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "alerts_test.yaml"), tests, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// Every alert of the chart has a test that shows it firing.
+	for _, name := range alertNames(t, spec) {
+		if !strings.Contains(string(tests), "alertname: "+name+"\n        exp_alerts:\n          - ") {
+			t.Errorf("alert %s has no test where it fires", name)
+		}
+	}
+	for _, args := range [][]string{{"check", "rules", "rules.yaml"}, {"test", "rules", "alerts_test.yaml"}} {
+		cmd := exec.Command(promtool(t), args...) //nolint:gosec // G204: the pinned promtool of this repository
+		cmd.Dir = dir
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Errorf("promtool %s: %v\n%s", strings.Join(args, " "), err, out)
+		}
+	}
+}
+
+// alertNames lists the alerts of a PrometheusRule's spec.
+func alertNames(t *testing.T, spec any) []string {
+	t.Helper()
+	var s struct {
+		Groups []struct {
+			Rules []struct {
+				Alert string `json:"alert"`
+			} `json:"rules"`
+		} `json:"groups"`
+	}
+	raw, err := yaml.Marshal(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := yaml.Unmarshal(raw, &s); err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, g := range s.Groups {
+		for _, r := range g.Rules {
+			if r.Alert != "" {
+				names = append(names, r.Alert)
+			}
+		}
+	}
+	if len(names) == 0 {
+		t.Fatal("the PrometheusRule has no alerts")
+	}
+	return names
+}
