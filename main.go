@@ -29,6 +29,7 @@ import (
 	"github.com/exit-guard/exit-guard/completionstore"
 	"github.com/exit-guard/exit-guard/internal/argo"
 	"github.com/exit-guard/exit-guard/internal/certs"
+	"github.com/exit-guard/exit-guard/internal/check"
 	"github.com/exit-guard/exit-guard/internal/metricsauth"
 	"github.com/exit-guard/exit-guard/internal/shutdown"
 	"github.com/exit-guard/exit-guard/webhook"
@@ -207,6 +208,9 @@ func parseFlags(args []string) (*flags, error) {
 }
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == "check" {
+		os.Exit(runCheck(os.Args[2:]))
+	}
 	f, err := parseFlags(os.Args[1:])
 	if err != nil {
 		os.Exit(2)
@@ -384,4 +388,32 @@ func run(ctx context.Context, f *flags, drainer *shutdown.Drainer, probes *probe
 
 	ctrl.Log.WithName("setup").Info("starting manager")
 	return mgr.Start(ctx)
+}
+
+// runCheck is `exit-guard check`: it proves that the API server reaches the guard and that the
+// guard refuses a stale exit-handler pod (internal/check), and returns the exit status.
+func runCheck(args []string) int {
+	fs := flag.NewFlagSet("exit-guard check", flag.ContinueOnError)
+	namespace := fs.String("namespace", os.Getenv("POD_NAMESPACE"),
+		"The namespace to send the dry-run exit-handler pod to: one the guard watches (default $POD_NAMESPACE).")
+	image := fs.String("image", "pause", "The image of the dry-run pod (never pulled; image policies may look at it).")
+	timeout := fs.Duration("timeout", 30*time.Second, "How long the check may take.")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	cfg, err := ctrl.GetConfig()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "exit-guard check: FAIL:", err)
+		return 1
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
+	defer cancel()
+	res, err := check.Run(ctx, cfg, check.Options{Namespace: *namespace, Image: *image})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "exit-guard check: FAIL:", err)
+		return 1
+	}
+	fmt.Printf("exit-guard check: OK: the API server called the guard, which %s the dry-run exit-handler pod %s/%s of the workflow %s, which does not exist.\n%s\n",
+		res.Verdict, *namespace, res.Pod, res.Workflow, res.Message)
+	return 0
 }

@@ -152,7 +152,7 @@ func waitForFiles(ctx context.Context, ready chan<- struct{}, log logr.Logger, f
 	for {
 		missing := ""
 		for _, f := range files {
-			if _, err := os.Stat(f); err != nil {
+			if _, err := os.Stat(f); err != nil { //nolint:gosec // G703: the certificate files the flags name
 				missing = f
 				break
 			}

@@ -23,13 +23,14 @@ import (
 	"github.com/exit-guard/exit-guard/internal/testenv"
 )
 
-// install creates the rendered objects for real, except the Deployment (no kubelet runs its
-// pods here: the test runs the guard itself) and the webhook configurations, which it returns.
+// install creates the rendered objects for real, except the Deployment and the `helm test` pod
+// (no kubelet runs their pods here: the test runs the guard itself) and the webhook
+// configurations, which it returns.
 func install(t *testing.T, objs []*unstructured.Unstructured) (webhooks []*unstructured.Unstructured) {
 	t.Helper()
 	for _, o := range objs {
 		switch o.GetKind() {
-		case "Deployment", "PodDisruptionBudget":
+		case "Deployment", "PodDisruptionBudget", "Pod":
 			continue
 		case "ValidatingWebhookConfiguration", "MutatingWebhookConfiguration":
 			webhooks = append(webhooks, o)

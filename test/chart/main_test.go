@@ -147,14 +147,35 @@ func decodeAll(t *testing.T, manifests []byte) []*unstructured.Unstructured {
 }
 
 // find returns the rendered objects of kind.
+// find returns the rendered objects of kind that are installed with the release, not the
+// ones of `helm test` (hooks).
 func find(objs []*unstructured.Unstructured, kind string) []*unstructured.Unstructured {
 	var out []*unstructured.Unstructured
 	for _, o := range objs {
-		if o.GetKind() == kind {
+		if o.GetKind() == kind && !isTestHook(o) {
 			out = append(out, o)
 		}
 	}
 	return out
+}
+
+// onlyTestHook returns the one object of kind that `helm test` creates.
+func onlyTestHook(t *testing.T, objs []*unstructured.Unstructured, kind string) *unstructured.Unstructured {
+	t.Helper()
+	var found []*unstructured.Unstructured
+	for _, o := range objs {
+		if o.GetKind() == kind && isTestHook(o) {
+			found = append(found, o)
+		}
+	}
+	if len(found) != 1 {
+		t.Fatalf("rendered %d %s for helm test, want 1", len(found), kind)
+	}
+	return found[0]
+}
+
+func isTestHook(o *unstructured.Unstructured) bool {
+	return o.GetAnnotations()["helm.sh/hook"] == "test"
 }
 
 func only(t *testing.T, objs []*unstructured.Unstructured, kind string) *unstructured.Unstructured {

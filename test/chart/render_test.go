@@ -14,6 +14,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -131,6 +132,12 @@ func contains(list []string, s string) bool {
 // profile with a server-side dry run: schema, CEL match conditions and admission included. The
 // guard's pod template must also pass the restricted Pod Security profile.
 func TestRenderedManifestsAreAcceptedByTheAPIServer(t *testing.T) {
+	// The namespaces the "everything" profile guards, where its `helm test` RBAC goes.
+	for _, ns := range []string{"argo", "ci"} {
+		if err := env.Client.Create(t.Context(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil && !apierrors.IsAlreadyExists(err) {
+			t.Fatal(err)
+		}
+	}
 	for _, p := range profiles {
 		t.Run(p.name, func(t *testing.T) {
 			ns := newNamespace(t, map[string]string{"pod-security.kubernetes.io/enforce": "restricted"})

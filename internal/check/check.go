@@ -1,0 +1,120 @@
+// Package check proves that an install of exit-guard works, in one request: a server-side dry
+// run of the create of an exit-handler pod owned by a workflow that does not exist. The API
+// server sends it through the guard's webhook configuration to the guard, which reads the
+// workflow, finds none, and refuses the pod as workflow-deleted (or, in warn and dry-run mode,
+// marks it). Nothing is created, and the guard records no Event for a dry run.
+package check
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/rand"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/exit-guard/exit-guard/internal/argo"
+	"github.com/exit-guard/exit-guard/webhook"
+)
+
+// validatingWebhook is the name of the guard's pod webhook, as the API server quotes it in a
+// refusal.
+const validatingWebhook = "validate.exit-guard.io"
+
+// Options says where to check.
+type Options struct {
+	// Namespace to send the pod to: one the guard watches and its webhook covers.
+	Namespace string
+	// Image of the pod's container; the pod is never created, but image policies may look.
+	Image string
+}
+
+// Result is what the check saw.
+type Result struct {
+	// Pod is the name of the dry-run pod, Workflow the name of the workflow it claimed.
+	Pod, Workflow string
+	// How the guard answered: "denied" (enforce mode) or "marked" (warn or dry-run mode).
+	Verdict string
+	// Message is the API server's refusal, or the mark's reason.
+	Message string
+}
+
+// Run sends the dry-run create and returns what the guard did, or an error that says why the
+// install does not work.
+func Run(ctx context.Context, cfg *rest.Config, opts Options) (Result, error) {
+	if opts.Namespace == "" {
+		return Result{}, errors.New("check: a namespace is needed")
+	}
+	if opts.Image == "" {
+		opts.Image = "pause"
+	}
+	c, err := client.New(cfg, client.Options{})
+	if err != nil {
+		return Result{}, fmt.Errorf("check: reaching the API server: %w", err)
+	}
+	wf := "exit-guard-check-" + rand.String(8)
+	pod := Pod(opts.Namespace, wf, types.UID("00000000-0000-4000-8000-"+rand.String(12)), opts.Image)
+	res := Result{Pod: pod.Name, Workflow: wf}
+	err = c.Create(ctx, pod, client.DryRunAll)
+	switch {
+	case err == nil:
+		if reason, ok := pod.Annotations[webhook.AnnotationSuspectReason]; ok && pod.Labels[webhook.LabelSuspect] == "true" {
+			res.Verdict, res.Message = "marked", reason
+			return res, nil
+		}
+		return res, fmt.Errorf("the API server admitted the dry-run exit-handler pod %s/%s of the workflow %s, which does not exist, unmarked: "+
+			"it did not reach the guard, or failed open. Check that the ValidatingWebhookConfiguration exists and covers the namespace %s, "+
+			"that the webhook Service has ready endpoints, that the guard watches that namespace (guard.namespaces), "+
+			"and the API server's apiserver_admission_webhook_fail_open_count", opts.Namespace, pod.Name, wf, opts.Namespace)
+	case apierrors.IsForbidden(err) && strings.Contains(err.Error(), fmt.Sprintf("admission webhook %q denied the request", validatingWebhook)):
+		if !strings.Contains(err.Error(), "no longer exists") {
+			return res, fmt.Errorf("the guard refused the pod, but not because its workflow does not exist: %w", err)
+		}
+		res.Verdict, res.Message = "denied", err.Error()
+		return res, nil
+	default:
+		return res, fmt.Errorf("the dry-run create was refused, but not by the guard (another admission check, or the check's own permissions: it needs create on pods in %s): %w", opts.Namespace, err)
+	}
+}
+
+// Pod is the exit-handler pod of the check: what Argo's controller creates for the onExit node
+// of workflow wf, in a form that passes the restricted Pod Security profile.
+func Pod(namespace, wf string, uid types.UID, image string) *corev1.Pod {
+	yes, no := true, false
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{
+			Namespace: namespace,
+			Name:      wf + "-onexit",
+			Labels: map[string]string{
+				argo.LabelWorkflow:  wf,
+				argo.LabelOnExit:    "true",
+				argo.LabelCompleted: "false",
+			},
+			Annotations: map[string]string{argo.AnnotationNodeName: wf + ".onExit"},
+			OwnerReferences: []metav1.OwnerReference{{
+				APIVersion: argo.GroupVersion.String(), Kind: argo.Kind, Name: wf, UID: uid, Controller: &yes,
+			}},
+		},
+		Spec: corev1.PodSpec{
+			RestartPolicy: corev1.RestartPolicyNever,
+			SecurityContext: &corev1.PodSecurityContext{
+				RunAsNonRoot:   &yes,
+				SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
+			},
+			Containers: []corev1.Container{{
+				Name:  "main",
+				Image: image,
+				SecurityContext: &corev1.SecurityContext{
+					AllowPrivilegeEscalation: &no,
+					Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
+				},
+			}},
+		},
+	}
+}
