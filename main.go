@@ -40,6 +40,7 @@ type flags struct {
 	metricsAddr      string
 	metricsSecure    bool
 	probeAddr        string
+	pprofAddr        string
 	webhookPort      int
 	webhookCertPath  string
 	webhookCertName  string
@@ -153,6 +154,8 @@ func parseFlags(args []string) (*flags, error) {
 	fs.BoolVar(&f.metricsSecure, "metrics-secure", false,
 		"Serve metrics over HTTPS, only to clients the API server authenticates (TokenReview) and authorizes (SubjectAccessReview: get on the /metrics URL).")
 	fs.StringVar(&f.probeAddr, "health-probe-bind-address", ":8081", "The address the health probes bind to.")
+	fs.StringVar(&f.pprofAddr, "pprof-bind-address", "0",
+		"The address Go's profiling endpoints (/debug/pprof/) bind to; 0 disables them. Keep it on 127.0.0.1 and reach it with kubectl port-forward.")
 	fs.IntVar(&f.webhookPort, "webhook-port", crwebhook.DefaultPort, "The port the admission webhook serves on.")
 	fs.StringVar(&f.webhookCertPath, "webhook-cert-path", "",
 		"The folder holding the webhook serving certificate; empty means controller-runtime's default.")
@@ -343,6 +346,7 @@ func run(ctx context.Context, f *flags, drainer *shutdown.Drainer, probes *probe
 		Scheme:                  scheme,
 		Metrics:                 metricsOpts,
 		HealthProbeBindAddress:  "0", // served by probes, across runs
+		PprofBindAddress:        f.pprofAddr,
 		WebhookServer:           webhookServer,
 		Cache:                   cache.Options{ByObject: map[client.Object]cache.ByObject{wfObj: wfCache}},
 		GracefulShutdownTimeout: &f.gracefulShutdown,

@@ -72,6 +72,8 @@ func runHelm(t *testing.T, args ...string) []byte {
 type profile struct {
 	name string
 	set  []string
+	// podSecurity is the Pod Security level the guard's pods need; empty means restricted.
+	podSecurity string
 }
 
 var profiles = []profile{
@@ -88,6 +90,10 @@ var profiles = []profile{
 	{name: "fail-closed", set: []string{"webhook.failurePolicy=Fail", "webhook.timeoutSeconds=3", "guard.liveReadBudget=2s"}},
 	{name: "sidecar", set: []string{"installMode=sidecar"}},
 	{name: "sidecar-chart-certificates", set: []string{"installMode=sidecar", "certificates.mode=chart"}},
+	{name: "sidecar-network-policy", set: []string{"installMode=sidecar", "networkPolicy.enabled=true", "networkPolicy.metricsFrom[0].podSelector.matchLabels.app=prometheus"}},
+	// hostNetwork is not allowed by the restricted or baseline Pod Security profiles.
+	{name: "host-network", podSecurity: "privileged", set: []string{"hostNetwork=true", "webhook.port=9445", "metrics.port=9446", "probePort=9447"}},
+	{name: "dns-policy-percentage-budget", set: []string{"dnsPolicy=Default", "podDisruptionBudget.minAvailable=50%"}},
 	{name: "everything", set: []string{
 		"image.digest=sha256:" + strings.Repeat("ab", 32),
 		"commonLabels.team=platform", "commonAnnotations.owner=platform-team",
@@ -97,6 +103,14 @@ var profiles = []profile{
 		"tolerations[0].key=dedicated", "tolerations[0].operator=Exists", "tolerations[0].effect=NoSchedule",
 		"metrics.serviceMonitor.enabled=true", "metrics.serviceMonitor.labels.release=prometheus",
 		"prometheusRule.enabled=true", "prometheusRule.labels.release=prometheus", "prometheusRule.alertLabels.team=platform",
+		"metrics.secure=true", "metrics.serviceMonitor.scrapeTimeout=10s", "metrics.serviceMonitor.honorLabels=true",
+		"metrics.serviceMonitor.annotations.note=guard",
+		"metrics.serviceMonitor.relabelings[0].targetLabel=cluster", "metrics.serviceMonitor.relabelings[0].replacement=prod",
+		"metrics.serviceMonitor.metricRelabelings[0].sourceLabels={__name__}",
+		"metrics.serviceMonitor.metricRelabelings[0].regex=go_gc_.*", "metrics.serviceMonitor.metricRelabelings[0].action=drop",
+		"extraArgs={--zap-stacktrace-level=panic}", "extraEnv[0].name=GOMEMLIMIT", "extraEnv[0].value=200MiB",
+		"pprof.enabled=true",
+		"podDisruptionBudget.maxUnavailable=1", "podDisruptionBudget.unhealthyPodEvictionPolicy=AlwaysAllow",
 		"networkPolicy.enabled=true",
 		"guard.strict=true", "guard.denyPhases={Succeeded,Failed,Error}", "guard.namespaces={argo,ci}",
 		"logging.level=debug", "logging.format=console", "replicaCount=3",

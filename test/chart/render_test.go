@@ -140,7 +140,11 @@ func TestRenderedManifestsAreAcceptedByTheAPIServer(t *testing.T) {
 	}
 	for _, p := range profiles {
 		t.Run(p.name, func(t *testing.T) {
-			ns := newNamespace(t, map[string]string{"pod-security.kubernetes.io/enforce": "restricted"})
+			level := p.podSecurity
+			if level == "" {
+				level = "restricted"
+			}
+			ns := newNamespace(t, map[string]string{"pod-security.kubernetes.io/enforce": level})
 			for _, o := range render(t, p, "eg-"+rand.String(4), ns) {
 				if err := env.Client.Create(t.Context(), o, client.DryRunAll); err != nil {
 					t.Errorf("API server refused %s %s: %v", o.GetKind(), o.GetName(), err)
@@ -153,7 +157,7 @@ func TestRenderedManifestsAreAcceptedByTheAPIServer(t *testing.T) {
 					Spec: dep.Spec.Template.Spec}
 				pod.Spec.PriorityClassName = ""
 				if err := env.Client.Create(t.Context(), pod, client.DryRunAll); err != nil {
-					t.Errorf("the guard's pod is refused in a namespace enforcing the restricted profile: %v", err)
+					t.Errorf("the guard's pod is refused in a namespace enforcing the %s profile: %v", level, err)
 				}
 			}
 		})

@@ -98,6 +98,12 @@ annotations:
 - --webhook-cert-path=/tmp/k8s-webhook-server/serving-certs
 - --metrics-bind-address=:{{ .Values.metrics.port }}
 - --health-probe-bind-address=:{{ .Values.probePort }}
+{{- if .Values.metrics.secure }}
+- --metrics-secure
+{{- end }}
+{{- if .Values.pprof.enabled }}
+- --pprof-bind-address={{ .Values.pprof.bindAddress }}
+{{- end }}
 - --zap-log-level={{ .Values.logging.level }}
 - --zap-encoder={{ .Values.logging.format }}
 {{- if eq .Values.certificates.mode "self" }}
@@ -114,6 +120,9 @@ annotations:
 - --cert-lookahead={{ .Values.certificates.self.lookahead }}
 - --cert-check-frequency={{ .Values.certificates.self.checkFrequency }}
 {{- end }}
+{{- with .Values.extraArgs }}
+{{ toYaml . }}
+{{- end }}
 {{- end }}
 
 {{/* The guard's container, in the Deployment and in the sidecar snippet. */}}
@@ -128,6 +137,9 @@ env:
     valueFrom:
       fieldRef:
         fieldPath: metadata.namespace
+  {{- with .Values.extraEnv }}
+  {{- toYaml . | nindent 2 }}
+  {{- end }}
 ports:
   - name: webhook
     containerPort: {{ .Values.webhook.port }}

@@ -1,0 +1,161 @@
+package chart
+
+import (
+	"context"
+	"crypto/tls"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/util/wait"
+
+	"github.com/exit-guard/exit-guard/internal/testenv"
+)
+
+func profileNamed(t *testing.T, name string) profile {
+	t.Helper()
+	for _, p := range profiles {
+		if p.name == name {
+			return p
+		}
+	}
+	t.Fatalf("no profile %q", name)
+	return profile{}
+}
+
+// TestTuningValuesLandWhereTheySay checks, in the profiles that set them, that the
+// reachability and tuning values reach the objects the API server accepted
+// (TestRenderedManifestsAreAcceptedByTheAPIServer).
+func TestTuningValuesLandWhereTheySay(t *testing.T) {
+	t.Run("host network", func(t *testing.T) {
+		dep := convert[appsv1.Deployment](t, only(t, render(t, profileNamed(t, "host-network"), "eg", "argo"), "Deployment"))
+		spec := dep.Spec.Template.Spec
+		if !spec.HostNetwork || spec.DNSPolicy != "ClusterFirstWithHostNet" {
+			t.Errorf("hostNetwork %v dnsPolicy %q, want true and ClusterFirstWithHostNet", spec.HostNetwork, spec.DNSPolicy)
+		}
+		if args := strings.Join(spec.Containers[0].Args, " "); !strings.Contains(args, "--webhook-port=9445") || !strings.Contains(args, "--metrics-bind-address=:9446") {
+			t.Errorf("the ports chosen for the host are not the guard's: %s", args)
+		}
+	})
+	t.Run("dns policy and a percentage budget", func(t *testing.T) {
+		objs := render(t, profileNamed(t, "dns-policy-percentage-budget"), "eg", "argo")
+		if dep := convert[appsv1.Deployment](t, only(t, objs, "Deployment")); dep.Spec.Template.Spec.DNSPolicy != "Default" || dep.Spec.Template.Spec.HostNetwork {
+			t.Errorf("dnsPolicy %q hostNetwork %v, want Default and false", dep.Spec.Template.Spec.DNSPolicy, dep.Spec.Template.Spec.HostNetwork)
+		}
+		if pdb := convert[policyv1.PodDisruptionBudget](t, only(t, objs, "PodDisruptionBudget")); pdb.Spec.MinAvailable.String() != "50%" || pdb.Spec.MaxUnavailable != nil {
+			t.Errorf("PDB %+v, want minAvailable 50%%", pdb.Spec)
+		}
+	})
+	t.Run("everything", func(t *testing.T) {
+		objs := render(t, profileNamed(t, "everything"), "eg", "argo")
+		c := convert[appsv1.Deployment](t, only(t, objs, "Deployment")).Spec.Template.Spec.Containers[0]
+		for _, want := range []string{"--metrics-secure", "--pprof-bind-address=127.0.0.1:8082"} {
+			if !slices.Contains(c.Args, want) {
+				t.Errorf("args lack %s: %v", want, c.Args)
+			}
+		}
+		if c.Args[len(c.Args)-1] != "--zap-stacktrace-level=panic" {
+			t.Errorf("extraArgs do not come last (where they win): %v", c.Args)
+		}
+		if e := c.Env[len(c.Env)-1]; e.Name != "GOMEMLIMIT" || e.Value != "200MiB" {
+			t.Errorf("extraEnv missing: %v", c.Env)
+		}
+		pdb := convert[policyv1.PodDisruptionBudget](t, only(t, objs, "PodDisruptionBudget"))
+		if pdb.Spec.MinAvailable != nil || pdb.Spec.MaxUnavailable.IntValue() != 1 || pdb.Spec.UnhealthyPodEvictionPolicy == nil || *pdb.Spec.UnhealthyPodEvictionPolicy != policyv1.AlwaysAllow {
+			t.Errorf("PDB %+v, want maxUnavailable 1 alone and AlwaysAllow", pdb.Spec)
+		}
+		sm := only(t, objs, "ServiceMonitor")
+		ep, _, _ := unstructured.NestedSlice(sm.Object, "spec", "endpoints")
+		e := ep[0].(map[string]any)
+		if e["scheme"] != "https" || e["scrapeTimeout"] != "10s" || e["honorLabels"] != true || e["relabelings"] == nil || e["metricRelabelings"] == nil || e["bearerTokenFile"] == nil {
+			t.Errorf("ServiceMonitor endpoint %v lacks the values", e)
+		}
+		if sm.GetAnnotations()["note"] != "guard" {
+			t.Errorf("ServiceMonitor annotations %v", sm.GetAnnotations())
+		}
+		var reader bool
+		for _, o := range find(objs, "ClusterRole") {
+			reader = reader || strings.HasSuffix(o.GetName(), "-metrics-reader")
+		}
+		if !reader {
+			t.Errorf("metrics.secure renders no metrics-reader ClusterRole to bind to Prometheus")
+		}
+	})
+	t.Run("sidecar network policy keeps the controller's ports open", func(t *testing.T) {
+		objs := render(t, profileNamed(t, "sidecar-network-policy"), "eg", "argo")
+		np := convert[networkingv1.NetworkPolicy](t, only(t, objs, "NetworkPolicy"))
+		if np.Spec.PodSelector.MatchLabels["app.kubernetes.io/component"] != "workflow-controller" {
+			t.Errorf("the policy selects %v, want the controller's pod", np.Spec.PodSelector)
+		}
+		open := map[int]bool{}
+		for _, r := range np.Spec.Ingress {
+			for _, p := range r.Ports {
+				open[p.Port.IntValue()] = true
+			}
+		}
+		for _, port := range []int{9443, 8080, 9090, 6060} {
+			if !open[port] {
+				t.Errorf("port %d is closed by the policy on the controller's pod: %v", port, np.Spec.Ingress)
+			}
+		}
+	})
+}
+
+// TestTuningValuesWork runs the guard with the arguments the chart renders for pprof,
+// authenticated metrics and extraArgs, and checks each does what it says: the profiling
+// endpoint answers, metrics refuse a client without credentials, an extra argument wins over
+// the chart's.
+func TestTuningValuesWork(t *testing.T) {
+	ns := newNamespace(t, nil)
+	pprofAddr, err := testenv.FreeAddr()
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := profile{name: "tuning", set: append([]string{"metrics.secure=true", "pprof.enabled=true", "pprof.bindAddress=" + pprofAddr,
+		"extraArgs={--zap-encoder=console}"}, chartCerts.set...)}
+	objs := render(t, p, "tune", ns)
+	install(t, objs)
+	out := &testenv.Output{}
+	g, err := testenv.StartGuard(t.Context(), guardBin, kubeconfigAs(t, ns, only(t, objs, "ServiceAccount").GetName()), guardArgs(t, objs,
+		"--webhook-port="+strconv.Itoa(env.WebhookPort), "--webhook-cert-path="+env.WebhookCertDir), out)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	defer func() { _ = g.Stop() }()
+
+	get := func(url string) (int, error) {
+		c := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}} //nolint:gosec // G402: the guard's self-signed metrics certificate
+		req, _ := http.NewRequestWithContext(t.Context(), http.MethodGet, url, nil)
+		resp, err := c.Do(req)
+		if err != nil {
+			return 0, err
+		}
+		_ = resp.Body.Close()
+		return resp.StatusCode, nil
+	}
+	// The metrics and pprof servers start beside the webhook, and may not listen yet when the
+	// guard is ready.
+	poll := func(url string) (code int, err error) {
+		_ = wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
+			code, err = get(url)
+			return err == nil, nil
+		})
+		return code, err
+	}
+	if code, err := poll("http://" + pprofAddr + "/debug/pprof/"); err != nil || code != http.StatusOK {
+		t.Errorf("pprof: %d, %v; want 200", code, err)
+	}
+	if code, err := poll("https://" + g.MetricsAddr + "/metrics"); err != nil || code != http.StatusUnauthorized {
+		t.Errorf("metrics without credentials: %d, %v; want 401", code, err)
+	}
+	if first, _, _ := strings.Cut(out.String(), "\n"); strings.HasPrefix(first, "{") {
+		t.Errorf("extraArgs --zap-encoder=console did not win over the chart's json: %s", first)
+	}
+}
