@@ -159,6 +159,14 @@ func newGuardMetrics() *guardMetrics {
 }
 
 func (m *guardMetrics) register(reg prometheus.Registerer) error {
+	// The failure series exist from the start, at 0: a rate or an alert on them then reads 0
+	// rather than nothing, and a dashboard shows a flat line rather than "no data".
+	for _, kind := range []string{"timeout", "error"} {
+		m.liveReadFailures.WithLabelValues(kind)
+	}
+	for _, cause := range []string{"error", "hedged", "shed"} {
+		m.liveReadAttempts.WithLabelValues(cause)
+	}
 	for _, c := range []prometheus.Collector{m.decisions, m.liveRead, m.liveReadFailures, m.liveReadAttempts} {
 		if err := reg.Register(c); err != nil {
 			return err

@@ -102,6 +102,7 @@ var profiles = []profile{
 		`nodeSelector.kubernetes\.io/os=linux`,
 		"tolerations[0].key=dedicated", "tolerations[0].operator=Exists", "tolerations[0].effect=NoSchedule",
 		"metrics.serviceMonitor.enabled=true", "metrics.serviceMonitor.labels.release=prometheus",
+		"dashboard.enabled=true", "dashboard.annotations.grafana_folder=Argo",
 		"prometheusRule.enabled=true", "prometheusRule.labels.release=prometheus", "prometheusRule.alertLabels.team=platform",
 		"metrics.secure=true", "metrics.serviceMonitor.scrapeTimeout=10s", "metrics.serviceMonitor.honorLabels=true",
 		"metrics.serviceMonitor.annotations.note=guard",

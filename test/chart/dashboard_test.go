@@ -1,0 +1,246 @@
+package chart
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/client-go/kubernetes"
+	"sigs.k8s.io/yaml"
+
+	"github.com/exit-guard/exit-guard/internal/argo"
+	"github.com/exit-guard/exit-guard/internal/testenv"
+)
+
+var dashboardFile = filepath.Join(chartDir, "files", "dashboards", "exit-guard.json")
+
+// dashboardQueries returns the PromQL of every panel of the dashboard.
+func dashboardQueries(t *testing.T, raw []byte) []string {
+	t.Helper()
+	var d struct {
+		Panels []struct {
+			Title   string `json:"title"`
+			Targets []struct {
+				Expr string `json:"expr"`
+			} `json:"targets"`
+		} `json:"panels"`
+	}
+	if err := json.Unmarshal(raw, &d); err != nil {
+		t.Fatalf("the dashboard is not JSON: %v", err)
+	}
+	var exprs []string
+	for _, p := range d.Panels {
+		for _, tg := range p.Targets {
+			exprs = append(exprs, tg.Expr)
+		}
+	}
+	if len(exprs) == 0 {
+		t.Fatal("the dashboard has no queries")
+	}
+	return exprs
+}
+
+var (
+	quoted    = regexp.MustCompile(`"(?:[^"\\]|\\.)*"`)
+	matchers  = regexp.MustCompile(`\{[^}]*\}`)
+	durations = regexp.MustCompile(`\[[^\]]*\]`)
+	grouping  = regexp.MustCompile(`\b(?:by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)`)
+	offsets   = regexp.MustCompile(`\boffset\s+-?[0-9][0-9a-z]*`)
+	ident     = regexp.MustCompile(`[a-zA-Z_:][a-zA-Z0-9_:]*\s*\(?`)
+	keywords  = []string{"and", "or", "unless", "bool", "group_left", "group_right"}
+)
+
+// metricNames returns the metric names a PromQL expression selects: what is left once
+// strings, label matchers, ranges and grouping clauses are removed, minus functions and
+// keywords.
+func metricNames(expr string) []string {
+	s := quoted.ReplaceAllString(expr, `""`)
+	s = matchers.ReplaceAllString(s, " ")
+	s = durations.ReplaceAllString(s, " ")
+	s = grouping.ReplaceAllString(s, " ")
+	s = offsets.ReplaceAllString(s, " ")
+	var names []string
+	for _, m := range ident.FindAllString(s, -1) {
+		m = strings.TrimSpace(m)
+		if strings.HasSuffix(m, "(") || slices.Contains(keywords, m) {
+			continue
+		}
+		names = append(names, m)
+	}
+	return names
+}
+
+// family is the metric family that a series name belongs to, in the families given: a
+// histogram's _bucket, _sum and _count series belong to the histogram.
+func family(mfs map[string]*dto.MetricFamily, name string) *dto.MetricFamily {
+	if mf, ok := mfs[name]; ok {
+		return mf
+	}
+	for _, suffix := range []string{"_bucket", "_sum", "_count"} {
+		if mf, ok := mfs[strings.TrimSuffix(name, suffix)]; ok && strings.HasSuffix(name, suffix) && mf.GetType() == dto.MetricType_HISTOGRAM {
+			return mf
+		}
+	}
+	return nil
+}
+
+// guardWebhookName is what the dashboard's (and the alerts') name matcher selects.
+var guardWebhookName = regexp.MustCompile(`^(validate|mutate|validate-taskset)\.exit-guard\.io$`)
+
+// TestDashboardQueriesNameRealMetrics checks the Grafana dashboard: the chart's ConfigMap
+// carries the file as it is; every query parses (promtool, as recording rules); and every
+// metric a query names (or an alert of the PrometheusRule) is one the guard or the API server
+// really exports, read from their
+// /metrics after the guard has allowed, refused, and (stopped) been failed open on. The API
+// server's series must carry the guard's webhook names.
+func TestDashboardQueriesNameRealMetrics(t *testing.T) {
+	raw, err := os.ReadFile(dashboardFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cm := only(t, render(t, profile{name: "dashboard", set: []string{"dashboard.enabled=true"}}, "eg", "argo"), "ConfigMap")
+	if cm.GetLabels()["grafana_dashboard"] != "1" {
+		t.Errorf("the dashboard ConfigMap's labels %v lack Grafana's sidecar label", cm.GetLabels())
+	}
+	if data, _ := cm.Object["data"].(map[string]any)["exit-guard.json"].(string); data != strings.TrimSuffix(string(raw), "\n") {
+		t.Errorf("the ConfigMap does not carry the dashboard file as it is")
+	}
+	exprs := dashboardQueries(t, raw)
+
+	// Every query parses: promtool reads them as recording rules (Grafana's variables given
+	// values).
+	vars := strings.NewReplacer("$__rate_interval", "5m", "$__range", "1h", "$namespace", ".*")
+	var rules []map[string]string
+	for i, e := range exprs {
+		rules = append(rules, map[string]string{"record": "dashboard:query_" + strconv.Itoa(i), "expr": vars.Replace(e)})
+	}
+	file, err := yaml.Marshal(map[string]any{"groups": []any{map[string]any{"name": "dashboard", "rules": rules}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "dashboard.yaml"), file, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(promtool(t), "check", "rules", "dashboard.yaml") //nolint:gosec // G204: the pinned promtool of this repository
+	cmd.Dir = dir
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Errorf("a dashboard query does not parse: %v\n%s\n%s", err, out, file)
+	}
+
+	// A guard that has allowed and refused, then is stopped and failed open on.
+	ns := newNamespace(t, nil)
+	objs := render(t, chartCerts, "dash", ns)
+	webhooks := install(t, objs)
+	out := &testenv.Output{}
+	g, err := testenv.StartGuard(t.Context(), guardBin, kubeconfigAs(t, ns, only(t, objs, "ServiceAccount").GetName()), guardArgs(t, objs,
+		"--webhook-port="+strconv.Itoa(env.WebhookPort), "--webhook-cert-path="+env.WebhookCertDir), out)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	registerAt(t, webhooks[0], fmt.Sprintf("https://%s:%d", env.WebhookHost, env.WebhookPort), env.WebhookCAData)
+	if err := env.Client.Create(t.Context(), testenv.ExitPod(createWorkflow(t, ns, argo.PhaseRunning))); err != nil {
+		t.Fatal(err)
+	}
+	done := createWorkflow(t, ns, argo.PhaseSucceeded)
+	if err := env.Client.Create(t.Context(), testenv.ExitPod(done)); err == nil {
+		t.Fatal("the stale pod was admitted")
+	}
+	guard, err := g.Metrics(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := g.Stop(); err != nil {
+		t.Logf("stopping the guard: %v", err)
+	}
+	if err := env.Client.Create(t.Context(), testenv.ExitPod(done)); err != nil {
+		t.Fatalf("with the guard stopped the API server should fail open: %v", err)
+	}
+	apiserver := apiServerMetrics(t)
+
+	// The alerts' queries too.
+	rule := only(t, render(t, profile{name: "alerts", set: []string{"prometheusRule.enabled=true"}}, "eg", "argo"), "PrometheusRule")
+	groups, _, _ := unstructured.NestedSlice(rule.Object, "spec", "groups")
+	for _, g := range groups {
+		rs, _, _ := unstructured.NestedSlice(g.(map[string]any), "rules")
+		for _, r := range rs {
+			exprs = append(exprs, r.(map[string]any)["expr"].(string))
+		}
+	}
+	for _, e := range exprs {
+		names := metricNames(e)
+		if len(names) == 0 {
+			t.Errorf("no metric found in %q", e)
+		}
+		for _, n := range names {
+			if family(guard, n) != nil {
+				continue
+			}
+			mf := family(apiserver, n)
+			if mf == nil {
+				t.Errorf("%s (in %q) is exported by neither the guard nor the API server", n, e)
+				continue
+			}
+			if !hasGuardWebhookSeries(mf) {
+				t.Errorf("the API server exports %s, but no series of it names the guard's webhooks", n)
+			}
+		}
+	}
+}
+
+func hasGuardWebhookSeries(mf *dto.MetricFamily) bool {
+	for _, m := range mf.GetMetric() {
+		for _, l := range m.GetLabel() {
+			if l.GetName() == "name" && guardWebhookName.MatchString(l.GetValue()) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+func apiServerMetrics(t *testing.T) map[string]*dto.MetricFamily {
+	t.Helper()
+	cs, err := kubernetes.NewForConfig(env.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, err := cs.CoreV1().RESTClient().Get().AbsPath("/metrics").DoRaw(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	mfs, err := p.TextToMetricFamilies(bytes.NewReader(raw))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return mfs
+}
+
+// TestMetricNamesFindsEverySelector guards the test's own parser on the shapes the dashboard
+// and the alerts use.
+func TestMetricNamesFindsEverySelector(t *testing.T) {
+	for expr, want := range map[string][]string{
+		`sum by (verdict) (rate(exit_guard_decisions_total{namespace=~"$namespace"}[5m]))`:                                   {"exit_guard_decisions_total"},
+		`histogram_quantile(0.99, sum by (le, name) (rate(a_seconds_bucket{name=~"(x|y)\\.io"}[5m])))`:                       {"a_seconds_bucket"},
+		`time() - max by (pod) (exit_guard_watch_last_progress_timestamp_seconds)`:                                           {"exit_guard_watch_last_progress_timestamp_seconds"},
+		`(max(exit_guard_ready{namespace="argo"}) or vector(0)) < 1`:                                                         {"exit_guard_ready"},
+		`sum(rate(a_total[5m])) / ignoring(kind) group_left sum(rate(b_total{x="y"}[5m])) unless on (pod) c offset 5m and d`: {"a_total", "b_total", "c", "d"},
+	} {
+		if got := metricNames(expr); !slices.Equal(got, want) {
+			t.Errorf("metricNames(%q) = %v, want %v", expr, got, want)
+		}
+	}
+}
