@@ -28,6 +28,20 @@ help: ## Show this help.
 build: ## Build the exit-guard binary into ./bin.
 	CGO_ENABLED=0 $(GO) build -trimpath -o $(BIN)/exit-guard .
 
+# The image `make image` builds and `make image-push` pushes (a registry/repository:tag you can
+# write to), and its platforms.
+VERSION ?= $(shell sed -n 's/^appVersion: *"\(.*\)"/\1/p' $(CHART)/Chart.yaml)
+IMAGE ?= exit-guard/exit-guard:$(VERSION)
+IMAGE_ARCHS ?= amd64 arm64
+
+.PHONY: image
+image: ## Build the container image without a container engine (hack/image) into the OCI layout bin/image, for IMAGE_ARCHS.
+	$(GO) run ./hack/image build --out $(BIN)/image --tag $(IMAGE) --version $(VERSION) $(addprefix --arch ,$(IMAGE_ARCHS))
+
+.PHONY: image-push
+image-push: image ## Push bin/image to IMAGE (credentials from docker login or your registry's credential helper).
+	$(GO) run ./hack/image push --layout $(BIN)/image --to $(IMAGE)
+
 .PHONY: demo
 demo: build ## Replay the reference scenario: local API server, the guard, a stale exit handler refused.
 	@assets=$$(hack/envtest-binaries.sh ensure) && \
