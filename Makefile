@@ -12,6 +12,8 @@ HELM_VERSION ?= v3.22.0
 HELM := $(BIN)/helm-$(HELM_VERSION)
 CONTROLLER_GEN_VERSION ?= v0.23.0
 CONTROLLER_GEN := $(BIN)/controller-gen-$(CONTROLLER_GEN_VERSION)
+HELM_DOCS_VERSION ?= v1.14.2
+HELM_DOCS := $(BIN)/helm-docs-$(HELM_DOCS_VERSION)
 PROMTOOL_VERSION ?= v0.316.0
 PROMTOOL := $(BIN)/promtool-$(PROMTOOL_VERSION)
 CHART := charts/exit-guard
@@ -120,14 +122,14 @@ e2e-argo: argo-controllers $(HELM) ## Reproduce the stale exit handler on real A
 	  KUBEBUILDER_ASSETS="$$assets" HELM="$(HELM)" E2E_TRIES=$(E2E_TRIES) $(GO) test -tags e2e -count=1 -v -timeout 120m -run '$(E2E_RUN)' ./test/e2e
 
 .PHONY: manifests
-manifests: $(CONTROLLER_GEN) ## Generate config/ from the code's markers, copy it into the chart, write the chart README.
+manifests: $(CONTROLLER_GEN) $(HELM_DOCS) ## Generate config/ from the code's markers, copy it into the chart, write the chart README (helm-docs).
 	$(CONTROLLER_GEN) rbac:roleName=exit-guard paths=./completionstore/... paths=./internal/metricsauth/... paths=./webhook/... output:rbac:dir=config/rbac \
 	  webhook paths=./webhook/... output:webhook:dir=config/webhook
 	$(CONTROLLER_GEN) rbac:roleName=exit-guard-certs paths=./internal/certs/... output:rbac:dir=config/rbac-certs
 	cp config/rbac/role.yaml $(CHART)/files/rbac/guard.yaml
 	cp config/rbac-certs/role.yaml $(CHART)/files/rbac/certs.yaml
 	cp config/webhook/manifests.yaml $(CHART)/files/webhook/manifests.yaml
-	$(GO) run ./hack/chart-readme $(CHART)
+	$(HELM_DOCS) --chart-search-root $(CHART) --template-files README.md.gotmpl --sort-values-order file --log-level warning
 
 .PHONY: helm-lint
 helm-lint: $(HELM) ## Lint the chart.
@@ -138,6 +140,11 @@ $(HELM):
 	@echo "building helm $(HELM_VERSION) into ./bin from Go modules (about 2 minutes the first time)"
 	GOBIN=$(BIN)/.helm-tmp $(GO) install helm.sh/helm/v3/cmd/helm@$(HELM_VERSION)
 	mv $(BIN)/.helm-tmp/helm $@ && rmdir $(BIN)/.helm-tmp
+
+$(HELM_DOCS):
+	@mkdir -p $(BIN)
+	GOBIN=$(BIN)/.helm-docs-tmp $(GO) install github.com/norwoodj/helm-docs/cmd/helm-docs@$(HELM_DOCS_VERSION)
+	mv $(BIN)/.helm-docs-tmp/helm-docs $@ && rmdir $(BIN)/.helm-docs-tmp
 
 $(PROMTOOL):
 	@mkdir -p $(BIN)
@@ -166,11 +173,12 @@ fmt: ## Format the Go sources.
 	gofmt -w $$(git ls-files '*.go')
 
 .PHONY: verify
-verify: manifests helm-lint ## Regenerate config/, the chart's copies and README; check formatting and go.mod; fail on any drift.
+verify: manifests helm-lint ## Regenerate config/, the chart's copies and README; check formatting, go.mod, and the values against their schema and docs; fail on any drift.
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt: run 'make fmt'"; exit 1; }
 	$(GO) mod tidy
 	@git diff --exit-code -- go.mod go.sum config $(CHART) || { echo "generated files drift: run 'make manifests' and 'go mod tidy', and commit"; exit 1; }
 	@test -z "$$(git status --porcelain -- config $(CHART))" || { git status --porcelain -- config $(CHART); echo "untracked generated files: commit them"; exit 1; }
+	HELM="$(HELM)" $(GO) test -count=1 ./hack/chartcheck
 
 .PHONY: clean
 clean: ## Remove ./bin (the cached API-server binaries stay in the user cache).

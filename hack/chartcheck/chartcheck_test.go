@@ -1,0 +1,163 @@
+// Package chartcheck keeps the chart's values, their schema and the documentation that sets
+// them from drifting apart. It needs helm, not an API server: `make verify` runs it.
+package chartcheck
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strings"
+	"testing"
+
+	"sigs.k8s.io/yaml"
+
+	"github.com/exit-guard/exit-guard/internal/testenv"
+)
+
+var chartDir = filepath.Join(testenv.RepoRoot(), "charts", "exit-guard")
+
+// render runs helm template with the extra arguments (Helm checks the values against
+// values.schema.json) and fails the test when it refuses.
+func render(t *testing.T, extra ...string) {
+	t.Helper()
+	bin, err := testenv.HelmBin()
+	if err != nil {
+		t.Fatalf("these checks need helm: %v", err)
+	}
+	args := append([]string{"template", "doc", chartDir, "--namespace", "argo", "--kube-version", "1.37.2"}, extra...)
+	cmd := exec.Command(bin, args...) //nolint:gosec // G204: the pinned helm of this repository
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if err := cmd.Run(); err != nil {
+		t.Errorf("helm %s: %v\n%s", strings.Join(args, " "), err, stderr.String())
+	}
+}
+
+// schemaNode is the part of a JSON schema the test reads.
+type schemaNode struct {
+	Type                 any                    `json:"type"`
+	Enum                 []any                  `json:"enum"`
+	Properties           map[string]*schemaNode `json:"properties"`
+	AdditionalProperties any                    `json:"additionalProperties"`
+}
+
+// TestSchemaAndValuesNameTheSameKeys walks values.yaml and values.schema.json together: every
+// value has a typed entry in the schema, and every entry of the schema is a value (a key
+// renamed or removed on one side only fails here, not in a user's install). Helm itself checks
+// every render, of every profile of test/chart too, against the schema.
+func TestSchemaAndValuesNameTheSameKeys(t *testing.T) {
+	var values map[string]any
+	raw, err := os.ReadFile(filepath.Join(chartDir, "values.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := yaml.Unmarshal(raw, &values); err != nil {
+		t.Fatal(err)
+	}
+	var schema schemaNode
+	raw, err = os.ReadFile(filepath.Join(chartDir, "values.schema.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(raw, &schema); err != nil {
+		t.Fatal(err)
+	}
+	var walk func(path string, v map[string]any, s *schemaNode)
+	walk = func(path string, v map[string]any, s *schemaNode) {
+		for _, k := range sortedKeys(v) {
+			p := strings.TrimPrefix(path+"."+k, ".")
+			sub, ok := s.Properties[k]
+			if !ok {
+				t.Errorf("value %s has no entry in values.schema.json", p)
+				continue
+			}
+			if sub.Type == nil && sub.Enum == nil {
+				t.Errorf("the schema does not type %s", p)
+			}
+			if m, ok := v[k].(map[string]any); ok && sub.Properties != nil {
+				walk(p, m, sub)
+			}
+		}
+		for k := range s.Properties {
+			if _, ok := v[k]; !ok {
+				t.Errorf("values.schema.json has %s, which values.yaml does not", strings.TrimPrefix(path+"."+k, "."))
+			}
+		}
+	}
+	walk("", values, &schema)
+}
+
+func sortedKeys(m map[string]any) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}
+
+// TestDocumentedValuesPassTheSchema renders the chart with every value the documentation tells
+// a user to set (`--set` in the README, docs/ and the chart's own files, and the valuesObject
+// of the Argo CD recipe): Helm checks each against values.schema.json, and a documented value
+// the schema refuses, or a key that does not exist, fails here.
+func TestDocumentedValuesPassTheSchema(t *testing.T) {
+	root := testenv.RepoRoot()
+	files := []string{filepath.Join(root, "README.md"), filepath.Join(chartDir, "templates", "NOTES.txt")}
+	for _, pattern := range []string{filepath.Join(root, "docs", "*.md"), filepath.Join(chartDir, "*.md")} {
+		m, err := filepath.Glob(pattern)
+		if err != nil {
+			t.Fatal(err)
+		}
+		files = append(files, m...)
+	}
+	set := regexp.MustCompile("--set[ =]([^ `\\n]+)")
+	var sets []string
+	for _, f := range files {
+		raw, err := os.ReadFile(f) //nolint:gosec // G304: the repository's own documentation
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range set.FindAllStringSubmatch(string(raw), -1) {
+			sets = append(sets, m[1])
+		}
+	}
+	if len(sets) < 3 {
+		t.Fatalf("found only %v in the documentation", sets)
+	}
+	for _, s := range sets {
+		render(t, "--set", s)
+	}
+
+	raw, err := os.ReadFile(filepath.Join(root, "docs", "argocd-application.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var app struct {
+		Spec struct {
+			Source struct {
+				Helm struct {
+					ValuesObject map[string]any `json:"valuesObject"`
+				} `json:"helm"`
+			} `json:"source"`
+		} `json:"spec"`
+	}
+	if err := yaml.Unmarshal(raw, &app); err != nil {
+		t.Fatal(err)
+	}
+	if len(app.Spec.Source.Helm.ValuesObject) == 0 {
+		t.Fatal("the Argo CD recipe sets no values")
+	}
+	vals, err := yaml.Marshal(app.Spec.Source.Helm.ValuesObject)
+	if err != nil {
+		t.Fatal(err)
+	}
+	vf := filepath.Join(t.TempDir(), "values.yaml")
+	if err := os.WriteFile(vf, vals, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	render(t, "-f", vf)
+}
