@@ -238,7 +238,7 @@ func main() {
 	// The probes outlive each run of the guard, so that a restart in the process (below) does
 	// not fail the liveness probe; readiness is the current run's.
 	probes := newProbes()
-	if err := probes.serve(ctx, f.probeAddr, setupLog); err != nil {
+	if err := probes.serve(f.probeAddr, setupLog); err != nil {
 		setupLog.Error(err, "unable to serve the health probes")
 		os.Exit(1)
 	}

@@ -58,8 +58,8 @@ func (p *probes) readyValue() float64 {
 	return 1
 }
 
-// serve serves the probes on addr ("0" disables them) until ctx ends.
-func (p *probes) serve(ctx context.Context, addr string, log logr.Logger) error {
+// serve serves the probes on addr ("0" disables them) until the process ends.
+func (p *probes) serve(addr string, log logr.Logger) error {
 	if addr == "0" || addr == "" {
 		return nil
 	}
@@ -82,10 +82,8 @@ func (p *probes) serve(ctx context.Context, addr string, log logr.Logger) error 
 			log.Error(err, "the health probes stopped")
 		}
 	}()
-	go func() {
-		<-ctx.Done()
-		_ = srv.Close()
-	}()
+	// Served until the process ends, not until the signal: while the webhook drains after
+	// SIGTERM, /readyz must say "shutting down".
 	log.Info("serving the health probes", "address", ln.Addr().String())
 	return nil
 }
@@ -96,8 +94,9 @@ const (
 	envBackoff  = "EXIT_GUARD_RESTART_BACKOFF"
 )
 
-// maxRestartBackoff bounds the wait between two restarts.
-const maxRestartBackoff = 10 * time.Second
+// maxRestartBackoff bounds the wait between two restarts: each restart lists every Workflow
+// again, which a lasting failure must not do every few seconds.
+const maxRestartBackoff = time.Minute
 
 // restart is how many times the guard restarted in its process, and the wait before the next.
 type restart struct {

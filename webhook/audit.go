@@ -36,14 +36,7 @@ const (
 func (g *guard) audit(ctx context.Context, req admission.Request, f facts, d decision) string {
 	verdict := verdictAllowed
 	if d.deny {
-		switch g.opts.Mode {
-		case ModeEnforce:
-			verdict = verdictDenied
-		case ModeWarn:
-			verdict = verdictWarned
-		default:
-			verdict = verdictDryRun
-		}
+		verdict = denyVerdict(g.opts.Mode)
 	}
 	g.metrics.decisions.WithLabelValues(verdict, string(d.reason), string(f.object)).Inc()
 	if d.liveErr != nil {
@@ -155,6 +148,33 @@ func newGuardMetrics() *guardMetrics {
 			Name: "exit_guard_live_read_retries_total",
 			Help: "Further attempts within one live read, by cause: error (the last attempt failed; retried after a pause), hedged (the last attempt had not answered within --live-read-timeout; another started beside it), shed (not started: the process had as many further attempts in flight as it allows).",
 		}, []string{"cause"}),
+	}
+}
+
+// denyVerdict is the verdict a refusal gets in mode.
+func denyVerdict(mode Mode) string {
+	switch mode {
+	case ModeEnforce:
+		return verdictDenied
+	case ModeWarn:
+		return verdictWarned
+	default:
+		return verdictDryRun
+	}
+}
+
+// initDecisions creates, at 0, the decision series that alerts count with increase(): the
+// refusals of mode and the unverified admissions, for pods and TaskSets. A series that first
+// appeared at 1 would hide its first event from increase(), and that event is often the only
+// one.
+func (m *guardMetrics) initDecisions(mode Mode) {
+	for _, kind := range []objectKind{objectPod, objectTaskSet} {
+		for _, r := range []reason{reasonWorkflowCompleted, reasonWorkflowDeleted, reasonWorkflowReplaced} {
+			m.decisions.WithLabelValues(denyVerdict(mode), string(r), string(kind))
+		}
+		for _, r := range []reason{reasonUnverified, reasonUnconfirmedCompletion} {
+			m.decisions.WithLabelValues(verdictAllowed, string(r), string(kind))
+		}
 	}
 }
 

@@ -79,6 +79,7 @@ func setup(mgr manager.Manager, reader client.Reader, store *completionstore.Sto
 	if err := g.metrics.register(reg); err != nil {
 		return fmt.Errorf("webhook: registering metrics: %w", err)
 	}
+	g.metrics.initDecisions(g.opts.Mode)
 	srv := mgr.GetWebhookServer()
 	srv.Register(ValidatePath, serve(&validator{g}))
 	srv.Register(MutatePath, serve(&mutator{g}))

@@ -4,6 +4,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -56,6 +57,12 @@ func TestAlertRules(t *testing.T) {
 		if !strings.Contains(string(tests), "alertname: "+name+"\n        exp_alerts:\n          - ") {
 			t.Errorf("alert %s has no test where it fires", name)
 		}
+	}
+	// Over several namespaces the watch reports no bookmarks: a quiet namespace must not look
+	// stalled.
+	scoped := only(t, render(t, profile{name: "scoped", set: []string{"prometheusRule.enabled=true", "guard.namespaces={argo,ci}"}}, "exit-guard", "argo"), "PrometheusRule")
+	if slices.Contains(alertNames(t, scoped.Object["spec"]), "ExitGuardWatchStalled") {
+		t.Errorf("ExitGuardWatchStalled is rendered with guard.namespaces, where only events move the watch's progress")
 	}
 	for _, args := range [][]string{{"check", "rules", "rules.yaml"}, {"test", "rules", "alerts_test.yaml"}} {
 		cmd := exec.Command(promtool(t), args...) //nolint:gosec // G204: the pinned promtool of this repository

@@ -29,23 +29,27 @@ var dashboardFile = filepath.Join(chartDir, "files", "dashboards", "exit-guard.j
 // dashboardQueries returns the PromQL of every panel of the dashboard.
 func dashboardQueries(t *testing.T, raw []byte) []string {
 	t.Helper()
-	var d struct {
-		Panels []struct {
-			Title   string `json:"title"`
-			Targets []struct {
-				Expr string `json:"expr"`
-			} `json:"targets"`
-		} `json:"panels"`
+	type panel struct {
+		Targets []struct {
+			Expr string `json:"expr"`
+		} `json:"targets"`
+		Panels []panel `json:"panels"` // a collapsed row holds its panels
 	}
+	var d panel
 	if err := json.Unmarshal(raw, &d); err != nil {
 		t.Fatalf("the dashboard is not JSON: %v", err)
 	}
 	var exprs []string
-	for _, p := range d.Panels {
-		for _, tg := range p.Targets {
-			exprs = append(exprs, tg.Expr)
+	var walk func(ps []panel)
+	walk = func(ps []panel) {
+		for _, p := range ps {
+			for _, tg := range p.Targets {
+				exprs = append(exprs, tg.Expr)
+			}
+			walk(p.Panels)
 		}
 	}
+	walk(d.Panels)
 	if len(exprs) == 0 {
 		t.Fatal("the dashboard has no queries")
 	}
@@ -150,6 +154,25 @@ func TestDashboardQueriesNameRealMetrics(t *testing.T) {
 	if err != nil {
 		t.Fatalf("%v\n%s", err, out)
 	}
+	// Before any admission, the series the alerts count with increase() are there at 0:
+	// one that first appeared at 1 would hide its first event, often the only one.
+	fresh, err := g.Metrics(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []struct {
+		name   string
+		labels map[string]string
+	}{
+		{"exit_guard_decisions_total", map[string]string{"verdict": "denied", "reason": "workflow-completed", "kind": "Pod"}},
+		{"exit_guard_decisions_total", map[string]string{"verdict": "denied", "reason": "workflow-deleted", "kind": "WorkflowTaskSet"}},
+		{"exit_guard_decisions_total", map[string]string{"verdict": "allowed", "reason": "unverified-fail-open", "kind": "Pod"}},
+		{"exit_guard_live_read_failures_total", map[string]string{"kind": "timeout"}},
+	} {
+		if v, ok := sample(fresh, want.name, want.labels); !ok || v != 0 {
+			t.Errorf("%s%v at start: %v (present %v), want 0", want.name, want.labels, v, ok)
+		}
+	}
 	registerAt(t, webhooks[0], fmt.Sprintf("https://%s:%d", env.WebhookHost, env.WebhookPort), env.WebhookCAData)
 	if err := env.Client.Create(t.Context(), testenv.ExitPod(createWorkflow(t, ns, argo.PhaseRunning))); err != nil {
 		t.Fatal(err)
@@ -198,6 +221,27 @@ func TestDashboardQueriesNameRealMetrics(t *testing.T) {
 			}
 		}
 	}
+}
+
+// sample returns the value of the counter series of name with exactly labels.
+func sample(mfs map[string]*dto.MetricFamily, name string, labels map[string]string) (float64, bool) {
+	mf, ok := mfs[name]
+	if !ok {
+		return 0, false
+	}
+series:
+	for _, m := range mf.GetMetric() {
+		if len(m.GetLabel()) != len(labels) {
+			continue
+		}
+		for _, l := range m.GetLabel() {
+			if labels[l.GetName()] != l.GetValue() {
+				continue series
+			}
+		}
+		return m.GetCounter().GetValue(), true
+	}
+	return 0, false
 }
 
 func hasGuardWebhookSeries(mf *dto.MetricFamily) bool {

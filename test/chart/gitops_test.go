@@ -225,11 +225,15 @@ func TestGitOpsSyncSettlesAroundTheGuard(t *testing.T) {
 	release := app.Spec.Source.Helm.ReleaseName
 	ns := newNamespace(t, nil)
 	url := "https://localhost:" + strconv.Itoa(env.WebhookPort)
-	// What a sync applies: the rendered objects, the webhooks pointed at the test process
-	// (which the API server cannot reach through the Service), the Deployment run by the test.
+	// What a sync applies: the rendered objects but Helm's test hooks (which Argo CD does not
+	// sync), the webhooks pointed at the test process (which the API server cannot reach
+	// through the Service), the Deployment run by the test.
 	desired := func() (objs, applied []*unstructured.Unstructured) {
 		objs = render(t, profiles[0], release, ns)
 		for _, o := range objs {
+			if isTestHook(o) {
+				continue
+			}
 			switch o.GetKind() {
 			case "Deployment", "PodDisruptionBudget":
 			case "ValidatingWebhookConfiguration", "MutatingWebhookConfiguration":

@@ -161,7 +161,6 @@ func decodeAll(t *testing.T, manifests []byte) []*unstructured.Unstructured {
 	}
 }
 
-// find returns the rendered objects of kind.
 // find returns the rendered objects of kind that are installed with the release, not the
 // ones of `helm test` (hooks).
 func find(objs []*unstructured.Unstructured, kind string) []*unstructured.Unstructured {

@@ -36,7 +36,7 @@ func TestNotesTellWhatWasInstalledAndHowToCheckIt(t *testing.T) {
 			"(sidecar, mode enforce", "docs/sidecar-values.yaml", "-c exit-guard",
 		}},
 		{profile{name: "no helm test", set: []string{"check.enabled=false"}}, []string{
-			"kubectl run exit-guard-check --namespace argo", "-- check --namespace=argo",
+			"exit-guard check --namespace=argo", "may create pods in argo",
 		}},
 	} {
 		t.Run(tc.p.name, func(t *testing.T) {
