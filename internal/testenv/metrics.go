@@ -17,18 +17,9 @@ import (
 // labels, read from its /metrics endpoint: what the API server itself counts, e.g.
 // apiserver_admission_webhook_request_total by webhook name.
 func (e *Env) APIServerCounter(ctx context.Context, name string, labels map[string]string) (float64, error) {
-	cs, err := kubernetes.NewForConfig(e.Config)
+	mfs, err := e.APIServerMetrics(ctx)
 	if err != nil {
 		return 0, err
-	}
-	raw, err := cs.CoreV1().RESTClient().Get().AbsPath("/metrics").DoRaw(ctx)
-	if err != nil {
-		return 0, fmt.Errorf("reading the API server's metrics: %w", err)
-	}
-	p := expfmt.NewTextParser(model.UTF8Validation)
-	mfs, err := p.TextToMetricFamilies(bytes.NewReader(raw))
-	if err != nil {
-		return 0, fmt.Errorf("parsing the API server's metrics: %w", err)
 	}
 	mf, ok := mfs[name]
 	if !ok {
@@ -58,6 +49,24 @@ func (e *Env) WebhookCalls(t testing.TB, name string) func() float64 {
 		}
 		return n
 	}
+}
+
+// APIServerMetrics reads and parses the API server's /metrics.
+func (e *Env) APIServerMetrics(ctx context.Context) (map[string]*dto.MetricFamily, error) {
+	cs, err := kubernetes.NewForConfig(e.Config)
+	if err != nil {
+		return nil, err
+	}
+	raw, err := cs.CoreV1().RESTClient().Get().AbsPath("/metrics").DoRaw(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("reading the API server's metrics: %w", err)
+	}
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	mfs, err := p.TextToMetricFamilies(bytes.NewReader(raw))
+	if err != nil {
+		return nil, fmt.Errorf("parsing the API server's metrics: %w", err)
+	}
+	return mfs, nil
 }
 
 // Metrics reads and parses the guard's metrics endpoint (plain HTTP).

@@ -9,14 +9,11 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-
-	"github.com/exit-guard/exit-guard/internal/testenv"
 )
 
 // runCheck runs the `helm test` pod's command, `exit-guard <args>`, as the test's own
@@ -66,12 +63,7 @@ func TestCheckProvesTheInstall(t *testing.T) {
 				t.Errorf("with no webhook configuration: exit %d, want a failure that says the guard was not reached:\n%s", code, out)
 			}
 
-			gout := &testenv.Output{}
-			g, err := testenv.StartGuard(t.Context(), guardBin, kubeconfigAs(t, ns, only(t, objs, "ServiceAccount").GetName()), guardArgs(t, objs,
-				"--webhook-port="+strconv.Itoa(env.WebhookPort), "--webhook-cert-path="+env.WebhookCertDir), gout)
-			if err != nil {
-				t.Fatalf("%v\n%s", err, gout)
-			}
+			g, gout := startChartGuard(t, ns, objs)
 			for _, wh := range webhooks {
 				registerAt(t, wh, fmt.Sprintf("https://%s:%d", env.WebhookHost, env.WebhookPort), env.WebhookCAData)
 			}

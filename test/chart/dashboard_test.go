@@ -1,7 +1,6 @@
 package chart
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -14,10 +13,7 @@ import (
 	"testing"
 
 	dto "github.com/prometheus/client_model/go"
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/yaml"
 
 	"github.com/exit-guard/exit-guard/internal/argo"
@@ -148,12 +144,7 @@ func TestDashboardQueriesNameRealMetrics(t *testing.T) {
 	ns := newNamespace(t, nil)
 	objs := render(t, chartCerts, "dash", ns)
 	webhooks := install(t, objs)
-	out := &testenv.Output{}
-	g, err := testenv.StartGuard(t.Context(), guardBin, kubeconfigAs(t, ns, only(t, objs, "ServiceAccount").GetName()), guardArgs(t, objs,
-		"--webhook-port="+strconv.Itoa(env.WebhookPort), "--webhook-cert-path="+env.WebhookCertDir), out)
-	if err != nil {
-		t.Fatalf("%v\n%s", err, out)
-	}
+	g, _ := startChartGuard(t, ns, objs)
 	// Before any admission, the series the alerts count with increase() are there at 0:
 	// one that first appeared at 1 would hide its first event, often the only one.
 	fresh, err := g.Metrics(t.Context())
@@ -191,7 +182,10 @@ func TestDashboardQueriesNameRealMetrics(t *testing.T) {
 	if err := env.Client.Create(t.Context(), testenv.ExitPod(done)); err != nil {
 		t.Fatalf("with the guard stopped the API server should fail open: %v", err)
 	}
-	apiserver := apiServerMetrics(t)
+	apiserver, err := env.APIServerMetrics(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
 
 	// The alerts' queries too.
 	rule := only(t, render(t, profile{name: "alerts", set: []string{"prometheusRule.enabled=true"}}, "eg", "argo"), "PrometheusRule")
@@ -253,24 +247,6 @@ func hasGuardWebhookSeries(mf *dto.MetricFamily) bool {
 		}
 	}
 	return false
-}
-
-func apiServerMetrics(t *testing.T) map[string]*dto.MetricFamily {
-	t.Helper()
-	cs, err := kubernetes.NewForConfig(env.Config)
-	if err != nil {
-		t.Fatal(err)
-	}
-	raw, err := cs.CoreV1().RESTClient().Get().AbsPath("/metrics").DoRaw(t.Context())
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := expfmt.NewTextParser(model.UTF8Validation)
-	mfs, err := p.TextToMetricFamilies(bytes.NewReader(raw))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return mfs
 }
 
 // TestMetricNamesFindsEverySelector guards the test's own parser on the shapes the dashboard

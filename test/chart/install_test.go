@@ -79,6 +79,21 @@ func registerAt(t *testing.T, wh *unstructured.Unstructured, url string, caBundl
 	t.Cleanup(func() { _ = env.Client.Delete(context.Background(), wh) })
 }
 
+// startChartGuard runs the guard as the chart's Deployment would (its arguments, as its
+// ServiceAccount), serving the test's webhook address with envtest's certificate (for
+// profiles in certificates.mode=chart), and stops it when the test ends.
+func startChartGuard(t *testing.T, ns string, objs []*unstructured.Unstructured) (*testenv.Guard, *testenv.Output) {
+	t.Helper()
+	out := &testenv.Output{}
+	g, err := testenv.StartGuard(t.Context(), guardBin, kubeconfigAs(t, ns, only(t, objs, "ServiceAccount").GetName()), guardArgs(t, objs,
+		"--webhook-port="+strconv.Itoa(env.WebhookPort), "--webhook-cert-path="+env.WebhookCertDir), out)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	t.Cleanup(func() { _ = g.Stop() })
+	return g, out
+}
+
 // kubeconfigAs is a kubeconfig that impersonates the ServiceAccount namespace/name: the guard
 // then has exactly the permissions the chart grants it.
 func kubeconfigAs(t *testing.T, namespace, name string) []byte {
@@ -155,20 +170,14 @@ func TestGuardDoesItsJobWithTheChartsPermissions(t *testing.T) {
 	webhooks := install(t, objs)
 	sa := only(t, objs, "ServiceAccount").GetName()
 
-	out := &testenv.Output{}
-	g, err := testenv.StartGuard(t.Context(), guardBin, kubeconfigAs(t, ns, sa), guardArgs(t, objs,
-		"--webhook-port="+strconv.Itoa(env.WebhookPort), "--webhook-cert-path="+env.WebhookCertDir), out)
-	if err != nil {
-		t.Fatalf("%v\n%s", err, out)
-	}
-	defer func() { _ = g.Stop() }()
+	_, out := startChartGuard(t, ns, objs)
 	if len(webhooks) != 1 {
 		t.Fatalf("the default profile rendered %d webhook configurations, want 1 (pods and TaskSets)", len(webhooks))
 	}
 	registerAt(t, webhooks[0], fmt.Sprintf("https://%s:%d", env.WebhookHost, env.WebhookPort), env.WebhookCAData)
 
 	done := createWorkflow(t, ns, argo.PhaseSucceeded)
-	err = env.Client.Create(t.Context(), testenv.ExitPod(done))
+	err := env.Client.Create(t.Context(), testenv.ExitPod(done))
 	if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "exit-guard refused") {
 		t.Fatalf("stale exit-handler pod: err = %v, want refused by exit-guard\n%s", err, out)
 	}
@@ -275,13 +284,7 @@ func TestWarnModeMarksThroughTheChartsMutatingWebhook(t *testing.T) {
 	if len(webhooks) != 2 || webhooks[0].GetKind() != "MutatingWebhookConfiguration" || webhooks[1].GetKind() != "ValidatingWebhookConfiguration" {
 		t.Fatalf("warn mode rendered %v, want a MutatingWebhookConfiguration (pods) and a ValidatingWebhookConfiguration (TaskSets)", webhooks)
 	}
-	out := &testenv.Output{}
-	g, err := testenv.StartGuard(t.Context(), guardBin, kubeconfigAs(t, ns, only(t, objs, "ServiceAccount").GetName()), guardArgs(t, objs,
-		"--webhook-port="+strconv.Itoa(env.WebhookPort), "--webhook-cert-path="+env.WebhookCertDir), out)
-	if err != nil {
-		t.Fatalf("%v\n%s", err, out)
-	}
-	defer func() { _ = g.Stop() }()
+	startChartGuard(t, ns, objs)
 	for _, wh := range webhooks {
 		registerAt(t, wh, fmt.Sprintf("https://%s:%d", env.WebhookHost, env.WebhookPort), env.WebhookCAData)
 	}

@@ -5,7 +5,6 @@ import (
 	"crypto/tls"
 	"net/http"
 	"slices"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -122,13 +121,7 @@ func TestTuningValuesWork(t *testing.T) {
 		"extraArgs={--zap-encoder=console}"}, chartCerts.set...)}
 	objs := render(t, p, "tune", ns)
 	install(t, objs)
-	out := &testenv.Output{}
-	g, err := testenv.StartGuard(t.Context(), guardBin, kubeconfigAs(t, ns, only(t, objs, "ServiceAccount").GetName()), guardArgs(t, objs,
-		"--webhook-port="+strconv.Itoa(env.WebhookPort), "--webhook-cert-path="+env.WebhookCertDir), out)
-	if err != nil {
-		t.Fatalf("%v\n%s", err, out)
-	}
-	defer func() { _ = g.Stop() }()
+	g, out := startChartGuard(t, ns, objs)
 
 	get := func(url string) (int, error) {
 		c := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}} //nolint:gosec // G402: the guard's self-signed metrics certificate
