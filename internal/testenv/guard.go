@@ -330,13 +330,16 @@ func ChartWebhook(helmBin string) (*admissionregistrationv1.ValidatingWebhookCon
 }
 
 // HelmBin is the helm the tests use: $HELM, or the one make builds into ./bin.
-func HelmBin() (string, error) {
-	bin := os.Getenv("HELM")
+func HelmBin() (string, error) { return ToolBin("HELM", "helm-v3.22.0") }
+
+// ToolBin returns a tool the tests run: $env, or the one make builds into ./bin as file.
+func ToolBin(env, file string) (string, error) {
+	bin := os.Getenv(env)
 	if bin == "" {
-		bin = filepath.Join(RepoRoot(), "bin", "helm-v3.22.0")
+		bin = filepath.Join(RepoRoot(), "bin", file)
 	}
-	if _, err := os.Stat(bin); err != nil { //nolint:gosec // G703: $HELM or the repository's own bin/, chosen by whoever runs the tests
-		return "", fmt.Errorf("no helm at %s: run the tests through make, which builds it from Go modules (or set HELM)", bin)
+	if _, err := os.Stat(bin); err != nil { //nolint:gosec // G703: $env or the repository's own bin/, chosen by whoever runs the tests
+		return "", fmt.Errorf("no %s at %s: run the tests through make, which builds it from Go modules (or set %s)", file, bin, env)
 	}
 	return bin, nil
 }

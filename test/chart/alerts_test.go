@@ -16,12 +16,9 @@ import (
 // promtool returns the promtool binary: $PROMTOOL, or the one make builds into ./bin.
 func promtool(t *testing.T) string {
 	t.Helper()
-	bin := os.Getenv("PROMTOOL")
-	if bin == "" {
-		bin = filepath.Join(testenv.RepoRoot(), "bin", "promtool-v0.316.0")
-	}
-	if _, err := os.Stat(bin); err != nil { //nolint:gosec // G703: $PROMTOOL or the repository's own bin/
-		t.Fatalf("the alert tests need promtool at %s: run them through make test, which builds it from Go modules (or set PROMTOOL)", bin)
+	bin, err := testenv.ToolBin("PROMTOOL", "promtool-v0.316.0")
+	if err != nil {
+		t.Fatalf("the alert tests need promtool: %v", err)
 	}
 	return bin
 }
