@@ -5,16 +5,13 @@ SHELL := /usr/bin/env bash -o pipefail
 
 GO ?= go
 BIN := $(CURDIR)/bin
+# Every version, written once (the tests and hack/ read the same file).
+include hack/versions.env
 # Tools are installed into ./bin at pinned versions.
-GOLANGCI_LINT_VERSION ?= v2.15.0
 GOLANGCI_LINT := $(BIN)/golangci-lint-$(GOLANGCI_LINT_VERSION)
-HELM_VERSION ?= v3.22.0
 HELM := $(BIN)/helm-$(HELM_VERSION)
-CONTROLLER_GEN_VERSION ?= v0.23.0
 CONTROLLER_GEN := $(BIN)/controller-gen-$(CONTROLLER_GEN_VERSION)
-HELM_DOCS_VERSION ?= v1.14.2
 HELM_DOCS := $(BIN)/helm-docs-$(HELM_DOCS_VERSION)
-PROMTOOL_VERSION ?= v0.316.0
 PROMTOOL := $(BIN)/promtool-$(PROMTOOL_VERSION)
 CHART := charts/exit-guard
 # Options for `go test`, e.g. GOTESTFLAGS='-run TestX -v'.
@@ -22,9 +19,13 @@ GOTESTFLAGS ?=
 
 .DEFAULT_GOAL := help
 
+##@ General
+
 .PHONY: help
-help: ## Show this help.
-	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_.-]+:.*## / {printf "  %-18s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+help: ## Show this help, by purpose.
+	@awk 'BEGIN {FS = ":.*## "} /^##@ / {printf "\n%s\n", substr($$0, 5)} /^[a-zA-Z0-9_.-]+:.*## / {printf "  %-18s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+##@ Build
 
 .PHONY: build
 build: ## Build the exit-guard binary into ./bin.
@@ -44,19 +45,30 @@ image: ## Build the container image without a container engine (hack/image) into
 image-push: image ## Push bin/image to IMAGE (credentials from docker login or your registry's credential helper).
 	$(GO) run ./hack/image push --layout $(BIN)/image --to $(IMAGE)
 
+##@ Run
+
 .PHONY: demo
 demo: build ## Replay the reference scenario: local API server, the guard, a stale exit handler refused.
 	@assets=$$(hack/envtest-binaries.sh ensure) && \
 	  KUBEBUILDER_ASSETS="$$assets" $(GO) run ./test/demo --guard $(BIN)/exit-guard
 
+##@ Test
+
 .PHONY: envtest-binaries
 envtest-binaries: ## Build kube-apiserver and etcd from Go modules into the user cache (first run ~10 min).
 	@hack/envtest-binaries.sh ensure
 
+# The tests that need a kube-apiserver are behind the envtest build tag: make test builds with
+# it and runs every test; make test-unit builds without it and runs the rest, starting no API
+# server (the packages whose TestMain starts one have no test files there).
 .PHONY: test
 test: $(HELM) $(PROMTOOL) ## Run every test with the race detector against a real kube-apiserver (builds it, helm and promtool if missing).
 	@assets=$$(hack/envtest-binaries.sh ensure) && \
-	  KUBEBUILDER_ASSETS="$$assets" HELM="$(HELM)" PROMTOOL="$(PROMTOOL)" $(GO) test -race -count=1 $(GOTESTFLAGS) ./...
+	  KUBEBUILDER_ASSETS="$$assets" HELM="$(HELM)" PROMTOOL="$(PROMTOOL)" $(GO) test -tags envtest -race -count=1 $(GOTESTFLAGS) ./...
+
+.PHONY: test-unit
+test-unit: $(HELM) ## Run the tests that need no API server, in seconds (-short: the simulation runs a tenth of its histories).
+	HELM="$(HELM)" $(GO) test -short -count=1 $(GOTESTFLAGS) ./...
 
 # Histories of the randomized simulation in make soak (make test runs 3,000).
 SOAK_HISTORIES ?= 100000
@@ -64,9 +76,9 @@ SOAK_HISTORIES ?= 100000
 .PHONY: soak
 soak: ## The randomized simulation at length (SOAK_HISTORIES histories) and the fault tests; writes docs/reliability-simulation.md.
 	@assets=$$(hack/envtest-binaries.sh ensure) && \
-	  KUBEBUILDER_ASSETS="$$assets" $(GO) test -count=1 -timeout 3h -run '^TestSimulation$$' -v ./webhook \
+	  $(GO) test -count=1 -timeout 3h -run '^TestSimulation$$' -v ./webhook \
 	    -args -sim.histories=$(SOAK_HISTORIES) -sim.report=$(CURDIR)/docs/reliability-simulation.md && \
-	  KUBEBUILDER_ASSETS="$$assets" $(GO) test -count=3 -timeout 1h -v ./test/faults
+	  KUBEBUILDER_ASSETS="$$assets" $(GO) test -tags envtest -count=3 -timeout 1h -v ./test/faults
 
 # How long make fuzz runs each fuzz target.
 FUZZTIME ?= 60s
@@ -86,6 +98,8 @@ LOAD_SIZE_KB ?= 32
 LOAD_LARGE_KB ?= 300
 LOAD_LARGE_EVERY ?= 100
 
+##@ Measure
+
 .PHONY: load
 load: build $(HELM) ## Measure the guard on a local API server, loopback only, bounded (LOAD_SCENARIOS); prints Markdown tables.
 	@assets=$$(hack/envtest-binaries.sh ensure) && export KUBEBUILDER_ASSETS="$$assets" HELM="$(HELM)" && \
@@ -102,7 +116,7 @@ load: build $(HELM) ## Measure the guard on a local API server, loopback only, b
 .PHONY: bench
 bench: ## Run the benchmarks (one decision, live reads by size, the Workflow cache) against a real API server.
 	@assets=$$(hack/envtest-binaries.sh ensure) && \
-	  KUBEBUILDER_ASSETS="$$assets" $(GO) test -run '^$$' -bench . -benchmem ./webhook ./completionstore
+	  KUBEBUILDER_ASSETS="$$assets" $(GO) test -tags envtest -run '^$$' -bench . -benchmem ./webhook ./completionstore
 
 # Workflows per run of the Argo proof (make e2e-argo); CI runs fewer.
 E2E_TRIES ?= 5
@@ -112,6 +126,8 @@ E2E_TRIES ?= 5
 ARGO_VERSIONS ?= v3.4.17 v3.6.18 v3.7.18 v4.0.5
 E2E_RUN ?= .
 
+##@ Prove on real Argo controllers
+
 .PHONY: argo-controllers
 argo-controllers: ## Build Argo's workflow-controller and argoexec (ARGO_VERSIONS) from Go modules into the user cache.
 	@hack/argo-controllers.sh ensure $(ARGO_VERSIONS) >/dev/null
@@ -120,6 +136,8 @@ argo-controllers: ## Build Argo's workflow-controller and argoexec (ARGO_VERSION
 e2e-argo: argo-controllers $(HELM) ## Reproduce the stale exit handler on real Argo controllers, then refuse it (E2E_TRIES per run).
 	@assets=$$(hack/envtest-binaries.sh ensure) && \
 	  KUBEBUILDER_ASSETS="$$assets" HELM="$(HELM)" E2E_TRIES=$(E2E_TRIES) $(GO) test -tags e2e -count=1 -v -timeout 120m -run '$(E2E_RUN)' ./test/e2e
+
+##@ Generate and check
 
 .PHONY: manifests
 manifests: $(CONTROLLER_GEN) $(HELM_DOCS) ## Generate config/ from the code's markers, copy it into the chart, write the chart README (helm-docs).
@@ -133,7 +151,7 @@ manifests: $(CONTROLLER_GEN) $(HELM_DOCS) ## Generate config/ from the code's ma
 
 .PHONY: helm-lint
 helm-lint: $(HELM) ## Lint the chart.
-	$(HELM) lint $(CHART) --kube-version 1.37.2
+	$(HELM) lint $(CHART) --kube-version $(KUBE_VERSION:v%=%)
 
 $(HELM):
 	@mkdir -p $(BIN)
@@ -159,7 +177,7 @@ $(CONTROLLER_GEN):
 
 .PHONY: lint
 lint: $(GOLANGCI_LINT) ## Run golangci-lint (pinned version) and go vet.
-	$(GO) vet ./...
+	$(GO) vet -tags envtest,e2e ./...
 	$(GOLANGCI_LINT) run ./...
 
 $(GOLANGCI_LINT):
@@ -179,6 +197,8 @@ verify: manifests helm-lint ## Regenerate config/, the chart's copies and README
 	@git diff --exit-code -- go.mod go.sum config $(CHART) || { echo "generated files drift: run 'make manifests' and 'go mod tidy', and commit"; exit 1; }
 	@test -z "$$(git status --porcelain -- config $(CHART))" || { git status --porcelain -- config $(CHART); echo "untracked generated files: commit them"; exit 1; }
 	HELM="$(HELM)" $(GO) test -count=1 ./hack/chartcheck
+
+##@ Clean
 
 .PHONY: clean
 clean: ## Remove ./bin (the cached API-server binaries stay in the user cache).

@@ -1,3 +1,5 @@
+//go:build envtest
+
 package completionstore
 
 import (
@@ -27,6 +29,7 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/exit-guard/exit-guard/internal/argo"
+	"github.com/exit-guard/exit-guard/internal/fixture"
 	"github.com/exit-guard/exit-guard/internal/testenv"
 )
 
@@ -52,7 +55,7 @@ func newWorkflow(t testing.TB, ns, name string, nodes int) *unstructured.Unstruc
 	wf.SetName(name)
 	wf.SetAnnotations(map[string]string{"workflows.argoproj.io/pod-name-format": "v2"})
 	wf.Object["spec"] = map[string]any{"entrypoint": "main", "onExit": "exit-handler"}
-	testenv.MarkPhase(wf, argo.PhaseRunning)
+	fixture.MarkPhase(wf, argo.PhaseRunning)
 	status := wf.Object["status"].(map[string]any)
 	if nodes > 0 {
 		// A node tree like the one that makes real workflows megabytes large.
@@ -86,7 +89,7 @@ func TestWatchFeedsTheStoreFromTheAPIServer(t *testing.T) {
 	}
 	ns := "default"
 	before := newWorkflow(t, ns, "before-"+rand.String(5), 0) // exists before the guard starts
-	testenv.MarkPhase(before, argo.PhaseSucceeded)
+	fixture.MarkPhase(before, argo.PhaseSucceeded)
 	if err := env.Client.Update(t.Context(), before); err != nil {
 		t.Fatal(err)
 	}
@@ -122,7 +125,7 @@ func TestWatchFeedsTheStoreFromTheAPIServer(t *testing.T) {
 	}
 
 	wf := newWorkflow(t, ns, "live-"+rand.String(5), 0)
-	testenv.MarkPhase(wf, argo.PhaseSucceeded)
+	fixture.MarkPhase(wf, argo.PhaseSucceeded)
 	if err := env.Client.Update(t.Context(), wf); err != nil {
 		t.Fatal(err)
 	}

@@ -8,14 +8,15 @@
 #   path    print the assets directory without building anything
 #
 # Environment:
-#   KUBE_VERSION    kube-apiserver version (default v1.37.2)
-#   ETCD_VERSION    etcd server version (default v3.6.16)
+#   KUBE_VERSION    kube-apiserver version (default: hack/versions.env)
+#   ETCD_VERSION    etcd server version (default: hack/versions.env)
 #   EXIT_GUARD_CACHE  cache root (default ${XDG_CACHE_HOME:-$HOME/.cache}/exit-guard)
 set -euo pipefail
 
-KUBE_VERSION=${KUBE_VERSION:-v1.37.2}
-# etcd 3.6 is the series Kubernetes 1.34+ is tested with.
-ETCD_VERSION=${ETCD_VERSION:-v3.6.16}
+# shellcheck source=versions.env
+DEFAULTS=$(. "$(dirname "$0")/versions.env" && echo "$KUBE_VERSION $ETCD_VERSION")
+KUBE_VERSION=${KUBE_VERSION:-${DEFAULTS% *}}
+ETCD_VERSION=${ETCD_VERSION:-${DEFAULTS#* }}
 CACHE_ROOT=${EXIT_GUARD_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/exit-guard}
 GOOS=$(go env GOOS)
 GOARCH=$(go env GOARCH)

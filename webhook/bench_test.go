@@ -1,3 +1,5 @@
+//go:build envtest
+
 package webhook
 
 import (
@@ -10,6 +12,7 @@ import (
 
 	"github.com/exit-guard/exit-guard/completionstore"
 	"github.com/exit-guard/exit-guard/internal/argo"
+	"github.com/exit-guard/exit-guard/internal/fixture"
 )
 
 // BenchmarkDecide measures one decision against the real test API server: an exit-handler pod
@@ -39,10 +42,10 @@ func BenchmarkDecide(b *testing.B) {
 		opts Options
 		pod  metav1.ObjectMeta
 	}{
-		{"exit-handler-live-read", Options{}, exitPod(wf).ObjectMeta},
-		{"exit-handler-live-read-1MiB-workflow", Options{}, exitPod(big).ObjectMeta},
-		{"exit-handler-store-first", Options{StoreFirst: true}, exitPod(wf).ObjectMeta},
-		{"pod-not-covered", Options{}, argoPod(wf, "step", wf.GetName(), false).ObjectMeta},
+		{"exit-handler-live-read", Options{}, fixture.ExitPod(wf).ObjectMeta},
+		{"exit-handler-live-read-1MiB-workflow", Options{}, fixture.ExitPod(big).ObjectMeta},
+		{"exit-handler-store-first", Options{StoreFirst: true}, fixture.ExitPod(wf).ObjectMeta},
+		{"pod-not-covered", Options{}, fixture.Pod(wf, "step", wf.GetName()).ObjectMeta},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
 			g, err := newGuard(c, store, tc.opts)
@@ -50,7 +53,7 @@ func BenchmarkDecide(b *testing.B) {
 				b.Fatal(err)
 			}
 			for b.Loop() {
-				if _, d := g.decide(b.Context(), &tc.pod); d.deny {
+				if d := g.decide(b.Context(), classify(&tc.pod)); d.deny {
 					b.Fatal("denied a pod of a running workflow")
 				}
 			}

@@ -1,308 +1,118 @@
 package webhook
 
 import (
-	"net"
+	"context"
+	"errors"
+	"os"
+	"regexp"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
 	admissionv1 "k8s.io/api/admission/v1"
-	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/rest"
 	clocktesting "k8s.io/utils/clock/testing"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	"github.com/exit-guard/exit-guard/completionstore"
 	"github.com/exit-guard/exit-guard/internal/argo"
+	"github.com/exit-guard/exit-guard/internal/fixture"
 )
 
-// unreachableConfig points a client at a loopback listener. With hang, it accepts connections
-// and never answers (a live read runs out of time); without, it closes them at once (a live
-// read fails fast).
-func unreachableConfig(t *testing.T, hang bool) *rest.Config {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = ln.Close() })
-	go func() {
-		var held []net.Conn
-		defer func() {
-			for _, c := range held {
-				_ = c.Close()
-			}
-		}()
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			if hang {
-				held = append(held, c)
-			} else {
-				_ = c.Close()
-			}
-		}
-	}()
-	cfg := rest.CopyConfig(env.Config)
-	cfg.Host = "https://" + ln.Addr().String()
-	return cfg
-}
+// storeState is what the guard's store holds for the workflow of a case.
+type storeState int
 
-// TestDecisionTable checks every row of docs/decisions.md. Workflows live on the real API
-// server; the live read is a real GET, against it or against an address that fails or hangs.
-func TestDecisionTable(t *testing.T) {
-	ns := newNamespace(t)
-	scheme := testScheme(t)
-	newReader := func(cfg *rest.Config) client.Reader {
-		c, err := client.New(cfg, client.Options{Scheme: scheme})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return c
-	}
-	live := newReader(env.Config)
-	failing := newReader(unreachableConfig(t, false))
-	hanging := newReader(unreachableConfig(t, true))
+const (
+	storeEmpty storeState = iota
+	storeRunning
+	storeSucceeded
+	storeFailed
+	storeTombstone
+	storeUnsettled // seen by the metadata watch, labels that do not settle the phase
+)
 
-	wfs := map[argo.Phase]*unstructured.Unstructured{}
-	for _, p := range []argo.Phase{argo.PhaseUnknown, argo.PhaseRunning, argo.PhaseSucceeded, argo.PhaseFailed} {
-		wfs[p] = createWorkflow(t, ns, "table-"+map[argo.Phase]string{"": "new", "Running": "running", "Succeeded": "succeeded", "Failed": "failed"}[p], p)
-	}
-	deletedWF := createWorkflow(t, ns, "table-deleted", argo.PhaseSucceeded)
-	if err := env.Client.Delete(t.Context(), deletedWF); err != nil {
-		t.Fatal(err)
-	}
-	replaced := createWorkflow(t, ns, "table-replaced", argo.PhaseSucceeded)
-	oldUID := replaced.GetUID()
-	if err := env.Client.Delete(t.Context(), replaced); err != nil {
-		t.Fatal(err)
-	}
-	replaced = createWorkflow(t, ns, "table-replaced", argo.PhaseRunning)
-	replaced.SetUID(oldUID) // pods of the first one still name its UID
-	// Workflows whose labels do not settle the phase: the live read GETs the whole object.
-	retriedV4 := createWorkflow(t, ns, "table-retried-v4", argo.PhaseSucceeded)
-	setPhase(t, retriedV4, argo.PhaseUnknown) // status.phase "", completed removed, phase label stale
-	daemon := createWorkflow(t, ns, "table-daemon", argo.PhaseSucceeded)
-	labels := daemon.GetLabels()
-	labels[argo.LabelCompleted] = "false" // 3.4 with daemon steps: the phase before the label
-	daemon.SetLabels(labels)
-	if err := env.Client.Update(t.Context(), daemon); err != nil {
-		t.Fatal(err)
-	}
-	// Labels that say Succeeded over a status that says Running: Argo never writes this, and
-	// the status wins (a refusal is decided from the status only).
-	labelsOnly := createWorkflow(t, ns, "table-labels-only", argo.PhaseRunning)
-	labels = labelsOnly.GetLabels()
-	labels[argo.LabelPhase], labels[argo.LabelCompleted] = string(argo.PhaseSucceeded), "true"
-	labelsOnly.SetLabels(labels)
-	if err := env.Client.Update(t.Context(), labelsOnly); err != nil {
-		t.Fatal(err)
-	}
+// liveAnswer is what the live read of the workflow answers in a case.
+type liveAnswer int
 
-	type storeState int
-	const (
-		storeEmpty storeState = iota
-		storeRunning
-		storeSucceeded
-		storeFailed
-		storeTombstone
-		storeUnsettled // seen by the metadata watch, labels that do not settle the phase
-	)
-	yes := true
-	podOf := func(wf *unstructured.Unstructured, kind podKind) *metav1.ObjectMeta {
-		var p *corev1.Pod
-		switch kind {
-		case kindExitHandler:
-			p = exitPod(wf)
-		case kindHook:
-			p = argoPod(wf, wf.GetName()+"-hook", wf.GetName()+".hooks.running", false)
+const (
+	liveNone      liveAnswer = iota // the read must not be made
+	liveRunning                     // same UID, Running
+	liveUnknown                     // same UID, status.phase "" (a v4 retry)
+	liveSucceeded                   // same UID, Succeeded
+	liveFailed                      // same UID, Failed
+	live404                         // not found
+	liveOtherUID                    // another workflow holds the name
+	liveFails                       // every attempt fails
+	liveTimesOut                    // no answer within the budget
+)
+
+// tableWorkflow is the workflow every case is about.
+var tableWorkflow = func() *unstructured.Unstructured {
+	wf := fixture.Workflow("argo", "notify")
+	wf.SetUID("uid-notify")
+	return wf
+}()
+
+// cannedRead is a live read that answers a, and counts its calls.
+func cannedRead(a liveAnswer, calls *int) func(context.Context, string, string) (*argo.Workflow, error) {
+	return func(_ context.Context, namespace, name string) (*argo.Workflow, error) {
+		*calls++
+		wf := &argo.Workflow{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: name, UID: tableWorkflow.GetUID(), ResourceVersion: "42"}}
+		switch a {
+		case liveRunning:
+			wf.Status.Phase = argo.PhaseRunning
+		case liveUnknown:
+		case liveSucceeded:
+			wf.Status.Phase = argo.PhaseSucceeded
+		case liveFailed:
+			wf.Status.Phase = argo.PhaseFailed
+		case live404:
+			return nil, apierrors.NewNotFound(schema.GroupResource{Group: argo.Group, Resource: argo.Resource}, name)
+		case liveOtherUID:
+			wf.UID, wf.Status.Phase = "uid-of-another", argo.PhaseRunning
+		case liveFails:
+			return nil, errors.New("connection refused")
+		case liveTimesOut:
+			return nil, errors.Join(errLiveReadTimeout, context.DeadlineExceeded)
 		default:
-			p = argoPod(wf, wf.GetName()+"-main", wf.GetName(), false)
+			return nil, errors.New("the live read was made, and the case says it must not be")
 		}
-		return &p.ObjectMeta
-	}
-	notOwned := &metav1.ObjectMeta{Namespace: ns, Name: "plain", Labels: map[string]string{argo.LabelOnExit: "true"}}
-	artGC := &metav1.ObjectMeta{Namespace: ns, Name: "artgc", OwnerReferences: []metav1.OwnerReference{{
-		APIVersion: "argoproj.io/v1alpha1", Kind: "WorkflowArtifactGCTask", Name: "x", UID: "u", Controller: &yes}}}
-	agentOf := func(wf *unstructured.Unstructured, component string) *metav1.ObjectMeta {
-		p := argoPod(wf, wf.GetName()+"-1340600742-agent", "", false)
-		delete(p.Annotations, argo.AnnotationNodeName)
-		p.Labels[argo.LabelComponent] = component
-		return &p.ObjectMeta
-	}
-	agent := agentOf(wfs[argo.PhaseSucceeded], argo.ComponentAgent)
-	agentOfRunning := agentOf(wfs[argo.PhaseRunning], argo.ComponentAgent)
-	agentOfDeleted := agentOf(deletedWF, argo.ComponentAgent)
-	artGCOfWorkflow := agentOf(wfs[argo.PhaseSucceeded], "artifact-gc")
-	otherNS := podOf(wfs[argo.PhaseSucceeded], kindExitHandler)
-	otherNS.Namespace = "elsewhere"
-	// WorkflowTaskSet writes, read from AdmissionReviews as the webhook reads them.
-	onExit := func(wf client.Object) string { return argo.NodeID(wf.GetName(), argo.OnExitNodeName(wf.GetName())) }
-	stale := func(wf client.Object) *facts {
-		return taskSetWrite(t, wf, []string{}, "true", []string{onExit(wf)}, "false")
-	}
-	cleanup := taskSetWrite(t, wfs[argo.PhaseSucceeded], []string{onExit(wfs[argo.PhaseSucceeded])}, "false", nil, "true")
-	reopenOnly := taskSetWrite(t, wfs[argo.PhaseSucceeded], []string{}, "true", nil, "false")
-	createFor := func(wf client.Object) *facts { return taskSetWrite(t, wf, nil, "", []string{onExit(wf)}, "false") }
-	notOwnedTaskSet := stale(wfs[argo.PhaseSucceeded])
-	notOwnedTaskSet.owner = nil
-	otherNSTaskSet := stale(wfs[argo.PhaseSucceeded])
-	otherNSTaskSet.namespace = "elsewhere"
-
-	rows := []struct {
-		row string
-		pod *metav1.ObjectMeta
-		// write, when set, is a WorkflowTaskSet write instead of a pod.
-		write  *facts
-		opts   Options
-		reader client.Reader
-		store  storeState
-		deny   bool
-		reason reason
-		source source
-		// staleWatch: the guard's watch has not advanced for longer than WatchStaleAfter.
-		staleWatch bool
-	}{
-		{row: "1 not owned by a Workflow", pod: notOwned, reason: reasonNotWorkflowPod},
-		{row: "1 owned by a WorkflowArtifactGCTask", pod: artGC, reason: reasonNotWorkflowPod},
-		{row: "2 artifact-GC pod owned by the Workflow", pod: artGCOfWorkflow, reason: reasonSpecialPod},
-		{row: "6 agent pod, live Succeeded", pod: agent, deny: true, reason: reasonWorkflowCompleted, source: sourceLive},
-		{row: "5 agent pod, live Running", pod: agentOfRunning, store: storeSucceeded, reason: reasonWorkflowActive, source: sourceLive},
-		{row: "11 agent pod, read fails, store Succeeded, default fallback", pod: agentOfRunning, reader: failing, store: storeSucceeded, reason: reasonUnconfirmedCompletion, source: sourceStore},
-		{row: "8 agent pod, live 404", pod: agentOfDeleted, deny: true, reason: reasonWorkflowDeleted, source: sourceLive},
-		{row: "3 namespace not guarded", pod: otherNS, opts: Options{Namespaces: []string{ns}}, reason: reasonNamespaceNotWatched},
-		{row: "4 step pod without strict", pod: podOf(wfs[argo.PhaseSucceeded], kindStep), reason: reasonNotCovered},
-		{row: "4 hook pod without cover-hooks", pod: podOf(wfs[argo.PhaseSucceeded], kindHook), reason: reasonNotCovered},
-		{row: "5 live Running", pod: podOf(wfs[argo.PhaseRunning], kindExitHandler), store: storeSucceeded, reason: reasonWorkflowActive, source: sourceLive},
-		{row: "5 live empty phase (v4 retry)", pod: podOf(wfs[argo.PhaseUnknown], kindExitHandler), store: storeSucceeded, reason: reasonWorkflowActive, source: sourceLive},
-		{row: "6 live Succeeded", pod: podOf(wfs[argo.PhaseSucceeded], kindExitHandler), deny: true, reason: reasonWorkflowCompleted, source: sourceLive},
-		{row: "5 live, retried by v4: stale Succeeded phase label, status.phase empty", pod: podOf(retriedV4, kindExitHandler), store: storeSucceeded, reason: reasonWorkflowActive, source: sourceLive},
-		{row: "5 live, labels say Succeeded, status.phase Running: the status decides", pod: podOf(labelsOnly, kindExitHandler), reason: reasonWorkflowActive, source: sourceLive},
-		{row: "6 live, daemon steps: Succeeded before the completed label", pod: podOf(daemon, kindExitHandler), deny: true, reason: reasonWorkflowCompleted, source: sourceLive},
-		{row: "12 read fails, store unsettled", pod: podOf(wfs[argo.PhaseRunning], kindExitHandler), opts: Options{StoreFallback: FallbackCompletion}, reader: failing, store: storeUnsettled, reason: reasonUnverified, source: sourceStore},
-		{row: "17 store-first, store unsettled, live confirms Succeeded", pod: podOf(daemon, kindExitHandler), opts: Options{StoreFirst: true}, store: storeUnsettled, deny: true, reason: reasonWorkflowCompleted, source: sourceLive},
-		{row: "17 store-first, store unsettled, live says not terminal", pod: podOf(retriedV4, kindExitHandler), opts: Options{StoreFirst: true}, store: storeUnsettled, reason: reasonWorkflowActive, source: sourceLive},
-		{row: "6 live Succeeded, hook pod with cover-hooks", pod: podOf(wfs[argo.PhaseSucceeded], kindHook), opts: Options{Hooks: true}, deny: true, reason: reasonWorkflowCompleted, source: sourceLive},
-		{row: "7 live Failed, default policy", pod: podOf(wfs[argo.PhaseFailed], kindExitHandler), store: storeFailed, reason: reasonPhaseAllowed, source: sourceLive},
-		{row: "6 live Failed, Failed denied", pod: podOf(wfs[argo.PhaseFailed], kindExitHandler), opts: Options{DenyPhases: []argo.Phase{argo.PhaseFailed}}, deny: true, reason: reasonWorkflowCompleted, source: sourceLive},
-		{row: "8 live 404", pod: podOf(deletedWF, kindExitHandler), deny: true, reason: reasonWorkflowDeleted, source: sourceLive},
-		{row: "9 live other UID", pod: podOf(replaced, kindExitHandler), deny: true, reason: reasonWorkflowReplaced, source: sourceLive},
-		{row: "10 read fails, store tombstone", pod: podOf(wfs[argo.PhaseRunning], kindExitHandler), reader: failing, store: storeTombstone, deny: true, reason: reasonWorkflowDeleted, source: sourceStore},
-		{row: "11 read fails, store Succeeded, default fallback", pod: podOf(wfs[argo.PhaseRunning], kindExitHandler), reader: failing, store: storeSucceeded, reason: reasonUnconfirmedCompletion, source: sourceStore},
-		{row: "11 read times out, store Succeeded, default fallback", pod: podOf(wfs[argo.PhaseRunning], kindExitHandler), reader: hanging, store: storeSucceeded, reason: reasonUnconfirmedCompletion, source: sourceStore},
-		{row: "11 read fails, store Succeeded, completion fallback", pod: podOf(wfs[argo.PhaseRunning], kindExitHandler), opts: Options{StoreFallback: FallbackCompletion}, reader: failing, store: storeSucceeded, deny: true, reason: reasonWorkflowCompleted, source: sourceStore},
-		{row: "11 read times out, store Succeeded, completion fallback", pod: podOf(wfs[argo.PhaseRunning], kindExitHandler), opts: Options{StoreFallback: FallbackCompletion}, reader: hanging, store: storeSucceeded, deny: true, reason: reasonWorkflowCompleted, source: sourceStore},
-		{row: "12 read fails, store Failed", pod: podOf(wfs[argo.PhaseRunning], kindExitHandler), reader: failing, store: storeFailed, reason: reasonPhaseAllowed, source: sourceStore},
-		{row: "13 read fails, store Running", pod: podOf(wfs[argo.PhaseSucceeded], kindExitHandler), reader: failing, store: storeRunning, reason: reasonWorkflowActive, source: sourceStore},
-		{row: "14 read times out, store empty", pod: podOf(wfs[argo.PhaseSucceeded], kindExitHandler), reader: hanging, reason: reasonUnverified},
-		{row: "15 store-first, store empty", pod: podOf(wfs[argo.PhaseSucceeded], kindExitHandler), opts: Options{StoreFirst: true}, reader: failing, reason: reasonNotSeenCompleted, source: sourceStore},
-		{row: "15 strict step pod, store empty", pod: podOf(wfs[argo.PhaseSucceeded], kindStep), opts: Options{Strict: true}, reader: failing, reason: reasonNotSeenCompleted, source: sourceStore},
-		{row: "16 store-first, store Running", pod: podOf(wfs[argo.PhaseSucceeded], kindExitHandler), opts: Options{StoreFirst: true}, reader: failing, store: storeRunning, reason: reasonWorkflowActive, source: sourceStore},
-		{row: "16 store-first, store Failed", pod: podOf(wfs[argo.PhaseFailed], kindExitHandler), opts: Options{StoreFirst: true}, reader: failing, store: storeFailed, reason: reasonPhaseAllowed, source: sourceStore},
-		{row: "18 store-first, watch stale, live Succeeded", pod: podOf(wfs[argo.PhaseSucceeded], kindExitHandler), opts: Options{StoreFirst: true}, staleWatch: true, deny: true, reason: reasonWorkflowCompleted, source: sourceLive},
-		{row: "18 strict step pod, watch stale, live Succeeded", pod: podOf(wfs[argo.PhaseSucceeded], kindStep), opts: Options{Strict: true}, staleWatch: true, deny: true, reason: reasonWorkflowCompleted, source: sourceLive},
-		{row: "18 store-first, watch stale, read fails, store empty", pod: podOf(wfs[argo.PhaseSucceeded], kindExitHandler), opts: Options{StoreFirst: true}, reader: failing, staleWatch: true, reason: reasonUnverified},
-		{row: "17 store-first, store Succeeded, live says Running (a retry)", pod: podOf(wfs[argo.PhaseRunning], kindExitHandler), opts: Options{StoreFirst: true}, store: storeSucceeded, reason: reasonWorkflowActive, source: sourceLive},
-		{row: "17 store-first, store Succeeded, live confirms", pod: podOf(wfs[argo.PhaseSucceeded], kindExitHandler), opts: Options{StoreFirst: true}, store: storeSucceeded, deny: true, reason: reasonWorkflowCompleted, source: sourceLive},
-		{row: "17 strict step pod, store Succeeded, read fails, default fallback", pod: podOf(wfs[argo.PhaseSucceeded], kindStep), opts: Options{Strict: true}, reader: failing, store: storeSucceeded, reason: reasonUnconfirmedCompletion, source: sourceStore},
-		{row: "T1 TaskSet without a Workflow owner reference", write: notOwnedTaskSet, reason: reasonNotWorkflowPod},
-		{row: "T2 TaskSet, namespace not guarded", write: otherNSTaskSet, opts: Options{Namespaces: []string{ns}}, reason: reasonNamespaceNotWatched},
-		{row: "T3 TaskSet cleanup of a succeeded workflow (tasks removed, completed set)", write: cleanup, reader: failing, reason: reasonNoNewTask},
-		{row: "T4 as 5: TaskSet task added, live Running", write: stale(wfs[argo.PhaseRunning]), store: storeSucceeded, reason: reasonWorkflowActive, source: sourceLive},
-		{row: "T4 as 6: TaskSet task added, live Succeeded", write: stale(wfs[argo.PhaseSucceeded]), deny: true, reason: reasonWorkflowCompleted, source: sourceLive},
-		{row: "T4 as 6: TaskSet completed set back alone, live Succeeded", write: reopenOnly, deny: true, reason: reasonWorkflowCompleted, source: sourceLive},
-		{row: "T4 as 6: TaskSet created, live Succeeded", write: createFor(wfs[argo.PhaseSucceeded]), deny: true, reason: reasonWorkflowCompleted, source: sourceLive},
-		{row: "T4 as 7: TaskSet task added, live Failed, default policy", write: stale(wfs[argo.PhaseFailed]), reason: reasonPhaseAllowed, source: sourceLive},
-		{row: "T4 as 8: TaskSet created, live 404", write: createFor(deletedWF), deny: true, reason: reasonWorkflowDeleted, source: sourceLive},
-		{row: "T4 as 9: TaskSet task added, live other UID", write: stale(replaced), deny: true, reason: reasonWorkflowReplaced, source: sourceLive},
-		{row: "T4 as 10: TaskSet task added, read fails, store tombstone", write: stale(wfs[argo.PhaseRunning]), reader: failing, store: storeTombstone, deny: true, reason: reasonWorkflowDeleted, source: sourceStore},
-		{row: "T4 as 11: TaskSet task added, read times out, store Succeeded", write: stale(wfs[argo.PhaseRunning]), reader: hanging, store: storeSucceeded, reason: reasonUnconfirmedCompletion, source: sourceStore},
-		{row: "T4 as 11: TaskSet task added, read fails, store Succeeded, completion fallback", write: stale(wfs[argo.PhaseRunning]), opts: Options{StoreFallback: FallbackCompletion}, reader: failing, store: storeSucceeded, deny: true, reason: reasonWorkflowCompleted, source: sourceStore},
-		{row: "T4 as 14: TaskSet task added, read fails, store empty", write: stale(wfs[argo.PhaseSucceeded]), reader: failing, reason: reasonUnverified},
-		{row: "T4 as 15: TaskSet task added, store-first, store empty", write: stale(wfs[argo.PhaseSucceeded]), opts: Options{StoreFirst: true}, reader: failing, reason: reasonNotSeenCompleted, source: sourceStore},
-		{row: "T4 as 17: TaskSet task added, store-first, store Succeeded, live confirms", write: stale(wfs[argo.PhaseSucceeded]), opts: Options{StoreFirst: true}, store: storeSucceeded, deny: true, reason: reasonWorkflowCompleted, source: sourceLive},
-		{row: "T4 as 18: TaskSet task added, store-first, watch stale, live Succeeded", write: stale(wfs[argo.PhaseSucceeded]), opts: Options{StoreFirst: true}, staleWatch: true, deny: true, reason: reasonWorkflowCompleted, source: sourceLive},
-		{row: "17 strict step pod, store Succeeded, read fails, completion fallback", pod: podOf(wfs[argo.PhaseSucceeded], kindStep), opts: Options{Strict: true, StoreFallback: FallbackCompletion}, reader: failing, store: storeSucceeded, deny: true, reason: reasonWorkflowCompleted, source: sourceStore},
-	}
-	for _, r := range rows {
-		t.Run(r.row, func(t *testing.T) {
-			clk := clocktesting.NewFakeClock(time.Now())
-			store, err := completionstore.New(completionstore.Options{Clock: clk})
-			if err != nil {
-				t.Fatal(err)
-			}
-			store.Progress("1")
-			if r.staleWatch {
-				clk.Step(time.Hour)
-			}
-			var ref *metav1.OwnerReference
-			var namespace string
-			if r.write != nil {
-				ref, namespace = r.write.owner, r.write.namespace
-			} else {
-				ref, namespace = metav1.GetControllerOfNoCopy(r.pod), r.pod.Namespace
-			}
-			if ref != nil && r.store != storeEmpty {
-				o := completionstore.Observation{UID: ref.UID, Namespace: namespace, Name: ref.Name, ResourceVersion: "1"}
-				switch r.store {
-				case storeRunning:
-					o.Phase = argo.PhaseRunning
-				case storeSucceeded:
-					o.Phase = argo.PhaseSucceeded
-				case storeFailed:
-					o.Phase = argo.PhaseFailed
-				case storeTombstone:
-					o.Phase, o.Deleted = argo.PhaseRunning, true
-				case storeUnsettled:
-					o.Phase = argo.PhaseUnsettled
-				}
-				store.Observe(o)
-			}
-			reader := r.reader
-			if reader == nil {
-				reader = live
-			}
-			r.opts.LiveReadTimeout, r.opts.LiveReadBudget = 300*time.Millisecond, time.Second
-			g, err := newGuard(reader, store, r.opts)
-			if err != nil {
-				t.Fatal(err)
-			}
-			start := time.Now()
-			var d decision
-			if r.write != nil {
-				d = g.decideTaskSet(t.Context(), *r.write)
-			} else {
-				_, d = g.decide(t.Context(), r.pod)
-			}
-			if d.deny != r.deny || d.reason != r.reason || d.source != r.source {
-				t.Errorf("decision = deny %v reason %s source %q, want deny %v reason %s source %q (live error: %v)",
-					d.deny, d.reason, d.source, r.deny, r.reason, r.source, d.liveErr)
-			}
-			if r.reader == hanging && time.Since(start) > 5*time.Second {
-				t.Errorf("a hanging live read held the decision %s, past any webhook timeout", time.Since(start))
-			}
-		})
+		return wf, nil
 	}
 }
 
-// taskSetWrite reads a WorkflowTaskSet write of wf's TaskSet as the webhook does: from an
+// podFacts are the facts the pod webhook reads from pod.
+func podFacts(t *testing.T, pod any) facts {
+	t.Helper()
+	f, resp := readPod(admission.Request{AdmissionRequest: admissionv1.AdmissionRequest{
+		UID: "u", Operation: admissionv1.Create, Resource: podResource, Object: runtime.RawExtension{Raw: fixture.JSON(pod)},
+	}})
+	if resp != nil {
+		t.Fatalf("reading a pod: answered %v", resp.Result)
+	}
+	return f
+}
+
+// taskSetFacts are the facts the TaskSet webhook reads from a write of wf's TaskSet: from an
 // AdmissionReview with the object before (nil oldTasks: a CREATE) and after.
-func taskSetWrite(t *testing.T, wf client.Object, oldTasks []string, oldCompleted string, newTasks []string, newCompleted string) *facts {
+func taskSetFacts(t *testing.T, wf client.Object, oldTasks []string, oldCompleted string, newTasks []string, newCompleted string) facts {
 	t.Helper()
 	object := func(tasks []string, completed string) runtime.RawExtension {
 		m := map[string]any{}
 		for _, k := range tasks {
-			m[k] = httpTask(k)
+			m[k] = fixture.HTTPTask(k)
 		}
-		ts := taskSetOf(wf, m)
+		ts := fixture.TaskSet(wf, m)
 		ts.SetLabels(map[string]string{argo.LabelCompleted: completed})
-		return runtime.RawExtension{Raw: mustJSON(ts.Object)}
+		return runtime.RawExtension{Raw: fixture.JSON(ts.Object)}
 	}
 	req := admission.Request{AdmissionRequest: admissionv1.AdmissionRequest{
 		UID: "u", Operation: admissionv1.Create, Namespace: wf.GetNamespace(), Name: wf.GetName(),
@@ -315,64 +125,233 @@ func taskSetWrite(t *testing.T, wf client.Object, oldTasks []string, oldComplete
 	if resp != nil {
 		t.Fatalf("reading a TaskSet write: answered %v", resp.Result)
 	}
-	return &f
+	return f
 }
 
-func TestClassify(t *testing.T) {
-	yes := true
-	owner := []metav1.OwnerReference{{APIVersion: "argoproj.io/v1alpha1", Kind: "Workflow", Name: "wf", UID: types.UID("u"), Controller: &yes}}
-	tests := []struct {
-		name      string
-		meta      metav1.ObjectMeta
-		wantKind  podKind
-		wantOwned bool
-	}{
-		{"the on-exit label marks an exit handler", metav1.ObjectMeta{Labels: map[string]string{argo.LabelOnExit: "true"}, OwnerReferences: owner}, kindExitHandler, true},
-		{"the label counts whatever its value", metav1.ObjectMeta{Labels: map[string]string{argo.LabelOnExit: "false"}, OwnerReferences: owner}, kindExitHandler, true},
-		{"an onExit node name alone marks an exit handler", metav1.ObjectMeta{Annotations: map[string]string{argo.AnnotationNodeName: "wf[0].step-1.onExit"}, OwnerReferences: owner}, kindExitHandler, true},
-		{"a hooks node is a lifecycle hook", metav1.ObjectMeta{Annotations: map[string]string{argo.AnnotationNodeName: "wf.hooks.running"}, OwnerReferences: owner}, kindHook, true},
-		{"anything else is a step", metav1.ObjectMeta{Annotations: map[string]string{argo.AnnotationNodeName: "wf[0].a"}, OwnerReferences: owner}, kindStep, true},
-		{"a Workflow of another group is not Argo's", metav1.ObjectMeta{OwnerReferences: []metav1.OwnerReference{{APIVersion: "example.com/v1", Kind: "Workflow", Name: "wf", Controller: &yes}}}, kindStep, false},
-		{"a non-controller owner reference does not count", metav1.ObjectMeta{OwnerReferences: []metav1.OwnerReference{{APIVersion: "argoproj.io/v1alpha1", Kind: "Workflow", Name: "wf"}}}, kindStep, false},
+// decisionCase is one case of TestDecisionTable: the object, the options, what the live read
+// answers and the store holds, and the decision wanted.
+type decisionCase struct {
+	// row is the row of docs/decisions.md the case is about, and name what it shows.
+	row, name string
+	facts     func(t *testing.T) facts
+	opts      Options
+	live      liveAnswer
+	store     storeState
+	// staleWatch: the guard's watch has not advanced for longer than WatchStaleAfter.
+	staleWatch bool
+	// The decision wanted; wantRow is the row that answers (row, unless the case's row sends
+	// the object on to another).
+	deny    bool
+	reason  Reason
+	source  source
+	wantRow string
+}
+
+// decisionCases walks docs/decisions.md row by row.
+func decisionCases() []decisionCase {
+	wf := tableWorkflow
+	pod := func(p any) func(*testing.T) facts { return func(t *testing.T) facts { return podFacts(t, p) } }
+	exit, step, hook, agent := pod(fixture.ExitPod(wf)), pod(fixture.StepPod(wf)), pod(fixture.HookPod(wf)), pod(fixture.AgentPod(wf))
+	plain := fixture.ExitPod(wf)
+	plain.OwnerReferences = nil
+	artGCTask := fixture.ExitPod(wf)
+	artGCTask.OwnerReferences = []metav1.OwnerReference{{APIVersion: argo.GroupVersion.String(), Kind: "WorkflowArtifactGCTask", Name: "x", UID: "u", Controller: ptr.To(true)}}
+	otherGroup := fixture.ExitPod(wf)
+	otherGroup.OwnerReferences[0].APIVersion = "example.com/v1"
+	notController := fixture.ExitPod(wf)
+	notController.OwnerReferences[0].Controller = nil
+	elsewhere := fixture.ExitPod(wf)
+	elsewhere.Namespace = "elsewhere"
+	onExit := argo.NodeID(wf.GetName(), argo.OnExitNodeName(wf.GetName()))
+	write := func(oldTasks []string, oldCompleted string, newTasks []string, newCompleted string) func(*testing.T) facts {
+		return func(t *testing.T) facts { return taskSetFacts(t, wf, oldTasks, oldCompleted, newTasks, newCompleted) }
 	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			f := classify(&tt.meta)
-			if f.kind != tt.wantKind || (f.owner != nil) != tt.wantOwned {
-				t.Errorf("classify = kind %s owned %v, want %s %v", f.kind, f.owner != nil, tt.wantKind, tt.wantOwned)
+	stale := write([]string{}, "true", []string{onExit}, "false")
+	cleanup := write([]string{onExit}, "false", nil, "true")
+	reopenOnly := write([]string{}, "true", nil, "false")
+	created := write(nil, "", []string{onExit}, "false")
+	notOwnedWrite := func(t *testing.T) facts { f := stale(t); f.owner = nil; return f }
+	elsewhereWrite := func(t *testing.T) facts { f := stale(t); f.namespace = "elsewhere"; return f }
+	watchOnly := Options{Namespaces: []string{"argo"}}
+	storeFirst := Options{StoreFirst: true}
+	completion := Options{StoreFallback: FallbackCompletion}
+
+	return []decisionCase{
+		{row: "1", name: "a plain pod", facts: pod(plain), reason: ReasonNotOwnedByWorkflow},
+		{row: "1", name: "owned by a WorkflowArtifactGCTask", facts: pod(artGCTask), reason: ReasonNotOwnedByWorkflow},
+		{row: "1", name: "a Workflow of another group", facts: pod(otherGroup), reason: ReasonNotOwnedByWorkflow},
+		{row: "1", name: "a Workflow owner that is not the controller", facts: pod(notController), reason: ReasonNotOwnedByWorkflow},
+		{row: "2", name: "an artifact-GC pod owned by the Workflow", facts: pod(fixture.ComponentPod(wf, "artifact-gc")), reason: ReasonArtifactGCOrOtherComponent},
+		{row: "3", name: "an exit handler in a namespace not guarded", facts: pod(elsewhere), opts: watchOnly, reason: ReasonNamespaceNotWatched},
+		{row: "4", name: "a step pod without strict", facts: step, reason: ReasonNotCoveredByPolicy},
+		{row: "4", name: "a hook pod without cover-hooks", facts: hook, reason: ReasonNotCoveredByPolicy},
+		{row: "5", name: "live Running", facts: exit, live: liveRunning, store: storeSucceeded, reason: ReasonWorkflowNotTerminal, source: sourceLive},
+		{row: "5", name: "live empty phase (v4 retry)", facts: exit, live: liveUnknown, store: storeSucceeded, reason: ReasonWorkflowNotTerminal, source: sourceLive},
+		{row: "5", name: "agent pod, live Running", facts: agent, live: liveRunning, store: storeSucceeded, reason: ReasonWorkflowNotTerminal, source: sourceLive},
+		{row: "6", name: "live Succeeded", facts: exit, live: liveSucceeded, deny: true, reason: ReasonWorkflowCompleted, source: sourceLive},
+		{row: "6", name: "agent pod, live Succeeded", facts: agent, live: liveSucceeded, deny: true, reason: ReasonWorkflowCompleted, source: sourceLive},
+		{row: "6", name: "hook pod with cover-hooks, live Succeeded", facts: hook, opts: Options{Hooks: true}, live: liveSucceeded, deny: true, reason: ReasonWorkflowCompleted, source: sourceLive},
+		{row: "6", name: "live Failed, Failed denied", facts: exit, opts: Options{DenyPhases: []argo.Phase{argo.PhaseFailed}}, live: liveFailed, deny: true, reason: ReasonWorkflowCompleted, source: sourceLive},
+		{row: "7", name: "live Failed, default policy", facts: exit, live: liveFailed, store: storeFailed, reason: ReasonPhaseNotDenied, source: sourceLive},
+		{row: "8", name: "live 404", facts: exit, live: live404, deny: true, reason: ReasonWorkflowDeleted, source: sourceLive},
+		{row: "8", name: "agent pod, live 404", facts: agent, live: live404, deny: true, reason: ReasonWorkflowDeleted, source: sourceLive},
+		{row: "9", name: "live other UID", facts: exit, live: liveOtherUID, deny: true, reason: ReasonWorkflowReplaced, source: sourceLive},
+		{row: "10", name: "read fails, store tombstone", facts: exit, live: liveFails, store: storeTombstone, deny: true, reason: ReasonWorkflowDeleted, source: sourceStore},
+		{row: "11", name: "read fails, store Succeeded, default fallback", facts: exit, live: liveFails, store: storeSucceeded, reason: ReasonUnconfirmedCompletion, source: sourceStore},
+		{row: "11", name: "read times out, store Succeeded, default fallback", facts: exit, live: liveTimesOut, store: storeSucceeded, reason: ReasonUnconfirmedCompletion, source: sourceStore},
+		{row: "11", name: "agent pod, read fails, store Succeeded, default fallback", facts: agent, live: liveFails, store: storeSucceeded, reason: ReasonUnconfirmedCompletion, source: sourceStore},
+		{row: "11", name: "read fails, store Succeeded, completion fallback", facts: exit, opts: completion, live: liveFails, store: storeSucceeded, deny: true, reason: ReasonWorkflowCompleted, source: sourceStore},
+		{row: "11", name: "read times out, store Succeeded, completion fallback", facts: exit, opts: completion, live: liveTimesOut, store: storeSucceeded, deny: true, reason: ReasonWorkflowCompleted, source: sourceStore},
+		{row: "12", name: "read fails, store Failed", facts: exit, live: liveFails, store: storeFailed, reason: ReasonPhaseNotDenied, source: sourceStore},
+		{row: "13", name: "read fails, store Running", facts: exit, live: liveFails, store: storeRunning, reason: ReasonWorkflowNotTerminal, source: sourceStore},
+		{row: "14", name: "read fails, store unsettled, completion fallback", facts: exit, opts: completion, live: liveFails, store: storeUnsettled, reason: ReasonUnverifiedFailOpen, source: sourceStore},
+		{row: "14", name: "read times out, store unsettled", facts: exit, live: liveTimesOut, store: storeUnsettled, reason: ReasonUnverifiedFailOpen, source: sourceStore},
+		{row: "15", name: "read times out, store empty", facts: exit, live: liveTimesOut, reason: ReasonUnverifiedFailOpen},
+		{row: "15", name: "read fails, store empty", facts: exit, live: liveFails, reason: ReasonUnverifiedFailOpen},
+		{row: "16", name: "store-first, store empty", facts: exit, opts: storeFirst, reason: ReasonNotSeenCompleted, source: sourceStore},
+		{row: "16", name: "strict step pod, store empty", facts: step, opts: Options{Strict: true}, reason: ReasonNotSeenCompleted, source: sourceStore},
+		{row: "17", name: "store-first, store Running", facts: exit, opts: storeFirst, store: storeRunning, reason: ReasonWorkflowNotTerminal, source: sourceStore},
+		{row: "17", name: "store-first, store Failed", facts: exit, opts: storeFirst, store: storeFailed, reason: ReasonPhaseNotDenied, source: sourceStore},
+		{row: "18", name: "store-first, store Succeeded, live Running (a retry)", facts: exit, opts: storeFirst, store: storeSucceeded, live: liveRunning, reason: ReasonWorkflowNotTerminal, source: sourceLive, wantRow: "5"},
+		{row: "18", name: "store-first, store Succeeded, live confirms", facts: exit, opts: storeFirst, store: storeSucceeded, live: liveSucceeded, deny: true, reason: ReasonWorkflowCompleted, source: sourceLive, wantRow: "6"},
+		{row: "18", name: "store-first, store tombstone, live 404", facts: exit, opts: storeFirst, store: storeTombstone, live: live404, deny: true, reason: ReasonWorkflowDeleted, source: sourceLive, wantRow: "8"},
+		{row: "18", name: "store-first, store unsettled, live Succeeded", facts: exit, opts: storeFirst, store: storeUnsettled, live: liveSucceeded, deny: true, reason: ReasonWorkflowCompleted, source: sourceLive, wantRow: "6"},
+		{row: "18", name: "store-first, store unsettled, live says not terminal", facts: exit, opts: storeFirst, store: storeUnsettled, live: liveUnknown, reason: ReasonWorkflowNotTerminal, source: sourceLive, wantRow: "5"},
+		{row: "18", name: "strict step pod, store Succeeded, read fails, default fallback", facts: step, opts: Options{Strict: true}, store: storeSucceeded, live: liveFails, reason: ReasonUnconfirmedCompletion, source: sourceStore, wantRow: "11"},
+		{row: "18", name: "strict step pod, store Succeeded, read fails, completion fallback", facts: step, opts: Options{Strict: true, StoreFallback: FallbackCompletion}, store: storeSucceeded, live: liveFails, deny: true, reason: ReasonWorkflowCompleted, source: sourceStore, wantRow: "11"},
+		{row: "19", name: "store-first, watch stale, live Succeeded", facts: exit, opts: storeFirst, staleWatch: true, live: liveSucceeded, deny: true, reason: ReasonWorkflowCompleted, source: sourceLive, wantRow: "6"},
+		{row: "19", name: "strict step pod, watch stale, live Succeeded", facts: step, opts: Options{Strict: true}, staleWatch: true, live: liveSucceeded, deny: true, reason: ReasonWorkflowCompleted, source: sourceLive, wantRow: "6"},
+		{row: "19", name: "store-first, watch stale, read fails, store empty", facts: exit, opts: storeFirst, staleWatch: true, live: liveFails, reason: ReasonUnverifiedFailOpen, wantRow: "15"},
+		{row: "T1", name: "TaskSet without a Workflow owner reference", facts: notOwnedWrite, reason: ReasonNotOwnedByWorkflow},
+		{row: "T2", name: "TaskSet, namespace not guarded", facts: elsewhereWrite, opts: watchOnly, reason: ReasonNamespaceNotWatched},
+		{row: "T3", name: "TaskSet cleanup of a succeeded workflow (tasks removed, completed set)", facts: cleanup, reason: ReasonNoNewTask},
+		{row: "T4", name: "as 5: task added, live Running", facts: stale, live: liveRunning, store: storeSucceeded, reason: ReasonWorkflowNotTerminal, source: sourceLive, wantRow: "5"},
+		{row: "T4", name: "as 6: task added, live Succeeded", facts: stale, live: liveSucceeded, deny: true, reason: ReasonWorkflowCompleted, source: sourceLive, wantRow: "6"},
+		{row: "T4", name: "as 6: completed set back alone, live Succeeded", facts: reopenOnly, live: liveSucceeded, deny: true, reason: ReasonWorkflowCompleted, source: sourceLive, wantRow: "6"},
+		{row: "T4", name: "as 6: TaskSet created, live Succeeded", facts: created, live: liveSucceeded, deny: true, reason: ReasonWorkflowCompleted, source: sourceLive, wantRow: "6"},
+		{row: "T4", name: "as 7: task added, live Failed, default policy", facts: stale, live: liveFailed, reason: ReasonPhaseNotDenied, source: sourceLive, wantRow: "7"},
+		{row: "T4", name: "as 8: TaskSet created, live 404", facts: created, live: live404, deny: true, reason: ReasonWorkflowDeleted, source: sourceLive, wantRow: "8"},
+		{row: "T4", name: "as 9: task added, live other UID", facts: stale, live: liveOtherUID, deny: true, reason: ReasonWorkflowReplaced, source: sourceLive, wantRow: "9"},
+		{row: "T4", name: "as 10: task added, read fails, store tombstone", facts: stale, live: liveFails, store: storeTombstone, deny: true, reason: ReasonWorkflowDeleted, source: sourceStore, wantRow: "10"},
+		{row: "T4", name: "as 11: task added, read times out, store Succeeded", facts: stale, live: liveTimesOut, store: storeSucceeded, reason: ReasonUnconfirmedCompletion, source: sourceStore, wantRow: "11"},
+		{row: "T4", name: "as 11: task added, read fails, store Succeeded, completion fallback", facts: stale, opts: completion, live: liveFails, store: storeSucceeded, deny: true, reason: ReasonWorkflowCompleted, source: sourceStore, wantRow: "11"},
+		{row: "T4", name: "as 15: task added, read fails, store empty", facts: stale, live: liveFails, reason: ReasonUnverifiedFailOpen, wantRow: "15"},
+		{row: "T4", name: "as 16: task added, store-first, store empty", facts: stale, opts: storeFirst, reason: ReasonNotSeenCompleted, source: sourceStore, wantRow: "16"},
+		{row: "T4", name: "as 18: task added, store-first, store Succeeded, live confirms", facts: stale, opts: storeFirst, store: storeSucceeded, live: liveSucceeded, deny: true, reason: ReasonWorkflowCompleted, source: sourceLive, wantRow: "6"},
+		{row: "T4", name: "as 19: task added, store-first, watch stale, live Succeeded", facts: stale, opts: storeFirst, staleWatch: true, live: liveSucceeded, deny: true, reason: ReasonWorkflowCompleted, source: sourceLive, wantRow: "6"},
+	}
+}
+
+// storeFor is a store that holds state for wf, and whose watch went stale if staleWatch.
+func storeFor(t *testing.T, wf client.Object, state storeState, staleWatch bool) *completionstore.Store {
+	t.Helper()
+	clk := clocktesting.NewFakeClock(time.Now())
+	store, err := completionstore.New(completionstore.Options{Clock: clk})
+	if err != nil {
+		t.Fatal(err)
+	}
+	store.Progress("1")
+	if staleWatch {
+		clk.Step(time.Hour)
+	}
+	if state == storeEmpty {
+		return store
+	}
+	o := completionstore.Observation{UID: wf.GetUID(), Namespace: wf.GetNamespace(), Name: wf.GetName(), ResourceVersion: "1"}
+	switch state {
+	case storeRunning:
+		o.Phase = argo.PhaseRunning
+	case storeSucceeded:
+		o.Phase = argo.PhaseSucceeded
+	case storeFailed:
+		o.Phase = argo.PhaseFailed
+	case storeTombstone:
+		o.Phase, o.Deleted = argo.PhaseRunning, true
+	case storeUnsettled:
+		o.Phase = argo.PhaseUnsettled
+	}
+	store.Observe(o)
+	return store
+}
+
+// TestDecisionTable checks every row of docs/decisions.md, in its order, on the facts the
+// webhooks read from requests, with a live read that answers as each case says. The rows that
+// are about the API server itself (what a live read sees, how it fails) are checked through a
+// real one by TestLiveReadThroughTheAPIServer.
+func TestDecisionTable(t *testing.T) {
+	for _, c := range decisionCases() {
+		t.Run(c.row+" "+c.name, func(t *testing.T) {
+			g, err := newGuard(nil, storeFor(t, tableWorkflow, c.store, c.staleWatch), c.opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			calls := 0
+			g.readLive = cannedRead(c.live, &calls)
+			d := g.decide(t.Context(), c.facts(t))
+			wantRow := c.wantRow
+			if wantRow == "" {
+				wantRow = c.row
+			}
+			if d.deny != c.deny || d.reason != c.reason || d.source != c.source || d.row != wantRow {
+				t.Errorf("decision = deny %v reason %s source %q row %s, want deny %v reason %s source %q row %s (live error: %v)",
+					d.deny, d.reason, d.source, d.row, c.deny, c.reason, c.source, wantRow, d.liveErr)
+			}
+			if made := calls > 0; made != (c.live != liveNone) {
+				t.Errorf("live read made %d times; the case wants it made: %v", calls, c.live != liveNone)
 			}
 		})
 	}
 }
 
-// The live read answers from the API server's watch cache (a LIST by name), yet it must never
-// return an older state than the newest write: each read right after a write sees that write.
-func TestLiveReadSeesTheNewestWrite(t *testing.T) {
-	ns := newNamespace(t)
-	c, err := client.New(env.Config, client.Options{Scheme: testScheme(t)})
+// TestDecisionTableWalksTheDocInOrder: every row of docs/decisions.md's tables has a case in
+// TestDecisionTable, the cases come in the rows' order, and every row a decision names is in
+// the doc.
+func TestDecisionTableWalksTheDocInOrder(t *testing.T) {
+	raw, err := os.ReadFile("../docs/decisions.md")
 	if err != nil {
 		t.Fatal(err)
 	}
-	store, err := completionstore.New(completionstore.Options{})
-	if err != nil {
-		t.Fatal(err)
+	var docRows []string
+	for _, m := range regexp.MustCompile(`(?m)^\| (T?[0-9]+) \|`).FindAllStringSubmatch(string(raw), -1) {
+		docRows = append(docRows, m[1])
 	}
-	g, err := newGuard(c, store, Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	wf := createWorkflow(t, ns, "read-your-writes", argo.PhaseRunning)
-	const writes = 300
-	for i := range writes {
-		phase := []argo.Phase{argo.PhaseRunning, argo.PhaseSucceeded, argo.PhaseFailed}[i%3]
-		setPhase(t, wf, phase)
-		got, err := g.liveRead(t.Context(), ns, wf.GetName())
-		if err != nil {
-			t.Fatal(err)
+	var caseRows []string
+	for _, c := range decisionCases() {
+		if len(caseRows) == 0 || caseRows[len(caseRows)-1] != c.row {
+			caseRows = append(caseRows, c.row)
 		}
-		if got.ResourceVersion != wf.GetResourceVersion() || got.Status.Phase != phase {
-			t.Fatalf("write %d of %d: the live read returned resourceVersion %s phase %s, want the write's %s %s",
-				i+1, writes, got.ResourceVersion, got.Status.Phase, wf.GetResourceVersion(), phase)
+		if c.wantRow != "" && !slices.Contains(docRows, c.wantRow) {
+			t.Errorf("case %q answers by row %s, which docs/decisions.md does not have", c.name, c.wantRow)
 		}
+	}
+	if strings.Join(caseRows, " ") != strings.Join(docRows, " ") {
+		t.Errorf("the cases walk rows\n  %s\nand docs/decisions.md has\n  %s", strings.Join(caseRows, " "), strings.Join(docRows, " "))
+	}
+}
+
+func TestClassify(t *testing.T) {
+	owner := []metav1.OwnerReference{{APIVersion: "argoproj.io/v1alpha1", Kind: "Workflow", Name: "wf", UID: types.UID("u"), Controller: ptr.To(true)}}
+	tests := []struct {
+		name      string
+		meta      metav1.ObjectMeta
+		wantRole  role
+		wantOwned bool
+	}{
+		{"the on-exit label marks an exit handler", metav1.ObjectMeta{Labels: map[string]string{argo.LabelOnExit: "true"}, OwnerReferences: owner}, roleExitHandler, true},
+		{"the label counts whatever its value", metav1.ObjectMeta{Labels: map[string]string{argo.LabelOnExit: "false"}, OwnerReferences: owner}, roleExitHandler, true},
+		{"an onExit node name alone marks an exit handler", metav1.ObjectMeta{Annotations: map[string]string{argo.AnnotationNodeName: "wf[0].step-1.onExit"}, OwnerReferences: owner}, roleExitHandler, true},
+		{"a hooks node is a lifecycle hook", metav1.ObjectMeta{Annotations: map[string]string{argo.AnnotationNodeName: "wf.hooks.running"}, OwnerReferences: owner}, roleHook, true},
+		{"the agent label marks the agent", metav1.ObjectMeta{Labels: map[string]string{argo.LabelComponent: argo.ComponentAgent}, OwnerReferences: owner}, roleAgent, true},
+		{"anything else is a step", metav1.ObjectMeta{Annotations: map[string]string{argo.AnnotationNodeName: "wf[0].a"}, OwnerReferences: owner}, roleStep, true},
+		{"a Workflow of another group is not Argo's", metav1.ObjectMeta{OwnerReferences: []metav1.OwnerReference{{APIVersion: "example.com/v1", Kind: "Workflow", Name: "wf", Controller: ptr.To(true)}}}, roleStep, false},
+		{"a non-controller owner reference does not count", metav1.ObjectMeta{OwnerReferences: []metav1.OwnerReference{{APIVersion: "argoproj.io/v1alpha1", Kind: "Workflow", Name: "wf"}}}, roleStep, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f := classify(&tt.meta)
+			if f.role != tt.wantRole || (f.owner != nil) != tt.wantOwned {
+				t.Errorf("classify = role %s owned %v, want %s %v", f.role, f.owner != nil, tt.wantRole, tt.wantOwned)
+			}
+		})
 	}
 }

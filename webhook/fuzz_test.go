@@ -18,9 +18,13 @@ import (
 	"gomodules.xyz/jsonpatch/v2"
 	admissionv1 "k8s.io/api/admission/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	k8sruntime "k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	"github.com/exit-guard/exit-guard/completionstore"
 	"github.com/exit-guard/exit-guard/internal/argo"
@@ -158,7 +162,7 @@ func checkAnswer(body []byte, status int, raw []byte, mutating bool) error {
 			return fmt.Errorf("allowed with no reason: %s", raw)
 		}
 	case status == http.StatusOK:
-		if r.Result == nil || r.Result.Code != http.StatusForbidden || !strings.Contains(r.Result.Message, "exit-guard refused") {
+		if _, ok := RefusalReason(&apierrors.StatusError{ErrStatus: ptr.Deref(r.Result, metav1.Status{})}); !ok {
 			return fmt.Errorf("a refusal that is not one of the guard's policy decisions, in an HTTP 200: %s", raw)
 		}
 	case status == http.StatusBadRequest || status == http.StatusRequestEntityTooLarge:
@@ -212,9 +216,9 @@ func FuzzAdmissionReview(f *testing.F) {
 	}
 	f.Add(taskSetReviewOf(admissionv1.Update, []byte(`{"spec":{"tasks":[]}}`), []byte(`{}`)))
 	f.Add(taskSetReviewOf(admissionv1.Update, []byte(`{"metadata":{`+owned("done", "uid-done")+`},"spec":{"tasks":{"a":1}}}`), nil))
-	validate := serve(&validator{fuzzGuard(f, Options{})})
-	mutate := serve(&mutator{fuzzGuard(f, Options{Mode: ModeWarn, Hooks: true, Strict: true})})
-	taskSets := serve(&taskSetValidator{fuzzGuard(f, Options{})})
+	validate := serve(&handler{guard: fuzzGuard(f, Options{}), readObject: readPod})
+	mutate := serve(mutatingPath(fuzzGuard(f, Options{Mode: ModeWarn, Hooks: true, Strict: true})))
+	taskSets := serve(&handler{guard: fuzzGuard(f, Options{}), readObject: readTaskSet})
 	f.Fuzz(func(t *testing.T, body []byte) {
 		for _, h := range []struct {
 			handler  http.Handler
@@ -264,16 +268,16 @@ func FuzzClassify(f *testing.F) {
 			t.Fatalf("owner %+v is not a controlling Argo Workflow", o)
 		}
 		switch agent := component == argo.ComponentAgent; {
-		case agent != (facts.kind == kindAgent):
-			t.Fatalf("kind %s for component %q", facts.kind, component)
-		case !agent && (onExit != "" || strings.Contains(node, argo.OnExitMarker)) != (facts.kind == kindExitHandler):
-			t.Fatalf("kind %s for on-exit label %q and node %q", facts.kind, onExit, node)
+		case agent != (facts.role == roleAgent):
+			t.Fatalf("role %s for component %q", facts.role, component)
+		case !agent && (onExit != "" || strings.Contains(node, argo.OnExitMarker)) != (facts.role == roleExitHandler):
+			t.Fatalf("role %s for on-exit label %q and node %q", facts.role, onExit, node)
 		}
-		_, d := g.decide(t.Context(), meta)
+		d := g.decide(t.Context(), facts)
 		if d.deny && (facts.owner == nil || (component != "" && component != argo.ComponentAgent)) {
 			t.Fatalf("refused a pod the guard does not own: %+v", d)
 		}
-		if d.deny && d.reason == reasonWorkflowCompleted && (name != "done" || string(facts.owner.UID) != "uid-done") {
+		if d.deny && d.reason == ReasonWorkflowCompleted && (name != "done" || string(facts.owner.UID) != "uid-done") {
 			t.Fatalf("refused as completed a pod whose workflow is not the Succeeded one: %+v", d)
 		}
 	})
@@ -283,7 +287,7 @@ func FuzzClassify(f *testing.F) {
 // one nested too deep for encoding/json an HTTP 400, and the memory a request may take stays a
 // small multiple of the limit.
 func TestHugeAndDeeplyNestedBodies(t *testing.T) {
-	h := serve(&validator{fuzzGuard(t, Options{})})
+	h := serve(&handler{guard: fuzzGuard(t, Options{}), readObject: readPod})
 	big := reviewOf(admissionv1.Create, []byte(`{"metadata":{"annotations":{"a":"`+strings.Repeat("x", 8<<20)+`"}}}`))
 	deep := reviewOf(admissionv1.Create, []byte(strings.Repeat(`{"a":`, 20000)+`1`+strings.Repeat(`}`, 20000)))
 	nearLimit := reviewOf(admissionv1.Create, []byte(`{"metadata":{"annotations":{"a":"`+strings.Repeat("x", 6<<20)+`"}}}`))
@@ -317,4 +321,25 @@ func TestHugeAndDeeplyNestedBodies(t *testing.T) {
 			}
 		})
 	}
+}
+
+// FuzzRead feeds arbitrary pod objects to the request decoder: it must never panic, and must
+// either go on with metadata or answer.
+func FuzzRead(f *testing.F) {
+	for _, pod := range argoPods(f) {
+		f.Add(pod)
+	}
+	f.Add([]byte(`{"metadata":{"name":"p","labels":{"workflows.argoproj.io/on-exit":"true"},"ownerReferences":[{"apiVersion":"argoproj.io/v1alpha1","kind":"Workflow","name":"w","uid":"u","controller":true}]}}`))
+	f.Add([]byte(`{"metadata":null}`))
+	f.Add([]byte(`[]`))
+	f.Add([]byte(``))
+	f.Fuzz(func(t *testing.T, raw []byte) {
+		req := admission.Request{AdmissionRequest: admissionv1.AdmissionRequest{
+			UID: "f", Resource: metav1.GroupVersionResource{Version: "v1", Resource: "pods"}, Operation: admissionv1.Create,
+			Object: k8sruntime.RawExtension{Raw: raw}}}
+		f, resp := readPod(req)
+		if (f.object == nil) == (resp == nil) {
+			t.Fatalf("readPod returned facts %+v and response %v; want exactly one", f, resp)
+		}
+	})
 }

@@ -1,3 +1,5 @@
+//go:build envtest
+
 package webhook
 
 import (
@@ -22,10 +24,10 @@ import (
 	"k8s.io/apimachinery/pkg/util/rand"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	"github.com/exit-guard/exit-guard/completionstore"
 	"github.com/exit-guard/exit-guard/internal/argo"
+	"github.com/exit-guard/exit-guard/internal/fixture"
 )
 
 // post sends body to the guard's path over TLS, trusting the test CA.
@@ -155,7 +157,7 @@ func TestDenialCarriesAuditAnnotations(t *testing.T) {
 	ns := newNamespace(t)
 	wf := createWorkflow(t, ns, "done", argo.PhaseSucceeded)
 	h.store.Observe(completionstore.Observation{UID: wf.GetUID(), Namespace: ns, Name: "done", ResourceVersion: wf.GetResourceVersion(), Phase: argo.PhaseSucceeded})
-	raw, _ := json.Marshal(exitPod(wf))
+	raw, _ := json.Marshal(fixture.ExitPod(wf))
 	code, rev, body := post(t, ValidatePath, "application/json", review(admissionv1.AdmissionRequest{
 		UID: "audit-1", Resource: metav1.GroupVersionResource{Version: "v1", Resource: "pods"}, Operation: admissionv1.Create,
 		Namespace: ns, Object: runtime.RawExtension{Raw: raw}}))
@@ -175,12 +177,12 @@ func TestDenialCarriesAuditAnnotations(t *testing.T) {
 
 	// A WorkflowTaskSet write names what it adds instead of a pod kind.
 	key := argo.NodeID("done", argo.OnExitNodeName("done"))
-	after := taskSetOf(wf, map[string]any{key: httpTask("notify")})
-	before := taskSetOf(wf, map[string]any{})
+	after := fixture.TaskSet(wf, map[string]any{key: fixture.HTTPTask("notify")})
+	before := fixture.TaskSet(wf, map[string]any{})
 	before.SetLabels(map[string]string{argo.LabelCompleted: "true"})
 	code, rev, body = post(t, ValidateTaskSetPath, "application/json", review(admissionv1.AdmissionRequest{
 		UID: "audit-2", Resource: taskSetResource, Operation: admissionv1.Update, Namespace: ns, Name: "done",
-		Object: runtime.RawExtension{Raw: mustJSON(after.Object)}, OldObject: runtime.RawExtension{Raw: mustJSON(before.Object)}}))
+		Object: runtime.RawExtension{Raw: fixture.JSON(after.Object)}, OldObject: runtime.RawExtension{Raw: fixture.JSON(before.Object)}}))
 	if code != http.StatusOK || rev.Response == nil || rev.Response.Allowed {
 		t.Fatalf("HTTP %d %s, want a denial", code, body)
 	}
@@ -196,49 +198,17 @@ func TestDenialCarriesAuditAnnotations(t *testing.T) {
 	}
 }
 
-// FuzzRead feeds arbitrary pod objects to the request decoder: it must never panic, and must
-// either go on with metadata or answer.
-func FuzzRead(f *testing.F) {
-	for _, pod := range argoPods(f) {
-		f.Add(pod)
-	}
-	f.Add([]byte(`{"metadata":{"name":"p","labels":{"workflows.argoproj.io/on-exit":"true"},"ownerReferences":[{"apiVersion":"argoproj.io/v1alpha1","kind":"Workflow","name":"w","uid":"u","controller":true}]}}`))
-	f.Add([]byte(`{"metadata":null}`))
-	f.Add([]byte(`[]`))
-	f.Add([]byte(``))
-	f.Fuzz(func(t *testing.T, raw []byte) {
-		req := admission.Request{AdmissionRequest: admissionv1.AdmissionRequest{
-			UID: "f", Resource: metav1.GroupVersionResource{Version: "v1", Resource: "pods"}, Operation: admissionv1.Create,
-			Object: runtime.RawExtension{Raw: raw}}}
-		meta, resp := read(req)
-		if (meta == nil) == (resp == nil) {
-			t.Fatalf("read returned meta %v and response %v; want exactly one", meta, resp)
-		}
-		if meta != nil {
-			_ = classify(meta)
-		}
-	})
-}
-
-// panickingReader is a live read with a bug in it.
-type panickingReader struct{ calls atomic.Int32 }
-
-func (r *panickingReader) Get(context.Context, client.ObjectKey, client.Object, ...client.GetOption) error {
-	r.calls.Add(1)
-	panic("a bug in the live read")
-}
-
-func (r *panickingReader) List(context.Context, client.ObjectList, ...client.ListOption) error {
-	r.calls.Add(1)
-	panic("a bug in the live read")
-}
-
 // TestHandlerFailuresReachTheAPIServerAsHTTPErrors: a panic in the guard is not a refusal. It
 // reaches the API server as an HTTP 500, so that the webhook's failurePolicy applies: with
 // Ignore, the pod is admitted.
 func TestHandlerFailuresReachTheAPIServerAsHTTPErrors(t *testing.T) {
-	reader := &panickingReader{}
-	startGuard(t, Options{}, harnessOptions{noWatch: true, reader: reader})
+	// A live read with a bug in it.
+	var calls atomic.Int32
+	bug := func(context.Context) error {
+		calls.Add(1)
+		panic("a bug in the live read")
+	}
+	startGuard(t, Options{}, harnessOptions{noWatch: true, reader: faultyReader(t, bug, bug)})
 	// A namespace the test webhooks (failurePolicy Fail) do not see; one webhook that fails
 	// open is registered for it alone.
 	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "t-" + rand.String(8), Labels: map[string]string{"exit-guard-fail-open": "true"}}}
@@ -247,7 +217,7 @@ func TestHandlerFailuresReachTheAPIServerAsHTTPErrors(t *testing.T) {
 	}
 	wf := createWorkflow(t, ns.Name, "done", argo.PhaseSucceeded)
 
-	raw, _ := json.Marshal(exitPod(wf))
+	raw, _ := json.Marshal(fixture.ExitPod(wf))
 	code, rev, body := post(t, ValidatePath, "application/json", review(admissionv1.AdmissionRequest{
 		UID: "panic-1", Resource: metav1.GroupVersionResource{Version: "v1", Resource: "pods"}, Operation: admissionv1.Create,
 		Namespace: ns.Name, Object: runtime.RawExtension{Raw: raw}}))
@@ -282,9 +252,9 @@ func TestHandlerFailuresReachTheAPIServerAsHTTPErrors(t *testing.T) {
 	// is called, and judge the create that called it.
 	err := wait.PollUntilContextTimeout(t.Context(), 50*time.Millisecond, 30*time.Second, true,
 		func(ctx context.Context) (bool, error) {
-			before := reader.calls.Load()
-			err := env.Client.Create(ctx, exitPod(wf), client.DryRunAll)
-			if reader.calls.Load() == before {
+			before := calls.Load()
+			err := env.Client.Create(ctx, fixture.ExitPod(wf), client.DryRunAll)
+			if calls.Load() == before {
 				return false, nil
 			}
 			if err != nil {

@@ -1,3 +1,5 @@
+//go:build envtest
+
 package webhook
 
 import (
@@ -11,7 +13,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"go.uber.org/zap/zapcore"
+	dto "github.com/prometheus/client_model/go"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
@@ -23,7 +25,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	crwebhook "sigs.k8s.io/controller-runtime/pkg/webhook"
 
@@ -33,9 +35,6 @@ import (
 )
 
 var env *testenv.Env
-
-// guardLog collects the JSON log lines of every guard the tests run.
-var guardLog = &testenv.Output{}
 
 // The webhook configurations of these tests send every pod creation to the guard (the
 // chart's selectors narrow that; here the handler itself must admit what is not its own),
@@ -47,8 +46,7 @@ func TestMain(m *testing.M) {
 		// fuzz worker process would start one of its own.
 		os.Exit(m.Run())
 	}
-	// The guard's log, kept for the tests that check its audit lines.
-	ctrl.SetLogger(zap.New(zap.WriteTo(guardLog), zap.UseDevMode(false), zap.Level(zapcore.DebugLevel)))
+	useGuardLog()
 	fail := admissionregistrationv1.Fail
 	sideEffects := admissionregistrationv1.SideEffectClassNoneOnDryRun
 	timeout := int32(5)
@@ -117,6 +115,35 @@ func testScheme(t testing.TB) *runtime.Scheme {
 		t.Fatal(err)
 	}
 	return s
+}
+
+// faultyReader is a client of the test API server whose reads meet a fault first: List, with
+// which each live-read attempt begins (readWorkflow), and Get, of a hedge or of a refusal. A
+// fault that returns an error fails the read; a nil fault reads through.
+func faultyReader(t *testing.T, list, get func(context.Context) error) client.Reader {
+	t.Helper()
+	c, err := client.NewWithWatch(env.Config, client.Options{Scheme: testScheme(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return interceptor.NewClient(c, interceptor.Funcs{
+		List: func(ctx context.Context, c client.WithWatch, l client.ObjectList, opts ...client.ListOption) error {
+			if list != nil {
+				if err := list(ctx); err != nil {
+					return err
+				}
+			}
+			return c.List(ctx, l, opts...)
+		},
+		Get: func(ctx context.Context, c client.WithWatch, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+			if get != nil {
+				if err := get(ctx); err != nil {
+					return err
+				}
+			}
+			return c.Get(ctx, key, obj, opts...)
+		},
+	})
 }
 
 // startGuard runs the guard until the test ends, on the address the webhooks are registered at.
@@ -192,61 +219,17 @@ func newNamespace(t testing.TB) string {
 	return ns.Name
 }
 
-// createWorkflow creates a workflow and, when phase is set, writes it the way Argo does.
+// createWorkflow creates a workflow on the test API server and, when phase is set, writes it
+// the way Argo does.
 func createWorkflow(t testing.TB, namespace, name string, phase argo.Phase) *unstructured.Unstructured {
 	t.Helper()
-	wf := &unstructured.Unstructured{}
-	wf.SetGroupVersionKind(argo.WorkflowGVK)
-	wf.SetNamespace(namespace)
-	wf.SetName(name)
-	wf.Object["spec"] = map[string]any{"entrypoint": "main", "onExit": "exit-handler"}
-	if err := env.Client.Create(t.Context(), wf); err != nil {
-		t.Fatalf("creating workflow %s: %v", name, err)
-	}
-	if phase != "" {
-		setPhase(t, wf, phase)
-	}
-	return wf
+	return testenv.CreateWorkflow(t, env.Client, namespace, name, phase)
 }
 
-// setPhase writes the workflow's phase with one whole-object Update, as Argo's controller does
-// (testenv.MarkPhase; PhaseUnknown as v4.0+'s argo retry leaves it).
+// setPhase writes the workflow's phase the way Argo's controller does.
 func setPhase(t testing.TB, wf *unstructured.Unstructured, phase argo.Phase) {
 	t.Helper()
-	testenv.MarkPhase(wf, phase)
-	if err := env.Client.Update(t.Context(), wf); err != nil {
-		t.Fatalf("writing phase %q of %s: %v", phase, wf.GetName(), err)
-	}
-}
-
-// argoPod is a pod as Argo's controller builds it for node of wf.
-func argoPod(wf client.Object, name, node string, exitHandler bool) *corev1.Pod {
-	labels := map[string]string{
-		argo.LabelWorkflow:                wf.GetName(),
-		"workflows.argoproj.io/completed": "false",
-	}
-	if exitHandler {
-		labels[argo.LabelOnExit] = "true"
-	}
-	yes := true
-	return &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{
-			Namespace:   wf.GetNamespace(),
-			Name:        name,
-			Labels:      labels,
-			Annotations: map[string]string{argo.AnnotationNodeName: node},
-			OwnerReferences: []metav1.OwnerReference{{
-				APIVersion: argo.GroupVersion.String(), Kind: argo.Kind, Name: wf.GetName(), UID: wf.GetUID(),
-				Controller: &yes, BlockOwnerDeletion: &yes,
-			}},
-		},
-		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "main", Image: "busybox"}}},
-	}
-}
-
-// exitPod is the reference scenario's exit-handler pod: node <wf>.onExit[0].notify.
-func exitPod(wf client.Object) *corev1.Pod {
-	return argoPod(wf, wf.GetName()+"-notify-failure-"+rand.String(5), wf.GetName()+".onExit[0].notify", true)
+	testenv.SetPhase(t, env.Client, wf, phase)
 }
 
 // waitEvent polls for a guard Event about the workflow with uid and returns it.
@@ -277,28 +260,13 @@ func waitEvent(t *testing.T, namespace string, wf client.Object, reason string) 
 // series whose labels match.
 func (h *harness) counter(t *testing.T, name string, labels map[string]string) float64 {
 	t.Helper()
-	mfs, err := h.registry.Gather()
+	gathered, err := h.registry.Gather()
 	if err != nil {
 		t.Fatal(err)
 	}
-	var sum float64
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-	metrics:
-		for _, m := range mf.GetMetric() {
-			for _, lp := range m.GetLabel() {
-				if v, ok := labels[lp.GetName()]; ok && v != lp.GetValue() {
-					continue metrics
-				}
-			}
-			if m.GetCounter() != nil {
-				sum += m.GetCounter().GetValue()
-			} else {
-				sum += float64(m.GetHistogram().GetSampleCount())
-			}
-		}
+	mfs := map[string]*dto.MetricFamily{}
+	for _, mf := range gathered {
+		mfs[mf.GetName()] = mf
 	}
-	return sum
+	return testenv.SumSeries(mfs, name, labels)
 }

@@ -1,10 +1,3 @@
-// Package webhook is exit-guard's admission webhook on Pod CREATE. It refuses the pods that a
-// stale copy of a completed Argo Workflow tries to create (exit handlers by default), after
-// making sure with a live read of the workflow, and lets every other pod through at once.
-//
-// Setup registers two paths on the manager's webhook server: ValidatePath decides (deny in
-// enforce mode), MutatePath marks suspect pods in warn and dry-run mode. Register one of them
-// with the API server, per mode; see docs/decisions.md for the decision table.
 package webhook
 
 import (
@@ -16,19 +9,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/exit-guard/exit-guard/internal/argo"
-)
-
-// Paths served on the webhook server.
-const (
-	ValidatePath = "/validate-pod"
-	MutatePath   = "/mutate-pod"
-)
-
-// Labels and annotations exit-guard puts on the suspect pods it admits in warn and dry-run
-// mode. `kubectl get pods -A -l exit-guard.io/suspect` lists them.
-const (
-	LabelSuspect            = "exit-guard.io/suspect"
-	AnnotationSuspectReason = "exit-guard.io/suspect-reason"
 )
 
 // Mode says what the guard does with a pod it would refuse.

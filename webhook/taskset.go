@@ -1,14 +1,13 @@
 package webhook
 
 import (
-	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net/http"
 	"slices"
 	"strings"
 
+	"gomodules.xyz/jsonpatch/v2"
 	admissionv1 "k8s.io/api/admission/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
@@ -31,15 +30,6 @@ import (
 // suspect write with an admission warning.
 const ValidateTaskSetPath = "/validate-workflowtaskset"
 
-// reasonNoNewTask admits a TaskSet write that adds no task and does not set the completed
-// label back from "true": cleanup, or anything else that starts no work.
-const reasonNoNewTask reason = "no-new-task"
-
-// taskSetValidator is the handler of ValidateTaskSetPath.
-type taskSetValidator struct{ *guard }
-
-var _ admission.Handler = (*taskSetValidator)(nil)
-
 var taskSetResource = metav1.GroupVersionResource{Group: argo.Group, Version: argo.Version, Resource: argo.TaskSetResource}
 
 // taskSet is the part of a WorkflowTaskSet the guard decodes: its metadata and the keys of
@@ -55,10 +45,10 @@ type taskSet struct {
 // reads what it adds. A nil response means go on; otherwise it is the answer: allowed for
 // requests that are not ours, 400 for malformed ones.
 func readTaskSet(req admission.Request) (facts, *admission.Response) {
-	f := facts{object: objectTaskSet}
-	if req.UID == "" {
-		r := admission.Errored(http.StatusBadRequest, errors.New("malformed AdmissionReview: request.uid is empty"))
-		return f, &r
+	ts := &taskSetObject{}
+	f := facts{object: ts, role: roleTaskWrite}
+	if resp := checkUID(req); resp != nil {
+		return f, resp
 	}
 	// matchPolicy Equivalent may send another version of the resource: group and resource
 	// are what count. The tasks' keys and the label mean the same in every version Argo has.
@@ -82,15 +72,16 @@ func readTaskSet(req admission.Request) (facts, *admission.Response) {
 			return f, &r
 		}
 	}
-	f.namespace, f.name = obj.Metadata.Namespace, obj.Metadata.Name
+	f.namespace, ts.name = obj.Metadata.Namespace, obj.Metadata.Name
 	if f.namespace == "" {
 		f.namespace = req.Namespace
 	}
-	if f.name == "" {
-		f.name = req.Name
+	ts.namespace = f.namespace
+	if ts.name == "" {
+		ts.name = req.Name
 	}
-	if f.name == "" && obj.Metadata.GenerateName != "" {
-		f.name = obj.Metadata.GenerateName + "*"
+	if ts.name == "" && obj.Metadata.GenerateName != "" {
+		ts.name = obj.Metadata.GenerateName + "*"
 	}
 	// The owner reference Argo sets is not a controller reference.
 	for i := range obj.Metadata.OwnerReferences {
@@ -99,14 +90,18 @@ func readTaskSet(req admission.Request) (facts, *admission.Response) {
 			break
 		}
 	}
+	if f.owner != nil {
+		ts.workflow = f.owner.Name
+	}
 	for k := range obj.Spec.Tasks {
 		if _, had := old.Spec.Tasks[k]; !had {
-			f.tasks = append(f.tasks, k)
+			ts.tasks = append(ts.tasks, k)
 		}
 	}
-	slices.Sort(f.tasks)
-	f.reopened = req.Operation == admissionv1.Update &&
+	slices.Sort(ts.tasks)
+	ts.reopened = req.Operation == admissionv1.Update &&
 		old.Metadata.Labels[argo.LabelCompleted] == "true" && obj.Metadata.Labels[argo.LabelCompleted] != "true"
+	f.startsWork = len(ts.tasks) > 0 || ts.reopened
 	return f, nil
 }
 
@@ -120,64 +115,18 @@ func decodeTaskSet(raw []byte, field string, into *taskSet) error {
 	return nil
 }
 
-// decideTaskSet is the WorkflowTaskSet rows of docs/decisions.md. A write that adds work while
-// the owning workflow has completed comes from a stale copy: Argo adds tasks, and sets the
-// label back, only while the workflow runs (a retry runs it again first). Which node a task
-// is, only the workflow's status says; every added task counts, whatever its node.
-func (g *guard) decideTaskSet(ctx context.Context, f facts) decision {
-	if f.owner == nil {
-		return decision{reason: reasonNotWorkflowPod}
-	}
-	d := decision{wfNamespace: f.namespace, wfName: f.owner.Name, wfUID: f.owner.UID}
-	if g.watched != nil && !g.watched[f.namespace] {
-		d.reason = reasonNamespaceNotWatched
-		return d
-	}
-	if len(f.tasks) == 0 && !f.reopened {
-		d.reason = reasonNoNewTask
-		return d
-	}
-	return g.judge(ctx, d, g.opts.StoreFirst)
-}
-
-// Handle decides a WorkflowTaskSet write: deny in enforce mode; in warn and dry-run mode admit
-// with a warning and the same audit.
-func (t *taskSetValidator) Handle(ctx context.Context, req admission.Request) admission.Response {
-	f, resp := readTaskSet(req)
-	if resp != nil {
-		return *resp
-	}
-	d := t.decideTaskSet(ctx, f)
-	out := t.audit(ctx, req, f, d)
-	if !d.deny {
-		return withAudit(admission.Allowed(string(d.reason)), f, d, out)
-	}
-	msg := denialMessage(f, d)
-	switch t.opts.Mode {
-	case ModeEnforce:
-		return policyDenial(ctx, withAudit(admission.Denied(msg), f, d, out))
-	default:
-		// Nothing to mark on a TaskSet: the warning reaches Argo's controller log.
-		return withAudit(admission.Allowed(string(d.reason)).WithWarnings(
-			fmt.Sprintf("exit-guard (%s mode) would refuse this write: %s", t.opts.Mode, msg)), f, d, out)
-	}
-}
-
 // maxTasksNamed bounds the task keys named in a message, an Event or an audit annotation.
 const maxTasksNamed = 5
 
 // tasksText names what a TaskSet write adds. The TaskSet holds node IDs only; the node of a
 // workflow-level exit handler is known by its name, <wf>.onExit, and is named as such.
-func tasksText(f facts) string {
-	var wf string
-	if f.owner != nil {
-		wf = f.owner.Name
-	}
+func (ts *taskSetObject) tasksText() string {
+	wf := ts.workflow
 	onExit := argo.NodeID(wf, argo.OnExitNodeName(wf))
 	var parts []string
-	for i, k := range f.tasks {
+	for i, k := range ts.tasks {
 		if i == maxTasksNamed {
-			parts = append(parts, fmt.Sprintf("and %d more", len(f.tasks)-i))
+			parts = append(parts, fmt.Sprintf("and %d more", len(ts.tasks)-i))
 			break
 		}
 		if k == onExit {
@@ -187,7 +136,7 @@ func tasksText(f facts) string {
 		}
 	}
 	var text string
-	switch len(f.tasks) {
+	switch len(ts.tasks) {
 	case 0:
 		text = "no new task"
 	case 1:
@@ -195,8 +144,64 @@ func tasksText(f facts) string {
 	default:
 		text = "tasks " + strings.Join(parts, ", ")
 	}
-	if f.reopened {
+	if ts.reopened {
 		text += ", and the completed label set back from \"true\""
 	}
 	return text
+}
+
+// taskSetObject is a WorkflowTaskSet write: what it adds.
+type taskSetObject struct {
+	namespace, name string
+	// workflow is the name of the Workflow its owner reference names.
+	workflow string
+	// tasks are the task keys (node IDs) it adds; reopened: it turns the completed label
+	// from "true" back.
+	tasks    []string
+	reopened bool
+}
+
+var _ object = (*taskSetObject)(nil)
+
+var taskSetMessages = &logMessages{
+	refused:     "stale workflow WorkflowTaskSet write refused",
+	unverified:  "WorkflowTaskSet write admitted unverified: the live read failed and the store knows nothing of its workflow",
+	unconfirmed: "WorkflowTaskSet write admitted unverified: the live read failed and only the store says its workflow completed",
+	admitted:    "WorkflowTaskSet write admitted",
+}
+
+func (ts *taskSetObject) kind() objectKind       { return kindTaskSet }
+func (ts *taskSetObject) noun() string           { return "write" }
+func (ts *taskSetObject) retried() string        { return "run its HTTP or plugin tasks again" }
+func (ts *taskSetObject) messages() *logMessages { return taskSetMessages }
+
+// mark: there is nothing to mark on a TaskSet; the warning reaches Argo's controller log.
+func (ts *taskSetObject) mark(string) []jsonpatch.Operation { return nil }
+
+func (ts *taskSetObject) refused() string {
+	return fmt.Sprintf("a write to WorkflowTaskSet %s/%s that adds %s", ts.namespace, ts.name, ts.tasksText())
+}
+
+func (ts *taskSetObject) eventAction(op admissionv1.Operation) string {
+	if op == admissionv1.Create {
+		return "CreateWorkflowTaskSet"
+	}
+	return "UpdateWorkflowTaskSet"
+}
+
+func (ts *taskSetObject) eventRefused() string {
+	return fmt.Sprintf("write to WorkflowTaskSet %s refused (it adds %s)", ts.name, ts.tasksText())
+}
+
+func (ts *taskSetObject) logValues() []any {
+	return []any{"workflowTaskSet", ts.namespace + "/" + ts.name, "tasksAdded", ts.tasks, "completedReopened", ts.reopened}
+}
+
+func (ts *taskSetObject) annotate(a map[string]string) {
+	if len(ts.tasks) > 0 {
+		a["tasks-added"] = strings.Join(ts.tasks[:min(len(ts.tasks), maxTasksNamed)], ",")
+	}
+	if ts.reopened {
+		a["completed-reopened"] = "true"
+	}
 }

@@ -1,8 +1,9 @@
+//go:build envtest
+
 package webhook
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"strings"
 	"sync"
@@ -18,15 +19,7 @@ import (
 
 	"github.com/exit-guard/exit-guard/completionstore"
 	"github.com/exit-guard/exit-guard/internal/argo"
-	"github.com/exit-guard/exit-guard/internal/testenv"
-)
-
-var (
-	taskSetGVK = testenv.TaskSetGVK
-	httpTask   = testenv.HTTPTask
-	onExitTask = testenv.OnExitTask
-	taskSetOf  = testenv.TaskSet
-	taskPatch  = testenv.TaskSetPatch
+	"github.com/exit-guard/exit-guard/internal/fixture"
 )
 
 // warnings collects the admission warnings a client receives.
@@ -65,7 +58,7 @@ func runningTaskSet(t *testing.T, ns, name string) (*unstructured.Unstructured, 
 	t.Helper()
 	wf := createWorkflow(t, ns, name, argo.PhaseRunning)
 	step := argo.NodeID(name, name+"[0].call")
-	ts := taskSetOf(wf, map[string]any{step: httpTask("call")})
+	ts := fixture.TaskSet(wf, map[string]any{step: fixture.HTTPTask("call")})
 	if err := env.Client.Create(t.Context(), ts); err != nil {
 		t.Fatalf("creating the TaskSet of a running workflow: %v", err)
 	}
@@ -76,7 +69,7 @@ func runningTaskSet(t *testing.T, ns, name string) (*unstructured.Unstructured, 
 // agentReports writes a task's result through the status subresource, as the agent does.
 func agentReports(t *testing.T, ts *unstructured.Unstructured, node string) {
 	t.Helper()
-	if err := env.Client.Status().Patch(t.Context(), ts, testenv.TaskSetResult(node)); err != nil {
+	if err := env.Client.Status().Patch(t.Context(), ts, fixture.TaskSetResult(node)); err != nil {
 		t.Fatalf("the agent's status write: %v", err)
 	}
 }
@@ -89,7 +82,7 @@ func complete(t *testing.T, wf, ts *unstructured.Unstructured, done ...string) {
 	for _, k := range done {
 		removed[k] = nil
 	}
-	if err := env.Client.Patch(t.Context(), ts, taskPatch(true, removed)); err != nil {
+	if err := env.Client.Patch(t.Context(), ts, fixture.TaskSetPatch(true, removed)); err != nil {
 		t.Fatalf("cleanup of the TaskSet of a succeeded workflow: %v, want it admitted", err)
 	}
 }
@@ -103,20 +96,13 @@ func TestTaskSetWrites(t *testing.T) {
 		wf, ts, step := runningTaskSet(t, ns, "http-exit")
 		complete(t, wf, ts, step)
 
-		key, tmpl := onExitTask(wf)
-		err := env.Client.Patch(t.Context(), ts, taskPatch(false, map[string]any{key: tmpl}))
-		if !apierrors.IsForbidden(err) {
-			t.Fatalf("stale TaskSet patch: err = %v, want Forbidden by exit-guard", err)
-		}
-		for _, s := range []string{"exit-guard refused", "WorkflowTaskSet " + ns + "/http-exit", key, "the exit handler http-exit.onExit",
-			"completed label set back", "Succeeded", "live-read"} {
-			if !strings.Contains(err.Error(), s) {
-				t.Errorf("refusal %q does not say %q", err.Error(), s)
-			}
-		}
+		key, tmpl := fixture.OnExitTask(wf)
+		err := env.Client.Patch(t.Context(), ts, fixture.TaskSetPatch(false, map[string]any{key: tmpl}))
+		wantRefused(t, err, ReasonWorkflowCompleted)
+		wantSource(t, wf, sourceLive)
 		// Nothing of the stale write landed: the agent has nothing to run.
 		var got unstructured.Unstructured
-		got.SetGroupVersionKind(taskSetGVK)
+		got.SetGroupVersionKind(fixture.TaskSetGVK)
 		if err := env.Client.Get(t.Context(), client.ObjectKeyFromObject(ts), &got); err != nil {
 			t.Fatal(err)
 		}
@@ -155,7 +141,7 @@ func TestTaskSetWrites(t *testing.T) {
 		ns := newNamespace(t)
 		wf, ts, step := runningTaskSet(t, ns, "reopen")
 		complete(t, wf, ts, step)
-		if err := env.Client.Patch(t.Context(), ts, taskPatch(false, map[string]any{})); !apierrors.IsForbidden(err) {
+		if err := env.Client.Patch(t.Context(), ts, fixture.TaskSetPatch(false, map[string]any{})); !apierrors.IsForbidden(err) {
 			t.Fatalf("setting completed back to false: err = %v, want Forbidden", err)
 		}
 	})
@@ -189,21 +175,21 @@ func TestTaskSetWrites(t *testing.T) {
 		ns := newNamespace(t)
 		wf, ts, step := runningTaskSet(t, ns, "steps")
 		second := argo.NodeID("steps", "steps[1].call")
-		if err := env.Client.Patch(t.Context(), ts, taskPatch(false, map[string]any{second: httpTask("second"), step: nil})); err != nil {
+		if err := env.Client.Patch(t.Context(), ts, fixture.TaskSetPatch(false, map[string]any{second: fixture.HTTPTask("second"), step: nil})); err != nil {
 			t.Fatalf("adding a step to a running workflow's TaskSet: %v", err)
 		}
 		agentReports(t, ts, second)
-		key, tmpl := onExitTask(wf)
-		if err := env.Client.Patch(t.Context(), ts, taskPatch(false, map[string]any{key: tmpl, second: nil})); err != nil {
+		key, tmpl := fixture.OnExitTask(wf)
+		if err := env.Client.Patch(t.Context(), ts, fixture.TaskSetPatch(false, map[string]any{key: tmpl, second: nil})); err != nil {
 			t.Fatalf("adding the exit handler while the workflow runs: %v", err)
 		}
 		agentReports(t, ts, key)
 		complete(t, wf, ts, key)
-		if got := h.counter(t, "exit_guard_decisions_total", map[string]string{"verdict": "allowed", "reason": string(reasonWorkflowActive), "kind": argo.TaskSetKind}); got != 3 {
-			t.Errorf("TaskSet writes admitted as %s = %v, want 3 (create and two patches)", reasonWorkflowActive, got)
+		if got := h.counter(t, "exit_guard_decisions_total", map[string]string{"verdict": "allowed", "reason": string(ReasonWorkflowNotTerminal), "kind": argo.TaskSetKind}); got != 3 {
+			t.Errorf("TaskSet writes admitted as %s = %v, want 3 (create and two patches)", ReasonWorkflowNotTerminal, got)
 		}
-		if got := h.counter(t, "exit_guard_decisions_total", map[string]string{"verdict": "allowed", "reason": string(reasonNoNewTask), "kind": argo.TaskSetKind}); got != 1 {
-			t.Errorf("TaskSet writes admitted as %s = %v, want 1 (the cleanup)", reasonNoNewTask, got)
+		if got := h.counter(t, "exit_guard_decisions_total", map[string]string{"verdict": "allowed", "reason": string(ReasonNoNewTask), "kind": argo.TaskSetKind}); got != 1 {
+			t.Errorf("TaskSet writes admitted as %s = %v, want 1 (the cleanup)", ReasonNoNewTask, got)
 		}
 	})
 
@@ -216,16 +202,16 @@ func TestTaskSetWrites(t *testing.T) {
 			complete(t, wf, ts, step)
 			h.store.Observe(completionstore.Observation{UID: wf.GetUID(), Namespace: ns, Name: wf.GetName(),
 				ResourceVersion: wf.GetResourceVersion(), Phase: argo.PhaseSucceeded})
-			key, tmpl := onExitTask(wf)
-			if err := env.Client.Patch(t.Context(), ts, taskPatch(false, map[string]any{key: tmpl})); !apierrors.IsForbidden(err) {
+			key, tmpl := fixture.OnExitTask(wf)
+			if err := env.Client.Patch(t.Context(), ts, fixture.TaskSetPatch(false, map[string]any{key: tmpl})); !apierrors.IsForbidden(err) {
 				t.Fatalf("before the retry: err = %v, want Forbidden", err)
 			}
 			retry(t, wf, argo.PhaseUnknown)
-			if err := env.Client.Patch(t.Context(), ts, taskPatch(false, map[string]any{key: tmpl})); err != nil {
+			if err := env.Client.Patch(t.Context(), ts, fixture.TaskSetPatch(false, map[string]any{key: tmpl})); err != nil {
 				t.Fatalf("the retried workflow's TaskSet patch: %v, want it admitted", err)
 			}
-			if got := h.counter(t, "exit_guard_decisions_total", map[string]string{"reason": string(reasonWorkflowActive), "kind": argo.TaskSetKind}); got < 1 {
-				t.Errorf("TaskSet writes admitted as %s = %v, want the retried one", reasonWorkflowActive, got)
+			if got := h.counter(t, "exit_guard_decisions_total", map[string]string{"reason": string(ReasonWorkflowNotTerminal), "kind": argo.TaskSetKind}); got < 1 {
+				t.Errorf("TaskSet writes admitted as %s = %v, want the retried one", ReasonWorkflowNotTerminal, got)
 			}
 		})
 	}
@@ -237,11 +223,9 @@ func TestTaskSetWrites(t *testing.T) {
 		if err := env.Client.Delete(t.Context(), wf); err != nil {
 			t.Fatal(err)
 		}
-		key, tmpl := onExitTask(wf)
-		err := env.Client.Create(t.Context(), taskSetOf(wf, map[string]any{key: tmpl}))
-		if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "no longer exists") {
-			t.Fatalf("creating the TaskSet of a deleted workflow: err = %v, want Forbidden, workflow deleted", err)
-		}
+		key, tmpl := fixture.OnExitTask(wf)
+		err := env.Client.Create(t.Context(), fixture.TaskSet(wf, map[string]any{key: tmpl}))
+		wantRefused(t, err, ReasonWorkflowDeleted)
 	})
 
 	t.Run("warn mode: admitted with a warning and an Event", func(t *testing.T) {
@@ -250,8 +234,8 @@ func TestTaskSetWrites(t *testing.T) {
 		wf, ts, step := runningTaskSet(t, ns, "warned")
 		complete(t, wf, ts, step)
 		w := &warnings{}
-		key, tmpl := onExitTask(wf)
-		if err := warningClient(t, w).Patch(t.Context(), ts, taskPatch(false, map[string]any{key: tmpl})); err != nil {
+		key, tmpl := fixture.OnExitTask(wf)
+		if err := warningClient(t, w).Patch(t.Context(), ts, fixture.TaskSetPatch(false, map[string]any{key: tmpl})); err != nil {
 			t.Fatalf("warn mode refused the stale patch: %v", err)
 		}
 		if !strings.Contains(w.all(), "exit-guard (warn mode) would refuse this write") {
@@ -269,8 +253,8 @@ func TestTaskSetWrites(t *testing.T) {
 		wf, ts, step := runningTaskSet(t, ns, "dry")
 		complete(t, wf, ts, step)
 		w := &warnings{}
-		key, tmpl := onExitTask(wf)
-		if err := warningClient(t, w).Patch(t.Context(), ts, taskPatch(false, map[string]any{key: tmpl})); err != nil {
+		key, tmpl := fixture.OnExitTask(wf)
+		if err := warningClient(t, w).Patch(t.Context(), ts, fixture.TaskSetPatch(false, map[string]any{key: tmpl})); err != nil {
 			t.Fatalf("dry-run mode refused the stale patch: %v", err)
 		}
 		if !strings.Contains(w.all(), "exit-guard (dry-run mode) would refuse this write") {
@@ -285,12 +269,4 @@ func TestTaskSetWrites(t *testing.T) {
 			t.Error("dry-run mode recorded an Event on the workflow")
 		}
 	})
-}
-
-func mustJSON(v any) []byte {
-	b, err := json.Marshal(v)
-	if err != nil {
-		panic(err)
-	}
-	return b
 }

@@ -1,3 +1,5 @@
+//go:build envtest
+
 package webhook
 
 import (
@@ -16,19 +18,42 @@ import (
 
 	"github.com/exit-guard/exit-guard/completionstore"
 	"github.com/exit-guard/exit-guard/internal/argo"
+	"github.com/exit-guard/exit-guard/internal/fixture"
 )
 
-// mustDeny creates pod and expects the API server to refuse it on the guard's word.
-func mustDeny(t *testing.T, pod *corev1.Pod, wantInMessage ...string) {
+// mustDeny creates pod and expects the API server to refuse it on the guard's word, for want.
+func mustDeny(t *testing.T, pod *corev1.Pod, want Reason) {
 	t.Helper()
-	err := env.Client.Create(t.Context(), pod)
-	if !apierrors.IsForbidden(err) {
-		t.Fatalf("creating pod %s: err = %v, want Forbidden by exit-guard", pod.Name, err)
+	wantRefused(t, env.Client.Create(t.Context(), pod), want)
+}
+
+// wantRefused expects err to be the guard's refusal for want, as a client receives it.
+func wantRefused(t *testing.T, err error, want Reason) {
+	t.Helper()
+	got, ok := RefusalReason(err)
+	if !ok || got != want {
+		t.Fatalf("err = %v (refusal reason %q), want refused by exit-guard for %s", err, got, want)
 	}
-	for _, s := range append([]string{"exit-guard refused"}, wantInMessage...) {
-		if !strings.Contains(err.Error(), s) {
-			t.Errorf("denial %q does not say %q", err.Error(), s)
-		}
+}
+
+// wantLogged expects the guard's last refusal of an object of wf to be logged with kv.
+func wantLogged(t *testing.T, wf client.Object, kv string) {
+	t.Helper()
+	lines := guardLog.Lines(`"verdict":"denied"`, `"workflowUID":"`+string(wf.GetUID())+`"`)
+	if len(lines) == 0 || !strings.Contains(lines[len(lines)-1], kv) {
+		t.Errorf("the refusal of workflow %s is not logged with %s: %v", wf.GetName(), kv, lines)
+	}
+}
+
+// wantSource expects the guard's last refusal of an object of wf to have been decided from src.
+func wantSource(t *testing.T, wf client.Object, src source) {
+	t.Helper()
+	lines := guardLog.Lines(`"verdict":"denied"`, `"workflowUID":"`+string(wf.GetUID())+`"`)
+	if len(lines) == 0 {
+		t.Fatalf("no refusal of workflow %s logged", wf.GetName())
+	}
+	if last := lines[len(lines)-1]; !strings.Contains(last, `"source":"`+string(src)+`"`) {
+		t.Errorf("refusal %s was not decided from %s", last, src)
 	}
 }
 
@@ -43,10 +68,10 @@ func TestStaleExitHandlerOfSucceededWorkflowIsDeniedWithAnEvent(t *testing.T) {
 	h := startGuard(t, Options{}, harnessOptions{})
 	ns := newNamespace(t)
 	wf := createWorkflow(t, ns, "notify-on-failure-abc", argo.PhaseRunning)
-	mustAdmit(t, argoPod(wf, "notify-on-failure-abc", "notify-on-failure-abc", false))
+	mustAdmit(t, fixture.Pod(wf, "notify-on-failure-abc", "notify-on-failure-abc"))
 	setPhase(t, wf, argo.PhaseSucceeded)
 
-	mustDeny(t, exitPod(wf), "notify-on-failure-abc", "Succeeded", "notify-on-failure-abc.onExit[0].notify")
+	mustDeny(t, fixture.ExitPod(wf), ReasonWorkflowCompleted)
 
 	ev := waitEvent(t, ns, wf, EventReasonDenied)
 	if ev.Type != corev1.EventTypeWarning || ev.Regarding.Kind != argo.Kind || ev.Regarding.Name != wf.GetName() {
@@ -80,7 +105,7 @@ func TestExitHandlersOfRunningAndFailedWorkflowsAreAdmitted(t *testing.T) {
 	for _, phase := range []argo.Phase{argo.PhaseUnknown, argo.PhasePending, argo.PhaseRunning, argo.PhaseFailed, argo.PhaseError} {
 		t.Run("phase "+string(phase), func(t *testing.T) {
 			wf := createWorkflow(t, ns, "wf-"+strings.ToLower(string(phase))+"x", phase)
-			mustAdmit(t, exitPod(wf))
+			mustAdmit(t, fixture.ExitPod(wf))
 		})
 	}
 }
@@ -90,9 +115,9 @@ func TestFailedAndErrorPhasesCanBeDeniedToo(t *testing.T) {
 	ns := newNamespace(t)
 	for _, phase := range []argo.Phase{argo.PhaseFailed, argo.PhaseError} {
 		wf := createWorkflow(t, ns, "wf-"+strings.ToLower(string(phase)), phase)
-		mustDeny(t, exitPod(wf), string(phase))
+		mustDeny(t, fixture.ExitPod(wf), ReasonWorkflowCompleted)
 	}
-	mustAdmit(t, exitPod(createWorkflow(t, ns, "wf-running", argo.PhaseRunning)))
+	mustAdmit(t, fixture.ExitPod(createWorkflow(t, ns, "wf-running", argo.PhaseRunning)))
 }
 
 func TestWorkflowRecreatedWithTheSameNameIsNotBlocked(t *testing.T) {
@@ -107,9 +132,9 @@ func TestWorkflowRecreatedWithTheSameNameIsNotBlocked(t *testing.T) {
 	if wf.GetUID() == old.GetUID() {
 		t.Fatal("re-created workflow kept its UID")
 	}
-	mustAdmit(t, exitPod(wf))
+	mustAdmit(t, fixture.ExitPod(wf))
 	// A late pod of the old workflow names a UID that no longer owns the name.
-	mustDeny(t, exitPod(old), "now belongs to another workflow")
+	mustDeny(t, fixture.ExitPod(old), ReasonWorkflowReplaced)
 }
 
 func TestRetriedWorkflowRunsItsExitHandlerAgain(t *testing.T) {
@@ -135,7 +160,7 @@ func TestRetriedWorkflowRunsItsExitHandlerAgain(t *testing.T) {
 			} else {
 				waitStore(t, h.store, wf, argo.PhaseSucceeded)
 			}
-			mustDeny(t, exitPod(wf))
+			mustDeny(t, fixture.ExitPod(wf), ReasonWorkflowCompleted)
 			succeededRV := wf.GetResourceVersion()
 
 			// argo retry: same UID, newer resourceVersion, completed label removed.
@@ -143,7 +168,7 @@ func TestRetriedWorkflowRunsItsExitHandlerAgain(t *testing.T) {
 			delete(labels, "workflows.argoproj.io/completed")
 			wf.SetLabels(labels)
 			setPhase(t, wf, tc.phase)
-			mustAdmit(t, exitPod(wf))
+			mustAdmit(t, fixture.ExitPod(wf))
 
 			if tc.ho.noWatch {
 				if r, _ := h.store.Get(wf.GetUID()); r.Phase.Terminal() && r.ResourceVersion == succeededRV && !tc.opts.StoreFirst {
@@ -169,7 +194,7 @@ func TestLateExitHandlerOfDeletedWorkflowIsDenied(t *testing.T) {
 			if !tc.ho.noWatch {
 				waitTombstone(t, h.store, wf)
 			}
-			mustDeny(t, exitPod(wf), "no longer exists")
+			mustDeny(t, fixture.ExitPod(wf), ReasonWorkflowDeleted)
 			waitEvent(t, ns, wf, EventReasonDenied)
 		})
 	}
@@ -183,8 +208,9 @@ func TestColdGuardDecidesRight(t *testing.T) {
 	if h.store.Len() != 0 {
 		t.Fatalf("cold store holds %d records", h.store.Len())
 	}
-	mustDeny(t, exitPod(done), "Succeeded", "live-read")
-	mustAdmit(t, exitPod(running))
+	mustDeny(t, fixture.ExitPod(done), ReasonWorkflowCompleted)
+	wantSource(t, done, sourceLive)
+	mustAdmit(t, fixture.ExitPod(running))
 }
 
 func TestPodsThatAreNotOursAreAdmitted(t *testing.T) {
@@ -196,14 +222,14 @@ func TestPodsThatAreNotOursAreAdmitted(t *testing.T) {
 	plain := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "plain",
 		Labels: map[string]string{argo.LabelOnExit: "true"}}, // looks like an exit handler, owned by nobody
 		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "busybox"}}}}
-	artgc := argoPod(wf, "done-artgc-wfcomp-1", "", false)
+	artgc := fixture.Pod(wf, "done-artgc-wfcomp-1", "")
 	artgc.Labels[argo.LabelComponent] = "artifact-gc"
 	artgc.OwnerReferences = []metav1.OwnerReference{{APIVersion: "argoproj.io/v1alpha1", Kind: "WorkflowArtifactGCTask",
 		Name: "done-artgc-wfcomp-0", UID: "6f1c2a9e-0000-4000-8000-000000000001", Controller: &yes}}
-	notController := exitPod(wf)
+	notController := fixture.ExitPod(wf)
 	notController.OwnerReferences[0].Controller = nil
-	step := argoPod(wf, "done-main-1", "done", false)
-	hook := argoPod(wf, "done-hook-1", "done.hooks.running", false)
+	step := fixture.Pod(wf, "done-main-1", "done")
+	hook := fixture.Pod(wf, "done-hook-1", "done.hooks.running")
 
 	for _, p := range []*corev1.Pod{plain, artgc, notController, step, hook} {
 		t.Run(p.Name, func(t *testing.T) { mustAdmit(t, p) })
@@ -217,12 +243,12 @@ func TestPodsOfUnwatchedNamespacesAreAdmitted(t *testing.T) {
 	watched, other := newNamespace(t), newNamespace(t)
 	h := startGuard(t, Options{Namespaces: []string{watched}}, harnessOptions{})
 	wfOther := createWorkflow(t, other, "done", argo.PhaseSucceeded)
-	mustAdmit(t, exitPod(wfOther))
-	mustDeny(t, exitPod(createWorkflow(t, watched, "done", argo.PhaseSucceeded)))
+	mustAdmit(t, fixture.ExitPod(wfOther))
+	mustDeny(t, fixture.ExitPod(createWorkflow(t, watched, "done", argo.PhaseSucceeded)), ReasonWorkflowCompleted)
 	if _, ok := h.store.Get(wfOther.GetUID()); ok {
 		t.Error("the store holds a workflow of a namespace it does not watch")
 	}
-	if got := h.counter(t, "exit_guard_decisions_total", map[string]string{"reason": string(reasonNamespaceNotWatched)}); got != 1 {
+	if got := h.counter(t, "exit_guard_decisions_total", map[string]string{"reason": string(ReasonNamespaceNotWatched)}); got != 1 {
 		t.Errorf("namespace-not-watched decisions = %v, want 1", got)
 	}
 }
@@ -232,17 +258,19 @@ func TestStrictAndHookPolicies(t *testing.T) {
 		startGuard(t, Options{Hooks: true}, harnessOptions{})
 		ns := newNamespace(t)
 		wf := createWorkflow(t, ns, "done", argo.PhaseSucceeded)
-		mustDeny(t, argoPod(wf, "done-hook-1", "done.hooks.running", false), "lifecycle-hook")
-		mustAdmit(t, argoPod(wf, "done-main-1", "done", false))
+		mustDeny(t, fixture.Pod(wf, "done-hook-1", "done.hooks.running"), ReasonWorkflowCompleted)
+		wantLogged(t, wf, `"podKind":"lifecycle-hook"`)
+		mustAdmit(t, fixture.Pod(wf, "done-main-1", "done"))
 	})
 	t.Run("strict", func(t *testing.T) {
 		h := startGuard(t, Options{Strict: true}, harnessOptions{})
 		ns := newNamespace(t)
 		wf := createWorkflow(t, ns, "done", argo.PhaseSucceeded)
 		waitStore(t, h.store, wf, argo.PhaseSucceeded)
-		mustDeny(t, argoPod(wf, "done-main-1", "done", false), "step pod")
+		mustDeny(t, fixture.Pod(wf, "done-main-1", "done"), ReasonWorkflowCompleted)
+		wantLogged(t, wf, `"podKind":"step"`)
 		running := createWorkflow(t, ns, "running", argo.PhaseRunning)
-		mustAdmit(t, argoPod(running, "running-main-1", "running", false))
+		mustAdmit(t, fixture.Pod(running, "running-main-1", "running"))
 	})
 }
 
@@ -250,7 +278,7 @@ func TestWarnModeAdmitsMarksAndAudits(t *testing.T) {
 	h := startGuard(t, Options{Mode: ModeWarn}, harnessOptions{})
 	ns := newNamespace(t)
 	wf := createWorkflow(t, ns, "done", argo.PhaseSucceeded)
-	pod := exitPod(wf)
+	pod := fixture.ExitPod(wf)
 	mustAdmit(t, pod)
 	if pod.Labels[LabelSuspect] != "true" || !strings.Contains(pod.Annotations[AnnotationSuspectReason], "Succeeded") {
 		t.Errorf("admitted pod labels %v annotations %v, want it marked suspect with the reason", pod.Labels, pod.Annotations)
@@ -262,7 +290,7 @@ func TestWarnModeAdmitsMarksAndAudits(t *testing.T) {
 		t.Errorf("listing suspect pods: %d found, err %v; want 1", len(pods.Items), err)
 	}
 	// A legitimate pod is neither marked nor touched.
-	ok := exitPod(createWorkflow(t, ns, "running", argo.PhaseRunning))
+	ok := fixture.ExitPod(createWorkflow(t, ns, "running", argo.PhaseRunning))
 	mustAdmit(t, ok)
 	if _, marked := ok.Labels[LabelSuspect]; marked {
 		t.Error("a pod of a running workflow was marked suspect")
@@ -276,7 +304,7 @@ func TestDryRunModeMarksWithoutAnEvent(t *testing.T) {
 	h := startGuard(t, Options{Mode: ModeDryRun}, harnessOptions{})
 	ns := newNamespace(t)
 	wf := createWorkflow(t, ns, "done", argo.PhaseSucceeded)
-	pod := exitPod(wf)
+	pod := fixture.ExitPod(wf)
 	mustAdmit(t, pod)
 	if pod.Labels[LabelSuspect] != "true" {
 		t.Errorf("dry-run admitted pod labels %v, want it marked", pod.Labels)
@@ -296,14 +324,14 @@ func TestDryRunRequestIsDecidedWithoutSideEffects(t *testing.T) {
 	h := startGuard(t, Options{}, harnessOptions{})
 	ns := newNamespace(t)
 	wf := createWorkflow(t, ns, "done", argo.PhaseSucceeded)
-	err := env.Client.Create(t.Context(), exitPod(wf), client.DryRunAll)
+	err := env.Client.Create(t.Context(), fixture.ExitPod(wf), client.DryRunAll)
 	if !apierrors.IsForbidden(err) {
 		t.Fatalf("dry-run create: err = %v, want Forbidden", err)
 	}
 	// The real one records an Event. Had the dry run recorded one too, the events library
 	// would fold the two into one Event with a series of 2, written at once: watch for a
 	// while, counting occurrences, not Events.
-	mustDeny(t, exitPod(wf))
+	mustDeny(t, fixture.ExitPod(wf), ReasonWorkflowCompleted)
 	waitEvent(t, ns, wf, EventReasonDenied)
 	err = wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, 3*time.Second, true,
 		func(context.Context) (bool, error) { return countEvents(t, ns, wf) > 1, nil })
@@ -330,7 +358,7 @@ func TestOutOfOrderEventsNeverBringBackAnOlderState(t *testing.T) {
 	if r := h.store.Observe(running); r != completionstore.Stale {
 		t.Errorf("replayed Running copy: %v, want stale", r)
 	}
-	mustDeny(t, exitPod(wf), "Succeeded")
+	mustDeny(t, fixture.ExitPod(wf), ReasonWorkflowCompleted)
 }
 
 // waitStore polls until the store's record of wf has the phase.
@@ -378,42 +406,22 @@ func countEvents(t *testing.T, namespace string, wf client.Object) int {
 	return n
 }
 
-// flakyReader fails the first live reads it is asked for, then reads through: hang makes the
-// first one hang until its context ends, and the rest of the failures answer 503 at once.
-// failures < 0 fails every read.
-type flakyReader struct {
-	client.Reader
-	failures int32
-	hang     bool
-	calls    atomic.Int32
-}
-
-// List is the first read of a live-read attempt, Get that of a hedge (readWorkflow): each
-// call counts.
-func (r *flakyReader) List(ctx context.Context, list client.ObjectList, opts ...client.ListOption) error {
-	if err := r.fault(ctx); err != nil {
-		return err
-	}
-	return r.Reader.List(ctx, list, opts...)
-}
-
-func (r *flakyReader) Get(ctx context.Context, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
-	if err := r.fault(ctx); err != nil {
-		return err
-	}
-	return r.Reader.Get(ctx, key, obj, opts...)
-}
-
-func (r *flakyReader) fault(ctx context.Context) error {
-	n := r.calls.Add(1)
-	if r.failures >= 0 && n > r.failures {
-		return nil
-	}
-	if r.hang && n == 1 {
-		<-ctx.Done()
-		return ctx.Err()
-	}
-	return apierrors.NewServiceUnavailable("the API server is overloaded")
+// flaky is a read fault that fails the first failures reads, then lets them through: hang makes
+// the first one hang until its context ends, and the rest of the failures answer 503 at once.
+// failures < 0 fails every read. calls counts the reads.
+func flaky(failures int32, hang bool) (fault func(context.Context) error, calls *atomic.Int32) {
+	calls = &atomic.Int32{}
+	return func(ctx context.Context) error {
+		n := calls.Add(1)
+		if failures >= 0 && n > failures {
+			return nil
+		}
+		if hang && n == 1 {
+			<-ctx.Done()
+			return ctx.Err()
+		}
+		return apierrors.NewServiceUnavailable("the API server is overloaded")
+	}, calls
 }
 
 // retry writes what argo retry does: same UID, the completed label removed, the phase reset.
@@ -431,18 +439,17 @@ func retry(t *testing.T, wf *unstructured.Unstructured, phase argo.Phase) {
 // used, and the retried workflow's exit handler runs, even with the store fallback that would
 // refuse it.
 func TestRetriedWorkflowIsAdmittedWhileLiveReadsFailAtFirst(t *testing.T) {
-	reader := &flakyReader{failures: 2, hang: true}
+	fault, calls := flaky(2, true)
 	h := startGuard(t, Options{LiveReadTimeout: 300 * time.Millisecond, LiveReadBudget: 3 * time.Second, StoreFallback: FallbackCompletion},
-		harnessOptions{noWatch: true, reader: reader})
-	reader.Reader = h.client
+		harnessOptions{noWatch: true, reader: faultyReader(t, fault, fault)})
 	ns := newNamespace(t)
 	wf := createWorkflow(t, ns, "retried", argo.PhaseSucceeded)
 	h.store.Observe(completionstore.Observation{UID: wf.GetUID(), Namespace: ns, Name: wf.GetName(),
 		ResourceVersion: wf.GetResourceVersion(), Phase: argo.PhaseSucceeded})
 	retry(t, wf, argo.PhaseRunning)
 
-	mustAdmit(t, exitPod(wf))
-	if got := reader.calls.Load(); got != 3 {
+	mustAdmit(t, fixture.ExitPod(wf))
+	if got := calls.Load(); got != 3 {
 		t.Errorf("%d live read attempts, want 3", got)
 	}
 	for cause, want := range map[string]float64{"hedged": 1, "error": 1} {
@@ -466,67 +473,59 @@ func TestStoreFallbackWhenNoLiveReadAnswers(t *testing.T) {
 		{name: "completion: it refuses", fallback: FallbackCompletion, denied: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			reader := &flakyReader{failures: -1}
+			fault, calls := flaky(-1, false)
 			h := startGuard(t, Options{StoreFallback: tc.fallback, LiveReadTimeout: 100 * time.Millisecond, LiveReadBudget: 500 * time.Millisecond},
-				harnessOptions{noWatch: true, reader: reader})
+				harnessOptions{noWatch: true, reader: faultyReader(t, fault, fault)})
 			ns := newNamespace(t)
 			wf := createWorkflow(t, ns, "retried", argo.PhaseSucceeded)
 			h.store.Observe(completionstore.Observation{UID: wf.GetUID(), Namespace: ns, Name: wf.GetName(),
 				ResourceVersion: wf.GetResourceVersion(), Phase: argo.PhaseSucceeded})
 			retry(t, wf, argo.PhaseUnknown)
 			if tc.denied {
-				mustDeny(t, exitPod(wf), "as seen by store")
+				mustDeny(t, fixture.ExitPod(wf), ReasonWorkflowCompleted)
+				wantSource(t, wf, sourceStore)
 			} else {
-				mustAdmit(t, exitPod(wf))
-				if got := h.counter(t, "exit_guard_decisions_total", map[string]string{"reason": string(reasonUnconfirmedCompletion)}); got != 1 {
+				mustAdmit(t, fixture.ExitPod(wf))
+				if got := h.counter(t, "exit_guard_decisions_total", map[string]string{"reason": string(ReasonUnconfirmedCompletion)}); got != 1 {
 					t.Errorf("unconfirmed-completion decisions = %v, want 1", got)
 				}
 				if lines := guardLog.Lines(`only the store says its workflow completed`, `"workflowUID":"`+string(wf.GetUID())+`"`); len(lines) != 1 {
 					t.Errorf("%d log lines for the unconfirmed completion, want 1", len(lines))
 				}
 			}
-			if reader.calls.Load() < 2 {
-				t.Errorf("%d live read attempts in a 500 ms budget, want retries", reader.calls.Load())
+			if calls.Load() < 2 {
+				t.Errorf("%d live read attempts in a 500 ms budget, want retries", calls.Load())
 			}
 			gone := createWorkflow(t, ns, "gone", argo.PhaseSucceeded)
 			h.store.Observe(completionstore.Observation{UID: gone.GetUID(), Namespace: ns, Name: gone.GetName(),
 				ResourceVersion: gone.GetResourceVersion(), Phase: argo.PhaseSucceeded, Deleted: true})
-			mustDeny(t, exitPod(gone), "no longer exists", "as seen by store")
+			mustDeny(t, fixture.ExitPod(gone), ReasonWorkflowDeleted)
+			wantSource(t, gone, sourceStore)
 		})
 	}
-}
-
-// slowReader answers every live read late, so that decisions are in flight for a while.
-type slowReader struct {
-	client.Reader
-	delay    time.Duration
-	inFlight atomic.Int32
-}
-
-// List is the first read of each live-read attempt (readWorkflow).
-func (r *slowReader) List(ctx context.Context, list client.ObjectList, opts ...client.ListOption) error {
-	r.inFlight.Add(1)
-	defer r.inFlight.Add(-1)
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-time.After(r.delay):
-	}
-	return r.Reader.List(ctx, list, opts...)
 }
 
 // The guard is stopped while decisions are in flight: each is still decided on its live read
 // and answered, never turned into a store fallback by the shutdown.
 func TestShutdownFinishesTheDecisionsInFlight(t *testing.T) {
-	reader := &slowReader{delay: 500 * time.Millisecond}
-	h := startGuard(t, Options{}, harnessOptions{noWatch: true, reader: reader})
-	reader.Reader = h.client
+	var inFlight atomic.Int32
+	slow := func(ctx context.Context) error {
+		inFlight.Add(1)
+		defer inFlight.Add(-1)
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(500 * time.Millisecond):
+			return nil
+		}
+	}
+	h := startGuard(t, Options{}, harnessOptions{noWatch: true, reader: faultyReader(t, slow, nil)})
 	ns := newNamespace(t)
 	wf := createWorkflow(t, ns, "done", argo.PhaseSucceeded)
 	const n = 4
 	errs := make(chan error, n)
 	for range n {
-		go func() { errs <- env.Client.Create(context.Background(), exitPod(wf), client.DryRunAll) }()
+		go func() { errs <- env.Client.Create(context.Background(), fixture.ExitPod(wf), client.DryRunAll) }()
 	}
 	waitFor := func(what string, cond func() bool) {
 		t.Helper()
@@ -535,22 +534,13 @@ func TestShutdownFinishesTheDecisionsInFlight(t *testing.T) {
 			t.Fatalf("never: %s", what)
 		}
 	}
-	waitFor("every decision in flight", func() bool { return reader.inFlight.Load() == n })
+	waitFor("every decision in flight", func() bool { return inFlight.Load() == n })
 	h.stop()
 	for range n {
-		if err := <-errs; !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "as seen by live-read") {
-			t.Errorf("a decision in flight at shutdown: %v, want refused on its live read", err)
+		if reason, _ := RefusalReason(<-errs); reason != ReasonWorkflowCompleted {
+			t.Errorf("a decision in flight at shutdown answered %q, want refused on its live read", reason)
 		}
 	}
-}
-
-// agentPod is Argo's agent pod of wf, as the controller builds it: no node-name annotation,
-// no on-exit label, the component label, the Workflow as its controller.
-func agentPod(wf client.Object) *corev1.Pod {
-	p := argoPod(wf, wf.GetName()+"-1340600742-agent", "", false)
-	delete(p.Annotations, argo.AnnotationNodeName)
-	p.Labels[argo.LabelComponent] = argo.ComponentAgent
-	return p
 }
 
 // The agent pod runs a workflow's HTTP and plugin templates, exit handlers among them: a
@@ -560,7 +550,8 @@ func TestAgentPods(t *testing.T) {
 		startGuard(t, Options{}, harnessOptions{})
 		ns := newNamespace(t)
 		wf := createWorkflow(t, ns, "http-exit", argo.PhaseSucceeded)
-		mustDeny(t, agentPod(wf), "agent pod", "HTTP and plugin tasks", "Succeeded")
+		mustDeny(t, fixture.AgentPod(wf), ReasonWorkflowCompleted)
+		wantLogged(t, wf, `"podKind":"agent"`)
 		ev := waitEvent(t, ns, wf, EventReasonDenied)
 		if !strings.Contains(ev.Note, "agent pod") {
 			t.Errorf("event note %q does not name the agent pod", ev.Note)
@@ -569,8 +560,8 @@ func TestAgentPods(t *testing.T) {
 	t.Run("of a running workflow, and an artifact-GC pod of a succeeded one: admitted", func(t *testing.T) {
 		startGuard(t, Options{}, harnessOptions{})
 		ns := newNamespace(t)
-		mustAdmit(t, agentPod(createWorkflow(t, ns, "running", argo.PhaseRunning)))
-		artgc := agentPod(createWorkflow(t, ns, "done", argo.PhaseSucceeded))
+		mustAdmit(t, fixture.AgentPod(createWorkflow(t, ns, "running", argo.PhaseRunning)))
+		artgc := fixture.AgentPod(createWorkflow(t, ns, "done", argo.PhaseSucceeded))
 		artgc.Name, artgc.Labels[argo.LabelComponent] = "done-artgc-wfcomp-1", "artifact-gc"
 		mustAdmit(t, artgc)
 	})
@@ -580,9 +571,9 @@ func TestAgentPods(t *testing.T) {
 		wf := createWorkflow(t, ns, "retried", argo.PhaseSucceeded)
 		h.store.Observe(completionstore.Observation{UID: wf.GetUID(), Namespace: ns, Name: wf.GetName(),
 			ResourceVersion: wf.GetResourceVersion(), Phase: argo.PhaseSucceeded})
-		mustDeny(t, agentPod(wf))
+		mustDeny(t, fixture.AgentPod(wf), ReasonWorkflowCompleted)
 		retry(t, wf, argo.PhaseUnknown)
-		mustAdmit(t, agentPod(wf))
+		mustAdmit(t, fixture.AgentPod(wf))
 	})
 	t.Run("of a deleted workflow: refused", func(t *testing.T) {
 		startGuard(t, Options{}, harnessOptions{})
@@ -591,6 +582,6 @@ func TestAgentPods(t *testing.T) {
 		if err := env.Client.Delete(t.Context(), wf); err != nil {
 			t.Fatal(err)
 		}
-		mustDeny(t, agentPod(wf), "no longer exists")
+		mustDeny(t, fixture.AgentPod(wf), ReasonWorkflowDeleted)
 	})
 }

@@ -5,11 +5,12 @@ package chartcheck
 import (
 	"bytes"
 	"encoding/json"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"sort"
+	"slices"
 	"strings"
 	"testing"
 
@@ -28,7 +29,7 @@ func render(t *testing.T, extra ...string) {
 	if err != nil {
 		t.Fatalf("these checks need helm: %v", err)
 	}
-	args := append([]string{"template", "doc", chartDir, "--namespace", "argo", "--kube-version", "1.37.2"}, extra...)
+	args := append([]string{"template", "doc", chartDir, "--namespace", "argo", "--kube-version", testenv.KubeVersion()}, extra...)
 	cmd := exec.Command(bin, args...) //nolint:gosec // G204: the pinned helm of this repository
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
@@ -91,14 +92,7 @@ func TestSchemaAndValuesNameTheSameKeys(t *testing.T) {
 	walk("", values, &schema)
 }
 
-func sortedKeys(m map[string]any) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	return keys
-}
+func sortedKeys(m map[string]any) []string { return slices.Sorted(maps.Keys(m)) }
 
 // TestDocumentedValuesPassTheSchema renders the chart with every value the documentation tells
 // a user to set (`--set` in the README, docs/ and the chart's own files, and the valuesObject
@@ -132,7 +126,7 @@ func TestDocumentedValuesPassTheSchema(t *testing.T) {
 		render(t, "--set", s)
 	}
 
-	raw, err := os.ReadFile(filepath.Join(root, "docs", "argocd-application.yaml"))
+	raw, err := os.ReadFile(filepath.Join(root, "examples", "argocd-application.yaml"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,7 +12,6 @@ import (
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/rand"
@@ -41,6 +40,8 @@ type Result struct {
 	Pod, Workflow string
 	// How the guard answered: "denied" (enforce mode) or "marked" (warn or dry-run mode).
 	Verdict string
+	// Reason is the reason code of a refusal (workflow-deleted).
+	Reason webhook.Reason
 	// Message is the API server's refusal, or the mark's reason.
 	Message string
 }
@@ -72,15 +73,21 @@ func Run(ctx context.Context, cfg *rest.Config, opts Options) (Result, error) {
 			"it did not reach the guard, or failed open. Check that the ValidatingWebhookConfiguration exists and covers the namespace %s, "+
 			"that the webhook Service has ready endpoints, that the guard watches that namespace (guard.namespaces), "+
 			"and the API server's apiserver_admission_webhook_fail_open_count", opts.Namespace, pod.Name, wf, opts.Namespace)
-	case apierrors.IsForbidden(err) && strings.Contains(err.Error(), fmt.Sprintf("admission webhook %q denied the request", validatingWebhook)):
-		if !strings.Contains(err.Error(), "no longer exists") {
-			return res, fmt.Errorf("the guard refused the pod, but not because its workflow does not exist: %w", err)
+	case isGuardRefusal(err):
+		if reason, _ := webhook.RefusalReason(err); reason != webhook.ReasonWorkflowDeleted {
+			return res, fmt.Errorf("the guard refused the pod as %s, not because its workflow does not exist (%s): %w", reason, webhook.ReasonWorkflowDeleted, err)
 		}
-		res.Verdict, res.Message = "denied", err.Error()
+		res.Verdict, res.Reason, res.Message = "denied", webhook.ReasonWorkflowDeleted, err.Error()
 		return res, nil
 	default:
 		return res, fmt.Errorf("the dry-run create was refused, but not by the guard (another admission check, or the check's own permissions: it needs create on pods in %s): %w", opts.Namespace, err)
 	}
+}
+
+// isGuardRefusal says whether err is a refusal by the guard's pod webhook: one that carries
+// the guard's reason code, from the webhook of that name.
+func isGuardRefusal(err error) bool {
+	return webhook.IsRefusal(err) && strings.Contains(err.Error(), fmt.Sprintf("admission webhook %q denied the request", validatingWebhook))
 }
 
 // Pod is the exit-handler pod of the check: what Argo's controller creates for the onExit node

@@ -2,7 +2,6 @@ package testenv
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -11,22 +10,14 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"syscall"
 	"time"
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
-	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/util/rand"
 	"k8s.io/apimachinery/pkg/util/wait"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
-
-	"github.com/exit-guard/exit-guard/internal/argo"
 )
 
 // BuildGuard builds the exit-guard binary into dir and returns its path.
@@ -210,103 +201,13 @@ func GuardWebhook() (*admissionregistrationv1.ValidatingWebhookConfiguration, er
 	return nil, errors.New("config/webhook/manifests.yaml has no ValidatingWebhookConfiguration: run make manifests")
 }
 
-// ExitPod is the reference scenario's exit-handler pod of wf, as Argo's controller builds it:
-// the on-exit label, the node-name annotation <wf>.onExit[0].notify, wf as its controller.
-func ExitPod(wf client.Object) *corev1.Pod {
-	yes := true
-	return &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{
-			Namespace: wf.GetNamespace(),
-			Name:      wf.GetName() + "-notify-failure-" + rand.String(6),
-			Labels: map[string]string{argo.LabelWorkflow: wf.GetName(), argo.LabelOnExit: "true",
-				"workflows.argoproj.io/completed": "false"},
-			Annotations: map[string]string{argo.AnnotationNodeName: wf.GetName() + ".onExit[0].notify"},
-			OwnerReferences: []metav1.OwnerReference{{APIVersion: argo.GroupVersion.String(), Kind: argo.Kind,
-				Name: wf.GetName(), UID: wf.GetUID(), Controller: &yes, BlockOwnerDeletion: &yes}},
-		},
-		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "main", Image: "busybox"}}},
-	}
-}
-
-// MarkPhase sets wf's phase the way Argo's controller does (markWorkflowPhase): status.phase,
-// the phase label, and the completed label, all in the one write that follows. PhaseUnknown
-// leaves wf as v4.0+'s argo retry does: no status.phase, no completed label, and the phase
-// label, if any, stale.
-func MarkPhase(wf *unstructured.Unstructured, phase argo.Phase) {
-	labels := wf.GetLabels()
-	if labels == nil {
-		labels = map[string]string{}
-	}
-	if phase == argo.PhaseUnknown {
-		delete(wf.Object, "status")
-		delete(labels, argo.LabelCompleted)
-	} else {
-		status, _ := wf.Object["status"].(map[string]any)
-		if status == nil {
-			status = map[string]any{}
-			wf.Object["status"] = status
-		}
-		status["phase"] = string(phase)
-		labels[argo.LabelPhase] = string(phase)
-		labels[argo.LabelCompleted] = strconv.FormatBool(phase.Terminal())
-	}
-	wf.SetLabels(labels)
-}
-
-// TaskSetGVK is the GroupVersionKind of Argo's WorkflowTaskSet.
-var TaskSetGVK = argo.GroupVersion.WithKind(argo.TaskSetKind)
-
-// HTTPTask is an HTTP template as Argo's controller writes it into a WorkflowTaskSet.
-func HTTPTask(name string) map[string]any {
-	return map[string]any{"name": name, "http": map[string]any{"url": "http://notify.invalid/" + name, "method": "POST"}}
-}
-
-// OnExitTask is the task key and template of wf's workflow-level HTTP exit handler.
-func OnExitTask(wf client.Object) (string, map[string]any) {
-	return argo.NodeID(wf.GetName(), argo.OnExitNodeName(wf.GetName())), HTTPTask("notify")
-}
-
-// TaskSet is the WorkflowTaskSet Argo's controller creates for wf: named like it, with a
-// non-controller owner reference to it and the label completed=false.
-func TaskSet(wf client.Object, tasks map[string]any) *unstructured.Unstructured {
-	ts := &unstructured.Unstructured{}
-	ts.SetGroupVersionKind(TaskSetGVK)
-	ts.SetNamespace(wf.GetNamespace())
-	ts.SetName(wf.GetName())
-	ts.SetLabels(map[string]string{argo.LabelCompleted: "false"})
-	ts.SetOwnerReferences([]metav1.OwnerReference{{
-		APIVersion: argo.GroupVersion.String(), Kind: argo.Kind, Name: wf.GetName(), UID: wf.GetUID(),
-	}})
-	ts.Object["spec"] = map[string]any{"tasks": tasks}
-	return ts
-}
-
-// TaskSetPatch is the controller's JSON merge patch of a TaskSet's main resource: tasks added
-// (or, with a nil template, removed) and the completed label.
-func TaskSetPatch(completed bool, tasks map[string]any) client.Patch {
-	raw, err := json.Marshal(map[string]any{
-		"metadata": map[string]any{"labels": map[string]any{argo.LabelCompleted: strconv.FormatBool(completed)}},
-		"spec":     map[string]any{"tasks": tasks},
-	})
-	if err != nil {
-		panic(err) // maps of strings and templates always marshal
-	}
-	return client.RawPatch(types.MergePatchType, raw)
-}
-
-// TaskSetResult is the agent's write of a task's result, through the status subresource.
-func TaskSetResult(node string) client.Patch {
-	raw, _ := json.Marshal(map[string]any{"status": map[string]any{"nodes": map[string]any{node: map[string]any{"phase": "Succeeded"}}}})
-	return client.RawPatch(types.MergePatchType, raw)
-}
-
 // ChartWebhook is the ValidatingWebhookConfiguration that the chart renders with its default
 // values (enforce mode: the pod and WorkflowTaskSet webhooks, with the chart's selectors and
 // match conditions), rendered by helm at helmBin. Give it to Options.ValidatingWebhooks:
 // envtest points it at the local serving address.
 func ChartWebhook(helmBin string) (*admissionregistrationv1.ValidatingWebhookConfiguration, error) {
 	cmd := exec.Command(helmBin, "template", "exit-guard", filepath.Join(RepoRoot(), "charts", "exit-guard"), //nolint:gosec // G204: the repository's pinned helm
-		"--namespace", "argo", "--kube-version", "1.37.2")
+		"--namespace", "argo", "--kube-version", KubeVersion())
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
@@ -330,7 +231,7 @@ func ChartWebhook(helmBin string) (*admissionregistrationv1.ValidatingWebhookCon
 }
 
 // HelmBin is the helm the tests use: $HELM, or the one make builds into ./bin.
-func HelmBin() (string, error) { return ToolBin("HELM", "helm-v3.22.0") }
+func HelmBin() (string, error) { return ToolBin("HELM", "helm-"+Version("HELM_VERSION")) }
 
 // ToolBin returns a tool the tests run: $env, or the one make builds into ./bin as file.
 func ToolBin(env, file string) (string, error) {

@@ -21,21 +21,27 @@ func (e *Env) APIServerCounter(ctx context.Context, name string, labels map[stri
 	if err != nil {
 		return 0, err
 	}
-	mf, ok := mfs[name]
-	if !ok {
-		return 0, nil
-	}
+	return SumSeries(mfs, name, labels), nil
+}
+
+// SumSeries sums the series of the counter (or the counts of the histogram) name whose labels
+// include labels.
+func SumSeries(mfs map[string]*dto.MetricFamily, name string, labels map[string]string) float64 {
 	var sum float64
 series:
-	for _, m := range mf.GetMetric() {
+	for _, m := range mfs[name].GetMetric() {
 		for _, lp := range m.GetLabel() {
 			if v, ok := labels[lp.GetName()]; ok && v != lp.GetValue() {
 				continue series
 			}
 		}
-		sum += m.GetCounter().GetValue()
+		if h := m.GetHistogram(); h != nil {
+			sum += float64(h.GetSampleCount())
+		} else {
+			sum += m.GetCounter().GetValue()
+		}
 	}
-	return sum, nil
+	return sum
 }
 
 // WebhookCalls returns a function that reads how many times the API server has called the

@@ -1,3 +1,5 @@
+//go:build envtest
+
 package chart
 
 import (
@@ -16,7 +18,7 @@ import (
 // promtool returns the promtool binary: $PROMTOOL, or the one make builds into ./bin.
 func promtool(t *testing.T) string {
 	t.Helper()
-	bin, err := testenv.ToolBin("PROMTOOL", "promtool-v0.316.0")
+	bin, err := testenv.ToolBin("PROMTOOL", "promtool-"+testenv.Version("PROMTOOL_VERSION"))
 	if err != nil {
 		t.Fatalf("the alert tests need promtool: %v", err)
 	}

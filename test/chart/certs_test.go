@@ -1,3 +1,5 @@
+//go:build envtest
+
 package chart
 
 import (
@@ -26,6 +28,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/exit-guard/exit-guard/internal/argo"
+	"github.com/exit-guard/exit-guard/internal/fixture"
 	"github.com/exit-guard/exit-guard/internal/testenv"
 )
 
@@ -156,7 +159,7 @@ func TestSelfManagedCertificateRotatesUnderLoad(t *testing.T) {
 			break
 		}
 		attempts++
-		err := env.Client.Create(t.Context(), testenv.ExitPod(done))
+		err := env.Client.Create(t.Context(), fixture.ExitPod(done))
 		switch {
 		case apierrors.IsForbidden(err):
 			refused++

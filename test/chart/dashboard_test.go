@@ -1,3 +1,5 @@
+//go:build envtest
+
 package chart
 
 import (
@@ -17,7 +19,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/exit-guard/exit-guard/internal/argo"
-	"github.com/exit-guard/exit-guard/internal/testenv"
+	"github.com/exit-guard/exit-guard/internal/fixture"
 )
 
 var dashboardFile = filepath.Join(chartDir, "files", "dashboards", "exit-guard.json")
@@ -165,11 +167,11 @@ func TestDashboardQueriesNameRealMetrics(t *testing.T) {
 		}
 	}
 	registerAt(t, webhooks[0], fmt.Sprintf("https://%s:%d", env.WebhookHost, env.WebhookPort), env.WebhookCAData)
-	if err := env.Client.Create(t.Context(), testenv.ExitPod(createWorkflow(t, ns, argo.PhaseRunning))); err != nil {
+	if err := env.Client.Create(t.Context(), fixture.ExitPod(createWorkflow(t, ns, argo.PhaseRunning))); err != nil {
 		t.Fatal(err)
 	}
 	done := createWorkflow(t, ns, argo.PhaseSucceeded)
-	if err := env.Client.Create(t.Context(), testenv.ExitPod(done)); err == nil {
+	if err := env.Client.Create(t.Context(), fixture.ExitPod(done)); err == nil {
 		t.Fatal("the stale pod was admitted")
 	}
 	guard, err := g.Metrics(t.Context())
@@ -179,7 +181,7 @@ func TestDashboardQueriesNameRealMetrics(t *testing.T) {
 	if err := g.Stop(); err != nil {
 		t.Logf("stopping the guard: %v", err)
 	}
-	if err := env.Client.Create(t.Context(), testenv.ExitPod(done)); err != nil {
+	if err := env.Client.Create(t.Context(), fixture.ExitPod(done)); err != nil {
 		t.Fatalf("with the guard stopped the API server should fail open: %v", err)
 	}
 	apiserver, err := env.APIServerMetrics(t.Context())

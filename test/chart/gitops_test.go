@@ -1,3 +1,5 @@
+//go:build envtest
+
 package chart
 
 import (
@@ -21,6 +23,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/exit-guard/exit-guard/internal/argo"
+	"github.com/exit-guard/exit-guard/internal/fixture"
 	"github.com/exit-guard/exit-guard/internal/testenv"
 )
 
@@ -33,7 +36,7 @@ func TestTwoRendersAreIdentical(t *testing.T) {
 			continue // a new CA on every render without a cluster: helm install/upgrade only
 		}
 		t.Run(p.name, func(t *testing.T) {
-			args := append([]string{"template", "exit-guard", chartDir, "--namespace", "argo", "--kube-version", "1.37.2"}, p.args()...)
+			args := append([]string{"template", "exit-guard", chartDir, "--namespace", "argo", "--kube-version", testenv.KubeVersion()}, p.args()...)
 			first, second := runHelm(t, args...), runHelm(t, args...)
 			if !bytes.Equal(first, second) {
 				t.Errorf("two renders differ:\n%s", lineDiff(first, second))
@@ -66,7 +69,7 @@ func lineDiff(a, b []byte) string {
 	return out.String()
 }
 
-// application is the part of docs/argocd-application.yaml the test reads.
+// application is the part of examples/argocd-application.yaml the test reads.
 type application struct {
 	Spec struct {
 		Source struct {
@@ -90,19 +93,19 @@ type application struct {
 
 func readApplication(t *testing.T) application {
 	t.Helper()
-	raw, err := os.ReadFile(filepath.Join(testenv.RepoRoot(), "docs", "argocd-application.yaml"))
+	raw, err := os.ReadFile(filepath.Join(testenv.RepoRoot(), "examples", "argocd-application.yaml"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	var app application
 	if err := yaml.Unmarshal(raw, &app); err != nil {
-		t.Fatalf("docs/argocd-application.yaml: %v", err)
+		t.Fatalf("examples/argocd-application.yaml: %v", err)
 	}
 	if app.Spec.Source.Path != "charts/exit-guard" || app.Spec.Source.Helm.ReleaseName == "" {
-		t.Fatalf("docs/argocd-application.yaml installs %q as %q, want charts/exit-guard under a release name", app.Spec.Source.Path, app.Spec.Source.Helm.ReleaseName)
+		t.Fatalf("examples/argocd-application.yaml installs %q as %q, want charts/exit-guard under a release name", app.Spec.Source.Path, app.Spec.Source.Helm.ReleaseName)
 	}
 	if !contains(app.Spec.SyncPolicy.SyncOptions, "RespectIgnoreDifferences=true") {
-		t.Error("docs/argocd-application.yaml lacks RespectIgnoreDifferences=true: a sync would write over the caBundle")
+		t.Error("examples/argocd-application.yaml lacks RespectIgnoreDifferences=true: a sync would write over the caBundle")
 	}
 	return app
 }
@@ -213,7 +216,7 @@ func missing(want, got any, at string) []string {
 	}
 }
 
-// TestGitOpsSyncSettlesAroundTheGuard plays Argo CD with docs/argocd-application.yaml: it
+// TestGitOpsSyncSettlesAroundTheGuard plays Argo CD with examples/argocd-application.yaml: it
 // renders the chart's defaults with `helm template`, applies them server-side (its
 // ServerSideApply sync option), runs the guard with the chart's permissions as it writes its
 // CA and certificate, renders and applies again (the next sync), and checks that the guard's
@@ -289,7 +292,7 @@ func TestGitOpsSyncSettlesAroundTheGuard(t *testing.T) {
 
 	done := createWorkflow(t, ns, argo.PhaseSucceeded)
 	refused := func(when string) {
-		err := env.Client.Create(t.Context(), testenv.ExitPod(done))
+		err := env.Client.Create(t.Context(), fixture.ExitPod(done))
 		if !apierrors.IsForbidden(err) {
 			t.Errorf("%s: stale exit-handler pod: err = %v, want refused\n%s", when, err, out)
 		}

@@ -1,3 +1,5 @@
+//go:build envtest
+
 package chart
 
 import (
@@ -20,7 +22,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/exit-guard/exit-guard/internal/argo"
+	"github.com/exit-guard/exit-guard/internal/fixture"
 	"github.com/exit-guard/exit-guard/internal/testenv"
+	"github.com/exit-guard/exit-guard/webhook"
 )
 
 // install creates the rendered objects for real, except the Deployment and the `helm test` pod
@@ -126,19 +130,7 @@ func guardArgs(t *testing.T, objs []*unstructured.Unstructured, overrides ...str
 
 func createWorkflow(t *testing.T, ns string, phase argo.Phase) *unstructured.Unstructured {
 	t.Helper()
-	wf := &unstructured.Unstructured{}
-	wf.SetGroupVersionKind(argo.WorkflowGVK)
-	wf.SetNamespace(ns)
-	wf.SetGenerateName("notify-on-failure-")
-	wf.Object["spec"] = map[string]any{"entrypoint": "main", "onExit": "exit-handler"}
-	if err := env.Client.Create(t.Context(), wf); err != nil {
-		t.Fatal(err)
-	}
-	testenv.MarkPhase(wf, phase)
-	if err := env.Client.Update(t.Context(), wf); err != nil {
-		t.Fatal(err)
-	}
-	return wf
+	return testenv.CreateWorkflow(t, env.Client, ns, "notify-on-failure-", phase)
 }
 
 func waitDeniedEvent(t *testing.T, wf *unstructured.Unstructured) {
@@ -177,18 +169,18 @@ func TestGuardDoesItsJobWithTheChartsPermissions(t *testing.T) {
 	registerAt(t, webhooks[0], fmt.Sprintf("https://%s:%d", env.WebhookHost, env.WebhookPort), env.WebhookCAData)
 
 	done := createWorkflow(t, ns, argo.PhaseSucceeded)
-	err := env.Client.Create(t.Context(), testenv.ExitPod(done))
-	if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "exit-guard refused") {
+	err := env.Client.Create(t.Context(), fixture.ExitPod(done))
+	if !webhook.IsRefusal(err) {
 		t.Fatalf("stale exit-handler pod: err = %v, want refused by exit-guard\n%s", err, out)
 	}
 	waitDeniedEvent(t, done)
 	running := createWorkflow(t, ns, argo.PhaseRunning)
-	if err := env.Client.Create(t.Context(), testenv.ExitPod(running)); err != nil {
+	if err := env.Client.Create(t.Context(), fixture.ExitPod(running)); err != nil {
 		t.Errorf("exit-handler pod of a running workflow: %v", err)
 	}
 	// The match conditions send agent pods too (they run HTTP and plugin exit handlers),
 	// and keep artifact-GC pods away.
-	agent := testenv.ExitPod(done)
+	agent := fixture.ExitPod(done)
 	agent.Name = done.GetName() + "-1340600742-agent"
 	delete(agent.Labels, "workflows.argoproj.io/on-exit")
 	delete(agent.Annotations, "workflows.argoproj.io/node-name")
@@ -213,10 +205,10 @@ func checkTaskSets(t *testing.T, ns string, enforce bool) {
 	calls := env.WebhookCalls(t, "validate-taskset.exit-guard.io")
 	wf := createWorkflow(t, ns, argo.PhaseRunning)
 	step := argo.NodeID(wf.GetName(), wf.GetName()+"[0].call")
-	ts := testenv.TaskSet(wf, map[string]any{step: testenv.HTTPTask("call")})
+	ts := fixture.TaskSet(wf, map[string]any{step: fixture.HTTPTask("call")})
 	// A TaskSet with no tasks, or no spec.tasks at all, starts no work and is not sent.
 	before := calls()
-	empty := testenv.TaskSet(createWorkflow(t, ns, argo.PhaseRunning), nil)
+	empty := fixture.TaskSet(createWorkflow(t, ns, argo.PhaseRunning), nil)
 	empty.Object["spec"] = map[string]any{}
 	if err := env.Client.Create(t.Context(), empty); err != nil {
 		t.Fatalf("an empty TaskSet: %v", err)
@@ -231,22 +223,22 @@ func checkTaskSets(t *testing.T, ns string, enforce bool) {
 	if got := calls() - before; got != 1 {
 		t.Errorf("the API server called the TaskSet webhook %v times for a TaskSet with a task, want 1", got)
 	}
-	testenv.MarkPhase(wf, argo.PhaseSucceeded)
+	fixture.MarkPhase(wf, argo.PhaseSucceeded)
 	if err := env.Client.Update(t.Context(), wf); err != nil {
 		t.Fatal(err)
 	}
 	before = calls()
-	if err := env.Client.Status().Patch(t.Context(), ts, testenv.TaskSetResult(step)); err != nil {
+	if err := env.Client.Status().Patch(t.Context(), ts, fixture.TaskSetResult(step)); err != nil {
 		t.Fatalf("the agent's result: %v", err)
 	}
-	if err := env.Client.Patch(t.Context(), ts, testenv.TaskSetPatch(true, map[string]any{step: nil})); err != nil {
+	if err := env.Client.Patch(t.Context(), ts, fixture.TaskSetPatch(true, map[string]any{step: nil})); err != nil {
 		t.Fatalf("cleanup of a succeeded workflow's TaskSet: %v", err)
 	}
 	if got := calls() - before; got != 0 {
 		t.Errorf("the API server called the TaskSet webhook %v times for a status write and a cleanup, want none", got)
 	}
-	key, tmpl := testenv.OnExitTask(wf)
-	err := env.Client.Patch(t.Context(), ts, testenv.TaskSetPatch(false, map[string]any{key: tmpl}))
+	key, tmpl := fixture.OnExitTask(wf)
+	err := env.Client.Patch(t.Context(), ts, fixture.TaskSetPatch(false, map[string]any{key: tmpl}))
 	switch {
 	case enforce && (!apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "WorkflowTaskSet")):
 		t.Errorf("the stale copy's TaskSet patch: err = %v, want refused by exit-guard", err)
@@ -258,7 +250,7 @@ func checkTaskSets(t *testing.T, ns string, enforce bool) {
 	}
 	// The completed label set back alone, as a stale copy with no new task would.
 	if enforce {
-		err = env.Client.Patch(t.Context(), ts, testenv.TaskSetPatch(false, map[string]any{}))
+		err = env.Client.Patch(t.Context(), ts, fixture.TaskSetPatch(false, map[string]any{}))
 		if !apierrors.IsForbidden(err) {
 			t.Errorf("the completed label set back alone: err = %v, want refused by exit-guard", err)
 		}
@@ -289,14 +281,14 @@ func TestWarnModeMarksThroughTheChartsMutatingWebhook(t *testing.T) {
 		registerAt(t, wh, fmt.Sprintf("https://%s:%d", env.WebhookHost, env.WebhookPort), env.WebhookCAData)
 	}
 
-	pod := testenv.ExitPod(createWorkflow(t, ns, argo.PhaseSucceeded))
+	pod := fixture.ExitPod(createWorkflow(t, ns, argo.PhaseSucceeded))
 	if err := env.Client.Create(t.Context(), pod); err != nil {
 		t.Fatalf("warn mode refused a pod: %v", err)
 	}
 	if pod.Labels["exit-guard.io/suspect"] != "true" || pod.Annotations["exit-guard.io/suspect-reason"] == "" {
 		t.Errorf("the stale pod was not marked: labels %v annotations %v", pod.Labels, pod.Annotations)
 	}
-	ok := testenv.ExitPod(createWorkflow(t, ns, argo.PhaseRunning))
+	ok := fixture.ExitPod(createWorkflow(t, ns, argo.PhaseRunning))
 	if err := env.Client.Create(t.Context(), ok); err != nil || ok.Labels["exit-guard.io/suspect"] != "" {
 		t.Errorf("a running workflow's pod: err %v, labels %v; want admitted unmarked", err, ok.Labels)
 	}

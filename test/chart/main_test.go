@@ -1,3 +1,5 @@
+//go:build envtest
+
 // Package chart tests the Helm chart against a real API server: every values profile lints,
 // renders and is accepted by the API server; the guard does its whole job with exactly the
 // chart's permissions, called by the API server through the chart's own webhook
@@ -138,7 +140,7 @@ func (p profile) args() []string {
 // render runs helm template for p in namespace and returns the objects.
 func render(t *testing.T, p profile, release, namespace string, extra ...string) []*unstructured.Unstructured {
 	t.Helper()
-	args := append([]string{"template", release, chartDir, "--namespace", namespace, "--kube-version", "1.37.2"}, p.args()...)
+	args := append([]string{"template", release, chartDir, "--namespace", namespace, "--kube-version", testenv.KubeVersion()}, p.args()...)
 	out := runHelm(t, append(args, extra...)...)
 	return decodeAll(t, out)
 }

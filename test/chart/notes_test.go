@@ -1,3 +1,5 @@
+//go:build envtest
+
 package chart
 
 import (
@@ -33,7 +35,7 @@ func TestNotesTellWhatWasInstalledAndHowToCheckIt(t *testing.T) {
 			`exit_guard_decisions_total{verdict="warned"}`,
 		}},
 		{profile{name: "sidecar", set: []string{"installMode=sidecar"}}, []string{
-			"(sidecar, mode enforce", "docs/sidecar-values.yaml", "-c exit-guard",
+			"(sidecar, mode enforce", "examples/sidecar-values.yaml", "-c exit-guard",
 		}},
 		{profile{name: "no helm test", set: []string{"check.enabled=false"}}, []string{
 			"exit-guard check --namespace=argo", "may create pods in argo",

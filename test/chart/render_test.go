@@ -1,3 +1,5 @@
+//go:build envtest
+
 package chart
 
 import (
@@ -36,7 +38,7 @@ func convert[T any](t *testing.T, u *unstructured.Unstructured) *T {
 func TestEveryProfileLintsAndRenders(t *testing.T) {
 	for _, p := range profiles {
 		t.Run(p.name, func(t *testing.T) {
-			runHelm(t, append([]string{"lint", chartDir, "--strict", "--kube-version", "1.37.2"}, p.args()...)...)
+			runHelm(t, append([]string{"lint", chartDir, "--strict", "--kube-version", testenv.KubeVersion()}, p.args()...)...)
 			objs := render(t, p, "eg", "argo")
 			sidecar := strings.HasPrefix(p.name, "sidecar")
 			mutating := p.name == "self-managed-warn" || p.name == "dry-run" || p.name == "warn-without-tasksets"
@@ -297,7 +299,7 @@ func TestChartRefusesTimingsThatDoNotFit(t *testing.T) {
 		{name: "a longer grace period makes room for it", set: []string{"shutdownDelay=25s", "terminationGracePeriodSeconds=45"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			args := []string{"template", "exit-guard", chartDir, "--namespace", "argo", "--kube-version", "1.37.2"}
+			args := []string{"template", "exit-guard", chartDir, "--namespace", "argo", "--kube-version", testenv.KubeVersion()}
 			for _, s := range tc.set {
 				args = append(args, "--set", s)
 			}

@@ -1,3 +1,5 @@
+//go:build envtest
+
 package chart
 
 import (
@@ -22,10 +24,11 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/exit-guard/exit-guard/internal/argo"
+	"github.com/exit-guard/exit-guard/internal/fixture"
 	"github.com/exit-guard/exit-guard/internal/testenv"
 )
 
-// sidecarValues is docs/sidecar-values.yaml: what a user adds to the argo-workflows chart.
+// sidecarValues is examples/sidecar-values.yaml: what a user adds to the argo-workflows chart.
 type sidecarValues struct {
 	Controller struct {
 		ExtraContainers []corev1.Container `json:"extraContainers"`
@@ -35,16 +38,16 @@ type sidecarValues struct {
 
 func readSidecarValues(t *testing.T) (corev1.Container, []corev1.Volume) {
 	t.Helper()
-	raw, err := os.ReadFile(filepath.Join(testenv.RepoRoot(), "docs", "sidecar-values.yaml"))
+	raw, err := os.ReadFile(filepath.Join(testenv.RepoRoot(), "examples", "sidecar-values.yaml"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	var v sidecarValues
 	if err := yaml.UnmarshalStrict(raw, &v); err != nil {
-		t.Fatalf("docs/sidecar-values.yaml: %v", err)
+		t.Fatalf("examples/sidecar-values.yaml: %v", err)
 	}
 	if len(v.Controller.ExtraContainers) != 1 || len(v.Controller.Volumes) != 1 {
-		t.Fatalf("docs/sidecar-values.yaml has %d containers and %d volumes, want 1 and 1", len(v.Controller.ExtraContainers), len(v.Controller.Volumes))
+		t.Fatalf("examples/sidecar-values.yaml has %d containers and %d volumes, want 1 and 1", len(v.Controller.ExtraContainers), len(v.Controller.Volumes))
 	}
 	return v.Controller.ExtraContainers[0], v.Controller.Volumes
 }
@@ -137,7 +140,7 @@ func TestSidecarRunsAsTheControllersServiceAccount(t *testing.T) {
 	defer func() { _ = g.Stop() }()
 
 	done := createWorkflow(t, ns, argo.PhaseSucceeded)
-	err = env.Client.Create(t.Context(), testenv.ExitPod(done))
+	err = env.Client.Create(t.Context(), fixture.ExitPod(done))
 	if !apierrors.IsForbidden(err) {
 		t.Fatalf("stale exit-handler pod: err = %v, want refused\n%s", err, out)
 	}
@@ -235,7 +238,7 @@ func TestSidecarOutlivesUninstallAndFailures(t *testing.T) {
 			t.Fatalf("%v\n%s", err, out)
 		}
 		done := createWorkflow(t, ns, argo.PhaseSucceeded)
-		if err := env.Client.Create(t.Context(), testenv.ExitPod(done)); !apierrors.IsForbidden(err) {
+		if err := env.Client.Create(t.Context(), fixture.ExitPod(done)); !apierrors.IsForbidden(err) {
 			t.Fatalf("stale exit-handler pod after the recovery: err = %v, want refused\n%s", err, out)
 		}
 		mfs, err := g.Metrics(t.Context())

@@ -26,6 +26,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/exit-guard/exit-guard/internal/argo"
+	"github.com/exit-guard/exit-guard/internal/fixture"
 	"github.com/exit-guard/exit-guard/internal/testenv"
 	"github.com/exit-guard/exit-guard/webhook"
 )
@@ -79,7 +80,7 @@ func run(guardBin string, verbose bool) error {
 	if err := writePhase(ctx, c, wf, argo.PhaseRunning); err != nil {
 		return err
 	}
-	if err := c.Create(ctx, stepPod(wf)); err != nil {
+	if err := c.Create(ctx, fixture.Pod(wf, wf.GetName(), wf.GetName())); err != nil {
 		return fmt.Errorf("the main step's pod was refused: %w", err)
 	}
 	say("The controller created the main step's pod: admitted.")
@@ -93,7 +94,7 @@ func run(guardBin string, verbose bool) error {
 	say("\n== 2. A stale copy of it comes back")
 	say("Under API-server load an older copy (phase Running, resourceVersion %s) returns to the controller's cache.", runningRV)
 	say("The controller finds the main pod gone, marks the workflow Error and runs the exit handler:")
-	notify := exitPod(wf)
+	notify := fixture.ExitPod(wf)
 	say("it creates pod %s for node %s ...", notify.Name, notify.Annotations[argo.AnnotationNodeName])
 	err = c.Create(ctx, notify)
 	if !apierrors.IsForbidden(err) {
@@ -116,7 +117,7 @@ func run(guardBin string, verbose bool) error {
 		return err
 	}
 	say("Workflow %s: its main step failed; while the workflow is still Running the exit handler runs.", failed.GetName())
-	fp := exitPod(failed)
+	fp := fixture.ExitPod(failed)
 	if err := c.Create(ctx, fp); err != nil {
 		return fmt.Errorf("the real failure notification was refused: %w", err)
 	}
@@ -162,62 +163,26 @@ func startGuard(ctx context.Context, env *testenv.Env, bin string, verbose bool)
 	}, g.MetricsAddr, nil
 }
 
+// newWorkflow creates the reference workflow: a step, and an exit handler that notifies when
+// the workflow did not succeed.
 func newWorkflow(ctx context.Context, c client.Client, ns string) (*unstructured.Unstructured, error) {
-	wf := &unstructured.Unstructured{}
-	wf.SetGroupVersionKind(argo.WorkflowGVK)
-	wf.SetNamespace(ns)
-	wf.SetGenerateName("notify-on-failure-")
-	wf.Object["spec"] = map[string]any{
-		"entrypoint": "main",
-		"onExit":     "exit-handler",
-		"podGC":      map[string]any{"strategy": "OnPodCompletion"},
-		"templates": []any{
-			map[string]any{"name": "main", "container": map[string]any{"image": "busybox", "command": []any{"sh", "-c", "echo working"}}},
-			map[string]any{"name": "notify-failure", "container": map[string]any{"image": "busybox", "command": []any{"sh", "-c", "echo workflow failed"}}},
-			map[string]any{"name": "exit-handler", "steps": []any{[]any{map[string]any{
-				"name": "notify", "template": "notify-failure", "when": "{{workflow.status}} != Succeeded"}}}},
-		},
+	wf := fixture.Workflow(ns, "notify-on-failure-")
+	spec := wf.Object["spec"].(map[string]any)
+	spec["podGC"] = map[string]any{"strategy": "OnPodCompletion"}
+	spec["templates"] = []any{
+		map[string]any{"name": "main", "container": map[string]any{"image": "busybox", "command": []any{"sh", "-c", "echo working"}}},
+		map[string]any{"name": "notify-failure", "container": map[string]any{"image": "busybox", "command": []any{"sh", "-c", "echo workflow failed"}}},
+		map[string]any{"name": "exit-handler", "steps": []any{[]any{map[string]any{
+			"name": "notify", "template": "notify-failure", "when": "{{workflow.status}} != Succeeded"}}}},
 	}
 	return wf, c.Create(ctx, wf)
 }
 
 // writePhase writes the workflow's phase the way Argo's controller does: one Update of the
-// whole object, with the completed label.
+// whole object, with the phase and completed labels.
 func writePhase(ctx context.Context, c client.Client, wf *unstructured.Unstructured, phase argo.Phase) error {
-	wf.Object["status"] = map[string]any{"phase": string(phase)}
-	labels := wf.GetLabels()
-	if labels == nil {
-		labels = map[string]string{}
-	}
-	labels["workflows.argoproj.io/phase"] = string(phase)
-	labels["workflows.argoproj.io/completed"] = strconv.FormatBool(phase.Terminal())
-	wf.SetLabels(labels)
+	fixture.MarkPhase(wf, phase)
 	return c.Update(ctx, wf)
-}
-
-func argoPod(wf *unstructured.Unstructured, name, node string) *corev1.Pod {
-	yes := true
-	return &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{
-			Namespace:   wf.GetNamespace(),
-			Name:        name,
-			Labels:      map[string]string{argo.LabelWorkflow: wf.GetName(), "workflows.argoproj.io/completed": "false"},
-			Annotations: map[string]string{argo.AnnotationNodeName: node},
-			OwnerReferences: []metav1.OwnerReference{{APIVersion: argo.GroupVersion.String(), Kind: argo.Kind,
-				Name: wf.GetName(), UID: wf.GetUID(), Controller: &yes, BlockOwnerDeletion: &yes}},
-		},
-		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "main", Image: "busybox"}}},
-	}
-}
-
-func stepPod(wf *unstructured.Unstructured) *corev1.Pod {
-	return argoPod(wf, wf.GetName(), wf.GetName())
-}
-
-func exitPod(wf *unstructured.Unstructured) *corev1.Pod {
-	p := argoPod(wf, wf.GetName()+"-notify-failure-1425632474", wf.GetName()+".onExit[0].notify")
-	p.Labels[argo.LabelOnExit] = "true"
-	return p
 }
 
 func waitEvent(ctx context.Context, c client.Client, ns string, wf *unstructured.Unstructured) (eventsv1.Event, error) {

@@ -1,3 +1,5 @@
+//go:build envtest
+
 package faults
 
 import (
@@ -18,7 +20,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/exit-guard/exit-guard/internal/argo"
+	"github.com/exit-guard/exit-guard/internal/fixture"
 	"github.com/exit-guard/exit-guard/internal/testenv"
+	"github.com/exit-guard/exit-guard/webhook"
 )
 
 // metric reads one sample of the guard's metrics endpoint: name with its labels as written,
@@ -66,7 +70,7 @@ func decideAll(t *testing.T, c *tally, want map[*unstructured.Unstructured]bool)
 	t.Helper()
 	for wf, deny := range want {
 		c.sent.Add(1)
-		err := env.Client.Create(t.Context(), testenv.ExitPod(wf), client.DryRunAll)
+		err := env.Client.Create(t.Context(), fixture.ExitPod(wf), client.DryRunAll)
 		switch {
 		case err == nil:
 			c.admitted.Add(1)
@@ -74,7 +78,7 @@ func decideAll(t *testing.T, c *tally, want map[*unstructured.Unstructured]bool)
 				c.wrong.Add(1)
 				t.Errorf("the exit handler of %s was admitted, want it refused", wf.GetName())
 			}
-		case apierrors.IsForbidden(err) && strings.Contains(err.Error(), "exit-guard refused"):
+		case webhook.IsRefusal(err):
 			c.denied.Add(1)
 			if !deny {
 				c.wrong.Add(1)
@@ -171,7 +175,7 @@ func TestWatchExpiresWhileWorkflowsCompleteAndAreDeleted(t *testing.T) {
 	p.cutWatches() // the guard watches again, into the stall
 	for i := range n {
 		wf := toComplete[i]
-		testenv.MarkPhase(wf, argo.PhaseSucceeded)
+		fixture.MarkPhase(wf, argo.PhaseSucceeded)
 		if err := env.Client.Update(t.Context(), wf); err != nil {
 			t.Fatal(err)
 		}
@@ -179,7 +183,7 @@ func TestWatchExpiresWhileWorkflowsCompleteAndAreDeleted(t *testing.T) {
 		// resourceVersion (an exit handler of a Failed workflow is admitted by default);
 		// the relist then reports its deletion with the older copy the informer had.
 		gone := toDelete[i]
-		testenv.MarkPhase(gone, argo.PhaseFailed)
+		fixture.MarkPhase(gone, argo.PhaseFailed)
 		if err := env.Client.Update(t.Context(), gone); err != nil {
 			t.Fatal(err)
 		}
@@ -259,7 +263,7 @@ func TestReplicaKilledUnderLoad(t *testing.T) {
 			running := createWorkflow(t, ns, "running", argo.PhaseRunning)
 			succeeded := createWorkflow(t, ns, "succeeded", argo.PhaseSucceeded)
 			waitFor(t, "the webhook of the namespace to be called", func() bool {
-				err := env.Client.Create(t.Context(), testenv.ExitPod(succeeded), client.DryRunAll)
+				err := env.Client.Create(t.Context(), fixture.ExitPod(succeeded), client.DryRunAll)
 				return apierrors.IsForbidden(err)
 			})
 			loadCtx, stopLoad := context.WithCancel(t.Context())
@@ -349,7 +353,7 @@ func TestAPIServerRestartsUnderLoad(t *testing.T) {
 	}
 	up := c.sent.Load()
 	later := createWorkflow(t, ns, "completed-after-restart", argo.PhaseRunning)
-	testenv.MarkPhase(later, argo.PhaseSucceeded)
+	fixture.MarkPhase(later, argo.PhaseSucceeded)
 	if err := env.Client.Update(t.Context(), later); err != nil {
 		t.Fatal(err)
 	}

@@ -1,3 +1,5 @@
+//go:build envtest
+
 // Package faults runs exit-guard's replicas, as the binary, behind a stand-in for their
 // Service, against a real API server, and injects the faults a cluster has: rollouts, killed
 // replicas, API-server restarts, expired watches, hanging reads. Every test drives admissions
@@ -12,7 +14,6 @@ import (
 	"os"
 	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -20,14 +21,15 @@ import (
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/util/rand"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/exit-guard/exit-guard/internal/argo"
+	"github.com/exit-guard/exit-guard/internal/fixture"
 	"github.com/exit-guard/exit-guard/internal/testenv"
+	"github.com/exit-guard/exit-guard/webhook"
 )
 
 var (
@@ -146,19 +148,7 @@ func newNamespace(t *testing.T) string {
 
 func createWorkflow(t *testing.T, ns, name string, phase argo.Phase) *unstructured.Unstructured {
 	t.Helper()
-	wf := &unstructured.Unstructured{}
-	wf.SetGroupVersionKind(argo.WorkflowGVK)
-	wf.SetNamespace(ns)
-	wf.SetName(name)
-	wf.Object["spec"] = map[string]any{"entrypoint": "main", "onExit": "exit-handler"}
-	if err := env.Client.Create(t.Context(), wf); err != nil {
-		t.Fatal(err)
-	}
-	testenv.MarkPhase(wf, phase)
-	if err := env.Client.Update(t.Context(), wf); err != nil {
-		t.Fatal(err)
-	}
-	return wf
+	return testenv.CreateWorkflow(t, env.Client, ns, name, phase)
 }
 
 // tally counts what a load sent and what came back.
@@ -222,7 +212,7 @@ func load(ctx context.Context, running, succeeded *unstructured.Unstructured, wo
 				c.sent.Add(1)
 				// Not ctx: a request sent is seen to its answer.
 				rctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-				err := env.Client.Create(rctx, testenv.ExitPod(wf), client.DryRunAll)
+				err := env.Client.Create(rctx, fixture.ExitPod(wf), client.DryRunAll)
 				cancel()
 				switch {
 				case err == nil:
@@ -230,7 +220,7 @@ func load(ctx context.Context, running, succeeded *unstructured.Unstructured, wo
 					if wantDenied {
 						c.wrong.Add(1)
 					}
-				case apierrors.IsForbidden(err) && strings.Contains(err.Error(), "exit-guard refused"):
+				case webhook.IsRefusal(err):
 					c.denied.Add(1)
 					if !wantDenied {
 						c.wrong.Add(1)

@@ -21,6 +21,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/exit-guard/exit-guard/internal/argo"
+	"github.com/exit-guard/exit-guard/internal/fixture"
 	"github.com/exit-guard/exit-guard/internal/testenv"
 )
 
@@ -94,7 +95,7 @@ func runAPIServer(args []string) error {
 			return err
 		}
 		wf := retainedWorkflow(ns.Name, "running", 2000)
-		testenv.MarkPhase(wf, argo.PhaseRunning)
+		fixture.MarkPhase(wf, argo.PhaseRunning)
 		if err := cl.Create(ctx, wf); err != nil {
 			return err
 		}

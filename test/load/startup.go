@@ -14,6 +14,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/exit-guard/exit-guard/internal/argo"
+	"github.com/exit-guard/exit-guard/internal/fixture"
 	"github.com/exit-guard/exit-guard/internal/testenv"
 )
 
@@ -138,7 +139,7 @@ func checkGuard(ctx context.Context, p *process, cl client.Client, workflows int
 	if err := cl.Get(ctx, client.ObjectKey{Namespace: "retained", Name: "wf-0"}, wf); err != nil {
 		return err
 	}
-	err := cl.Create(ctx, testenv.ExitPod(wf), client.DryRunAll)
+	err := cl.Create(ctx, fixture.ExitPod(wf), client.DryRunAll)
 	switch {
 	case err == nil:
 		return errors.New("the exit handler of a Succeeded workflow was admitted after the restart")
@@ -146,11 +147,11 @@ func checkGuard(ctx context.Context, p *process, cl client.Client, workflows int
 		return fmt.Errorf("the exit handler of a Succeeded workflow was not refused by the guard after the restart: %w", err)
 	}
 	running := retainedWorkflow("retained", fmt.Sprintf("running-%d", time.Now().UnixNano()), 1000)
-	testenv.MarkPhase(running, argo.PhaseRunning)
+	fixture.MarkPhase(running, argo.PhaseRunning)
 	if err := cl.Create(ctx, running); err != nil {
 		return err
 	}
-	if err := cl.Create(ctx, testenv.ExitPod(running), client.DryRunAll); err != nil {
+	if err := cl.Create(ctx, fixture.ExitPod(running), client.DryRunAll); err != nil {
 		return fmt.Errorf("the exit handler of a running workflow was refused: %w", err)
 	}
 	got, err := scrapeLabelled(ctx, "http://"+p.metricsAddr+"/metrics", `exit_guard_store_records{state="terminal"}`)

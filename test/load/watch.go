@@ -13,7 +13,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/exit-guard/exit-guard/internal/argo"
-	"github.com/exit-guard/exit-guard/internal/testenv"
+	"github.com/exit-guard/exit-guard/internal/fixture"
 )
 
 // runWatch measures the CPU each watcher spends to absorb a burst of updates of large
@@ -50,7 +50,7 @@ func runWatch(args []string) error {
 	wfs := make([]*unstructured.Unstructured, *n)
 	for i := range wfs {
 		wf := retainedWorkflow("burst", fmt.Sprintf("wf-%d", i), *size*1000)
-		testenv.MarkPhase(wf, argo.PhaseRunning)
+		fixture.MarkPhase(wf, argo.PhaseRunning)
 		if i == 0 {
 			if err := cl.Create(ctx, namespace("burst")); err != nil {
 				return err
@@ -137,7 +137,7 @@ func runWatch(args []string) error {
 					break
 				}
 				if k == *writes-1 {
-					testenv.MarkPhase(wf, argo.PhaseSucceeded)
+					fixture.MarkPhase(wf, argo.PhaseSucceeded)
 				}
 				if err := cl.Update(ctx, wf); err != nil {
 					errs <- err

@@ -26,6 +26,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/exit-guard/exit-guard/internal/argo"
+	"github.com/exit-guard/exit-guard/internal/fixture"
 	"github.com/exit-guard/exit-guard/internal/testenv"
 )
 
@@ -71,7 +72,7 @@ func runWebhook(args []string) error {
 		return err
 	}
 	wf := retainedWorkflow("load", "running", 30000)
-	testenv.MarkPhase(wf, argo.PhaseRunning)
+	fixture.MarkPhase(wf, argo.PhaseRunning)
 	if err := cl.Create(ctx, namespace("load")); err != nil {
 		return err
 	}

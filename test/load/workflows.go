@@ -13,7 +13,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/exit-guard/exit-guard/internal/argo"
-	"github.com/exit-guard/exit-guard/internal/testenv"
+	"github.com/exit-guard/exit-guard/internal/fixture"
 )
 
 // sizes says how large the retained workflows are: most of them size bytes, and one in
@@ -70,7 +70,7 @@ func retainedWorkflow(ns, name string, bytes int) *unstructured.Unstructured {
 		map[string]any{"name": "main", "container": map[string]any{"image": "registry.invalid/app:1", "command": []any{"run"}}},
 		map[string]any{"name": "exit-handler", "container": map[string]any{"image": "registry.invalid/notify:1"}},
 	}}
-	testenv.MarkPhase(wf, argo.PhaseSucceeded)
+	fixture.MarkPhase(wf, argo.PhaseSucceeded)
 	wf.Object["status"].(map[string]any)["nodes"] = nodeTree(name, bytes)
 	wf.Object["status"].(map[string]any)["startedAt"] = "2026-11-30T12:00:00Z"
 	wf.Object["status"].(map[string]any)["finishedAt"] = "2026-11-30T12:05:00Z"

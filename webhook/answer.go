@@ -1,0 +1,146 @@
+package webhook
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+)
+
+// Verdicts: a decision with the mode applied, as in metrics and audit annotations.
+const (
+	verdictAllowed = "allowed"
+	verdictDenied  = "denied"
+	verdictWarned  = "warned"
+	verdictDryRun  = "dry-run"
+)
+
+// verdictOf applies the mode to a decision. It is the one place the mode is applied: a
+// refusal is denied in enforce mode, warned of in warn mode, and only recorded in dry-run mode.
+func verdictOf(d decision, mode Mode) string {
+	if !d.deny {
+		return verdictAllowed
+	}
+	return denyVerdict(mode)
+}
+
+// denyVerdict is the verdict a refusal gets in mode.
+func denyVerdict(mode Mode) string {
+	switch mode {
+	case ModeEnforce:
+		return verdictDenied
+	case ModeWarn:
+		return verdictWarned
+	default:
+		return verdictDryRun
+	}
+}
+
+// answer is the admission response for a verdict: an admission with its reason; a refusal
+// (HTTP 403, the reason code in its causes); or, in warn and dry-run mode, an admission that
+// marks the object on the mutating path, and warns in warn mode or where it cannot mark. Every
+// answer carries the audit annotations.
+func (h *handler) answer(ctx context.Context, f facts, d decision, verdict string) admission.Response {
+	var r admission.Response
+	switch verdict {
+	case verdictAllowed:
+		r = admission.Allowed(string(d.reason))
+	case verdictDenied:
+		r = refusal(f, d)
+	default:
+		msg := denialMessage(f, d)
+		r = admission.Allowed(string(d.reason))
+		patch := f.object.mark(msg)
+		if h.mutating {
+			r.Patches = patch
+		}
+		if verdict == verdictWarned || patch == nil {
+			r = r.WithWarnings(fmt.Sprintf("exit-guard (%s mode) would refuse this %s: %s", h.opts.Mode, f.object.noun(), msg))
+		}
+	}
+	r.AuditAnnotations = auditAnnotations(f, d, verdict)
+	if verdict == verdictDenied {
+		return policyDenial(ctx, r)
+	}
+	return r
+}
+
+// causeField is the field of the object a refusal's cause points at: where the object names
+// its workflow.
+const causeField = "metadata.ownerReferences"
+
+// refusal is the guard's refusal: reason Forbidden and code 403, as clients (Argo's controller
+// among them) recognise a refusal by apierrors.IsForbidden, and withHTTPStatus lets through;
+// the reason code travels in Status.details.causes, which the API server hands to the client.
+func refusal(f facts, d decision) admission.Response {
+	r := admission.Denied(denialMessage(f, d))
+	r.Result.Details = &metav1.StatusDetails{Causes: []metav1.StatusCause{{
+		Type: metav1.CauseType(d.reason), Field: causeField, Message: workflowText(d),
+	}}}
+	return r
+}
+
+// RefusalReason returns the reason code of exit-guard's refusal in err, an error from the API
+// server (a create or update that the guard refused), and whether err is such a refusal.
+// Programs match the code; the message is for people.
+func RefusalReason(err error) (Reason, bool) {
+	var status apierrors.APIStatus
+	if !apierrors.IsForbidden(err) || !errors.As(err, &status) || status.Status().Details == nil {
+		return "", false
+	}
+	for _, c := range status.Status().Details.Causes {
+		for _, r := range refusalReasons {
+			if c.Type == metav1.CauseType(r) && c.Field == causeField {
+				return r, true
+			}
+		}
+	}
+	return "", false
+}
+
+// IsRefusal says whether err, an error from the API server, is a refusal by exit-guard.
+func IsRefusal(err error) bool {
+	_, ok := RefusalReason(err)
+	return ok
+}
+
+// denialMessage says what happened, which workflow and phase, and where to look.
+func denialMessage(f facts, d decision) string {
+	return fmt.Sprintf("exit-guard refused %s: %s, as seen by %s; "+
+		"a stale copy of a completed workflow tried to %s. "+
+		"See the workflow's events: kubectl -n %s get events --field-selector involvedObject.name=%s",
+		f.object.refused(), workflowText(d), d.source, f.object.retried(), d.wfNamespace, d.wfName)
+}
+
+// workflowText says what the guard knows of the workflow a refusal is about.
+func workflowText(d decision) string {
+	switch d.reason {
+	case ReasonWorkflowDeleted:
+		return fmt.Sprintf("workflow %s/%s (uid %s) no longer exists", d.wfNamespace, d.wfName, d.wfUID)
+	case ReasonWorkflowReplaced:
+		return fmt.Sprintf("workflow %s/%s (uid %s) was deleted; that name now belongs to another workflow", d.wfNamespace, d.wfName, d.wfUID)
+	default:
+		return fmt.Sprintf("workflow %s/%s (uid %s) already reached %s (resourceVersion %s)", d.wfNamespace, d.wfName, d.wfUID, d.phase, d.resourceVersion)
+	}
+}
+
+// auditAnnotations are the annotations that the API server writes into its audit log, under
+// the webhook's name.
+func auditAnnotations(f facts, d decision, verdict string) map[string]string {
+	a := map[string]string{"decision": verdict, "reason": string(d.reason), "kind": string(f.object.kind())}
+	if f.owner != nil {
+		a["workflow"] = d.wfNamespace + "/" + d.wfName
+		a["workflow-uid"] = string(d.wfUID)
+	}
+	f.object.annotate(a)
+	if d.source != sourceNone {
+		a["source"] = string(d.source)
+	}
+	if d.phase != "" {
+		a["phase"] = string(d.phase)
+	}
+	return a
+}

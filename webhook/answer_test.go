@@ -1,0 +1,141 @@
+package webhook
+
+import (
+	"errors"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+
+	"github.com/exit-guard/exit-guard/internal/fixture"
+)
+
+// refused is a refusal decision of the table's workflow, by the live read.
+func refused(reason Reason) decision {
+	wf := tableWorkflow
+	return decision{deny: true, reason: reason, row: "6", source: sourceLive, wfNamespace: wf.GetNamespace(), wfName: wf.GetName(),
+		wfUID: wf.GetUID(), phase: "Succeeded", resourceVersion: "42"}
+}
+
+// The reason code travels in the refusal's causes, and a client reads it back from the error
+// the API server hands it; the refusal stays a 403 Forbidden.
+func TestRefusalCarriesItsReasonCode(t *testing.T) {
+	f := podFacts(t, fixture.ExitPod(tableWorkflow))
+	for _, reason := range refusalReasons {
+		t.Run(string(reason), func(t *testing.T) {
+			r := refusal(f, refused(reason))
+			if r.Allowed || r.Result.Code != http.StatusForbidden || r.Result.Reason != metav1.StatusReasonForbidden {
+				t.Fatalf("refusal = allowed %v code %d reason %s, want a 403 Forbidden", r.Allowed, r.Result.Code, r.Result.Reason)
+			}
+			// As the API server wraps a webhook's Status for its client.
+			err := &apierrors.StatusError{ErrStatus: *r.Result}
+			if got, ok := RefusalReason(err); !ok || got != reason {
+				t.Errorf("RefusalReason = %q %v, want %q", got, ok, reason)
+			}
+		})
+	}
+	for _, tc := range []struct {
+		name string
+		err  error
+	}{
+		{"no error", nil},
+		{"another error", errors.New("connection refused")},
+		{"a Forbidden from elsewhere", apierrors.NewForbidden(schema.GroupResource{Resource: "pods"}, "p", errors.New("RBAC"))},
+		{"a 409 with the guard's cause", &apierrors.StatusError{ErrStatus: metav1.Status{Code: http.StatusConflict, Reason: metav1.StatusReasonConflict,
+			Details: &metav1.StatusDetails{Causes: []metav1.StatusCause{{Type: metav1.CauseType(ReasonWorkflowDeleted), Field: causeField}}}}}},
+	} {
+		t.Run("not a refusal: "+tc.name, func(t *testing.T) {
+			if got, ok := RefusalReason(tc.err); ok {
+				t.Errorf("RefusalReason(%v) = %q, want none", tc.err, got)
+			}
+		})
+	}
+}
+
+// TestAnswersByMode: the mode applied once, to the same decision, for every path: enforce
+// refuses, warn admits with a warning and, on the mutating path, the mark, dry-run admits with
+// the mark only; a TaskSet write, which cannot be marked, gets the warning in both.
+func TestAnswersByMode(t *testing.T) {
+	pod := func(t *testing.T) facts { return podFacts(t, fixture.ExitPod(tableWorkflow)) }
+	write := func(t *testing.T) facts {
+		key, _ := fixture.OnExitTask(tableWorkflow)
+		return taskSetFacts(t, tableWorkflow, nil, "", []string{key}, "false")
+	}
+	type want struct {
+		allowed, patched, warned bool
+		decision                 string
+	}
+	for _, tc := range []struct {
+		name     string
+		facts    func(*testing.T) facts
+		mutating bool
+		mode     Mode
+		want     want
+	}{
+		{"pod, enforce", pod, false, ModeEnforce, want{decision: verdictDenied}},
+		{"pod, warn", pod, false, ModeWarn, want{allowed: true, warned: true, decision: verdictWarned}},
+		{"pod, dry-run", pod, false, ModeDryRun, want{allowed: true, decision: verdictDryRun}},
+		{"pod, mutating path, warn", pod, true, ModeWarn, want{allowed: true, patched: true, warned: true, decision: verdictWarned}},
+		{"pod, mutating path, dry-run", pod, true, ModeDryRun, want{allowed: true, patched: true, decision: verdictDryRun}},
+		{"TaskSet write, enforce", write, false, ModeEnforce, want{decision: verdictDenied}},
+		{"TaskSet write, warn", write, false, ModeWarn, want{allowed: true, warned: true, decision: verdictWarned}},
+		{"TaskSet write, dry-run", write, false, ModeDryRun, want{allowed: true, warned: true, decision: verdictDryRun}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			g, err := newGuard(nil, storeFor(t, tableWorkflow, storeEmpty, false), Options{Mode: tc.mode})
+			if err != nil {
+				t.Fatal(err)
+			}
+			h := &handler{guard: g, mutating: tc.mutating}
+			f, d := tc.facts(t), refused(ReasonWorkflowCompleted)
+			r := h.answer(t.Context(), f, d, verdictOf(d, tc.mode))
+			got := want{allowed: r.Allowed, patched: len(r.Patches) > 0, warned: len(r.Warnings) > 0, decision: r.AuditAnnotations["decision"]}
+			if diff := cmp.Diff(tc.want, got, cmp.AllowUnexported(want{})); diff != "" {
+				t.Errorf("answer (-want +got):\n%s", diff)
+			}
+			if got.warned && !strings.Contains(r.Warnings[0], "("+string(tc.mode)+" mode) would refuse") {
+				t.Errorf("warning %q does not say the mode", r.Warnings[0])
+			}
+		})
+	}
+	// An admission is an admission in every mode, with its reason.
+	for _, mode := range []Mode{ModeEnforce, ModeWarn, ModeDryRun} {
+		d := decision{reason: ReasonWorkflowNotTerminal}
+		if v := verdictOf(d, mode); v != verdictAllowed {
+			t.Errorf("an admission in %s mode has verdict %s", mode, v)
+		}
+	}
+}
+
+// The refusal says what was refused, which workflow, what the guard saw and where to look.
+func TestRefusalMessagesSayWhatWasRefused(t *testing.T) {
+	key, _ := fixture.OnExitTask(tableWorkflow)
+	for _, tc := range []struct {
+		name  string
+		facts func(*testing.T) facts
+		d     decision
+		want  []string
+	}{
+		{"an exit-handler pod", func(t *testing.T) facts { return podFacts(t, fixture.ExitPod(tableWorkflow)) }, refused(ReasonWorkflowCompleted),
+			[]string{"exit-guard refused exit-handler pod", "for node notify.onExit[0].notify", "workflow argo/notify (uid uid-notify) already reached Succeeded (resourceVersion 42)", "as seen by live-read", "run it again", "kubectl -n argo get events"}},
+		{"an agent pod of a deleted workflow", func(t *testing.T) facts { return podFacts(t, fixture.AgentPod(tableWorkflow)) }, refused(ReasonWorkflowDeleted),
+			[]string{"agent pod", "(the workflow's HTTP and plugin tasks)", "workflow argo/notify (uid uid-notify) no longer exists"}},
+		{"a TaskSet write of a replaced workflow", func(t *testing.T) facts {
+			return taskSetFacts(t, tableWorkflow, []string{}, "true", []string{key}, "false")
+		}, refused(ReasonWorkflowReplaced),
+			[]string{"a write to WorkflowTaskSet argo/notify that adds task " + key + " (the exit handler notify.onExit)", "the completed label set back", "that name now belongs to another workflow", "run its HTTP or plugin tasks again"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			msg := denialMessage(tc.facts(t), tc.d)
+			for _, s := range tc.want {
+				if !strings.Contains(msg, s) {
+					t.Errorf("message %q does not say %q", msg, s)
+				}
+			}
+		})
+	}
+}

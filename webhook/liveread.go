@@ -1,0 +1,181 @@
+package webhook
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/exit-guard/exit-guard/internal/argo"
+)
+
+// errLiveReadTimeout marks a live read that ran out of its budget.
+var errLiveReadTimeout = errors.New("live read of the workflow ran out of time")
+
+const (
+	// maxLiveReadAttempts bounds the attempts of one live read: a hedge per attempt timeout
+	// and a few quick retries fit in the default budget (4 s of 1 s attempts).
+	maxLiveReadAttempts = 8
+	// maxExtraLiveReads bounds, across the process, the further attempts (retries and hedges)
+	// in flight: an API server slow enough to need them must not get a multiple of the
+	// admission rate in GETs. A decision whose further attempt finds no room waits for the
+	// next turn; its first attempt is never held back.
+	maxExtraLiveReads = 32
+	// firstRetryDelay is the pause after an attempt that failed fast (a refused connection, a
+	// 429 or 5xx answer); it doubles with each retry.
+	firstRetryDelay = 50 * time.Millisecond
+)
+
+// liveRead reads the workflow from the API server within the live-read budget, consistently
+// (no resourceVersion: never an older state than the newest write), and returns its metadata
+// and status.phase.
+//
+// An admission costs the same for a workflow of a megabyte as for a small one: the read LISTs
+// the workflow's metadata by name (a fieldSelector on metadata.name, which the API server
+// answers from one key of its watch cache once that cache has caught up with etcd), and takes
+// the phase from the labels Argo writes with it. Only when the labels do not settle the phase
+// (argo.PhaseFromLabels), or settle it on one that would refuse, does it GET the whole object,
+// decoding only metadata and status.phase: a refusal is always decided from the status.
+//
+// The budget is used whole: an attempt that fails fast is retried after a short pause, and one
+// that has not answered within the attempt timeout gets another attempt beside it (a hedge),
+// the first answer winning. A 404 is an answer; 401, 403 and 400 end the read at once, as no
+// retry mends them.
+func (g *guard) liveRead(ctx context.Context, namespace, name string) (*argo.Workflow, error) {
+	// Not the request's cancellation: controller-runtime derives it from the manager's
+	// context, which ends at shutdown while the server still finishes the requests in flight;
+	// their reads would fail and the store would decide them. The budget bounds the read.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), g.opts.LiveReadBudget)
+	defer cancel()
+	start := time.Now()
+	// Attempts run aside and the decision waits for them only until the budget runs out: an
+	// HTTP client does not always give up at its context's deadline (an HTTP/2 connection
+	// that is still being dialled is shared and outlives one request), and the API server must
+	// never see the webhook time out. The channel holds every attempt's answer, so that a
+	// late attempt ends on its own.
+	type answer struct {
+		wf       *argo.Workflow
+		err      error
+		panicked any
+	}
+	done := make(chan answer, maxLiveReadAttempts)
+	// whole: a hedge GETs the whole object rather than LIST again: a LIST by name that has
+	// not answered within the attempt timeout is most often one the API server answers 429
+	// while its watch cache (re)initializes, which client-go retries on its own after each
+	// Retry-After; a GET goes to etcd.
+	attempt := func(extra, whole bool) {
+		if extra {
+			defer func() { <-g.extraReads }()
+		}
+		// A panic here would end the process: hand it to the request's goroutine, whose
+		// panic controller-runtime recovers into an HTTP error (withHTTPStatus).
+		defer func() {
+			if p := recover(); p != nil {
+				done <- answer{panicked: p}
+			}
+		}()
+		wf, err := g.readWorkflow(ctx, namespace, name, whole)
+		done <- answer{wf: wf, err: err}
+	}
+	attempts, answered := 1, 0
+	go attempt(false, false)
+	next := time.NewTimer(g.opts.LiveReadTimeout)
+	defer next.Stop()
+	delay := firstRetryDelay
+	cause := "hedged" // why the next attempt starts
+	var a answer
+loop:
+	for {
+		select {
+		case a = <-done:
+			answered++
+			switch {
+			case a.panicked != nil:
+				panic(a.panicked)
+			case a.err == nil, apierrors.IsNotFound(a.err), permanent(a.err):
+				break loop
+			case answered == maxLiveReadAttempts:
+				// Every attempt there may be has failed: waiting out the budget gains nothing.
+				break loop
+			default:
+				// This attempt failed: retry after a pause (jittered, so that decisions
+				// that failed together do not retry together), not later than a hedge would.
+				next.Reset(min(time.Duration(float64(delay)*(0.8+0.4*rand.Float64())), g.opts.LiveReadTimeout)) //nolint:gosec // G404: jitter, not a secret
+				delay *= 2
+				cause = "error"
+			}
+		case <-next.C:
+			if attempts == maxLiveReadAttempts {
+				continue
+			}
+			select {
+			case g.extraReads <- struct{}{}:
+			default:
+				g.metrics.liveReadAttempts.WithLabelValues("shed").Inc()
+				next.Reset(g.opts.LiveReadTimeout)
+				continue
+			}
+			g.metrics.liveReadAttempts.WithLabelValues(cause).Inc()
+			attempts++
+			go attempt(true, cause == "hedged")
+			next.Reset(g.opts.LiveReadTimeout)
+			cause = "hedged"
+		case <-ctx.Done():
+			a.err = errors.Join(errLiveReadTimeout, a.err, ctx.Err())
+			break loop
+		}
+	}
+	result := "found"
+	switch {
+	case a.err == nil:
+	case apierrors.IsNotFound(a.err):
+		result = "not-found"
+	case errors.Is(a.err, errLiveReadTimeout):
+		result = "timeout"
+	default:
+		result = "error"
+	}
+	g.metrics.liveRead.WithLabelValues(result).Observe(time.Since(start).Seconds())
+	return a.wf, a.err
+}
+
+// readWorkflow is one attempt of liveRead: the metadata by name, and the whole object when
+// the labels do not settle the phase, or settle it on one that would refuse: a refusal is
+// decided from status.phase only, so that labels can at worst admit what the status would
+// refuse, never refuse what it would admit. whole skips the LIST.
+func (g *guard) readWorkflow(ctx context.Context, namespace, name string, whole bool) (*argo.Workflow, error) {
+	if !whole {
+		list := &metav1.PartialObjectMetadataList{}
+		list.SetGroupVersionKind(argo.WorkflowListGVK)
+		if err := g.reader.List(ctx, list, client.InNamespace(namespace), client.MatchingFields{"metadata.name": name}); err != nil {
+			return nil, err
+		}
+		var found *metav1.PartialObjectMetadata
+		for i := range list.Items {
+			if list.Items[i].Name == name {
+				found = &list.Items[i]
+			}
+		}
+		if found == nil {
+			return nil, apierrors.NewNotFound(schema.GroupResource{Group: argo.Group, Resource: argo.Resource}, name)
+		}
+		if phase := argo.PhaseFromLabels(found.Labels); phase != argo.PhaseUnsettled && !g.denyPhases[phase] {
+			return &argo.Workflow{ObjectMeta: found.ObjectMeta, Status: argo.WorkflowStatus{Phase: phase}}, nil
+		}
+	}
+	wf := &argo.Workflow{}
+	if err := g.reader.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, wf); err != nil {
+		return nil, err
+	}
+	return wf, nil
+}
+
+// permanent says whether a failed read would fail again however often it is retried.
+func permanent(err error) bool {
+	return apierrors.IsForbidden(err) || apierrors.IsUnauthorized(err) || apierrors.IsBadRequest(err)
+}

@@ -1,0 +1,182 @@
+//go:build envtest
+
+package webhook
+
+import (
+	"net"
+	"testing"
+	"time"
+
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/exit-guard/exit-guard/completionstore"
+	"github.com/exit-guard/exit-guard/internal/argo"
+	"github.com/exit-guard/exit-guard/internal/fixture"
+)
+
+// unreachableConfig points a client at a loopback listener. With hang, it accepts connections
+// and never answers (a live read runs out of time); without, it closes them at once (a live
+// read fails fast).
+func unreachableConfig(t *testing.T, hang bool) *rest.Config {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ln.Close() })
+	go func() {
+		var held []net.Conn
+		defer func() {
+			for _, c := range held {
+				_ = c.Close()
+			}
+		}()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			if hang {
+				held = append(held, c)
+			} else {
+				_ = c.Close()
+			}
+		}
+	}()
+	cfg := rest.CopyConfig(env.Config)
+	cfg.Host = "https://" + ln.Addr().String()
+	return cfg
+}
+
+// TestLiveReadThroughTheAPIServer checks the rows of docs/decisions.md that are about what the
+// live read sees and how it fails, with real reads: workflows on the real API server whose
+// labels do not settle the phase (or contradict the status), a workflow deleted, a name
+// reused, and an API server that refuses connections or never answers.
+func TestLiveReadThroughTheAPIServer(t *testing.T) {
+	ns := newNamespace(t)
+	scheme := testScheme(t)
+	newReader := func(cfg *rest.Config) client.Reader {
+		c, err := client.New(cfg, client.Options{Scheme: scheme})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	live := newReader(env.Config)
+	failing := newReader(unreachableConfig(t, false))
+	hanging := newReader(unreachableConfig(t, true))
+
+	running := createWorkflow(t, ns, "running", argo.PhaseRunning)
+	succeeded := createWorkflow(t, ns, "succeeded", argo.PhaseSucceeded)
+	deleted := createWorkflow(t, ns, "deleted", argo.PhaseSucceeded)
+	if err := env.Client.Delete(t.Context(), deleted); err != nil {
+		t.Fatal(err)
+	}
+	replaced := createWorkflow(t, ns, "replaced", argo.PhaseSucceeded)
+	oldUID := replaced.GetUID()
+	if err := env.Client.Delete(t.Context(), replaced); err != nil {
+		t.Fatal(err)
+	}
+	replaced = createWorkflow(t, ns, "replaced", argo.PhaseRunning)
+	replaced.SetUID(oldUID) // pods of the first one still name its UID
+	// Workflows whose labels do not settle the phase: the live read GETs the whole object.
+	retriedV4 := createWorkflow(t, ns, "retried-v4", argo.PhaseSucceeded)
+	setPhase(t, retriedV4, argo.PhaseUnknown) // status.phase "", completed removed, phase label stale
+	daemon := createWorkflow(t, ns, "daemon", argo.PhaseSucceeded)
+	labels := daemon.GetLabels()
+	labels[argo.LabelCompleted] = "false" // 3.4 with daemon steps: the phase before the label
+	daemon.SetLabels(labels)
+	if err := env.Client.Update(t.Context(), daemon); err != nil {
+		t.Fatal(err)
+	}
+	// Labels that say Succeeded over a status that says Running: Argo never writes this, and
+	// the status wins (a refusal is decided from the status only).
+	labelsOnly := createWorkflow(t, ns, "labels-only", argo.PhaseRunning)
+	labels = labelsOnly.GetLabels()
+	labels[argo.LabelPhase], labels[argo.LabelCompleted] = string(argo.PhaseSucceeded), "true"
+	labelsOnly.SetLabels(labels)
+	if err := env.Client.Update(t.Context(), labelsOnly); err != nil {
+		t.Fatal(err)
+	}
+
+	for _, r := range []struct {
+		name   string
+		wf     *unstructured.Unstructured
+		opts   Options
+		reader client.Reader
+		store  storeState
+		deny   bool
+		reason Reason
+		source source
+		row    string
+	}{
+		{name: "live Running", wf: running, store: storeSucceeded, reason: ReasonWorkflowNotTerminal, source: sourceLive, row: "5"},
+		{name: "retried by v4: stale Succeeded phase label, status.phase empty", wf: retriedV4, store: storeSucceeded, reason: ReasonWorkflowNotTerminal, source: sourceLive, row: "5"},
+		{name: "labels say Succeeded, status.phase Running: the status decides", wf: labelsOnly, reason: ReasonWorkflowNotTerminal, source: sourceLive, row: "5"},
+		{name: "live Succeeded", wf: succeeded, deny: true, reason: ReasonWorkflowCompleted, source: sourceLive, row: "6"},
+		{name: "daemon steps: Succeeded before the completed label", wf: daemon, deny: true, reason: ReasonWorkflowCompleted, source: sourceLive, row: "6"},
+		{name: "store-first, store unsettled, daemon steps: live confirms", wf: daemon, opts: Options{StoreFirst: true}, store: storeUnsettled, deny: true, reason: ReasonWorkflowCompleted, source: sourceLive, row: "6"},
+		{name: "live 404", wf: deleted, deny: true, reason: ReasonWorkflowDeleted, source: sourceLive, row: "8"},
+		{name: "live other UID", wf: replaced, deny: true, reason: ReasonWorkflowReplaced, source: sourceLive, row: "9"},
+		{name: "connections refused, store tombstone", wf: running, reader: failing, store: storeTombstone, deny: true, reason: ReasonWorkflowDeleted, source: sourceStore, row: "10"},
+		{name: "connections refused, store Succeeded", wf: running, reader: failing, store: storeSucceeded, reason: ReasonUnconfirmedCompletion, source: sourceStore, row: "11"},
+		{name: "no answer, store Succeeded, completion fallback", wf: running, opts: Options{StoreFallback: FallbackCompletion}, reader: hanging, store: storeSucceeded, deny: true, reason: ReasonWorkflowCompleted, source: sourceStore, row: "11"},
+		{name: "no answer, store unsettled", wf: running, reader: hanging, store: storeUnsettled, reason: ReasonUnverifiedFailOpen, source: sourceStore, row: "14"},
+		{name: "no answer, store empty", wf: succeeded, reader: hanging, reason: ReasonUnverifiedFailOpen, row: "15"},
+	} {
+		t.Run(r.row+" "+r.name, func(t *testing.T) {
+			reader := r.reader
+			if reader == nil {
+				reader = live
+			}
+			r.opts.LiveReadTimeout, r.opts.LiveReadBudget = 300*time.Millisecond, time.Second
+			g, err := newGuard(reader, storeFor(t, r.wf, r.store, false), r.opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			start := time.Now()
+			d := g.decide(t.Context(), podFacts(t, fixture.ExitPod(r.wf)))
+			if d.deny != r.deny || d.reason != r.reason || d.source != r.source || d.row != r.row {
+				t.Errorf("decision = deny %v reason %s source %q row %s, want deny %v reason %s source %q row %s (live error: %v)",
+					d.deny, d.reason, d.source, d.row, r.deny, r.reason, r.source, r.row, d.liveErr)
+			}
+			if r.reader == hanging && time.Since(start) > 5*time.Second {
+				t.Errorf("a hanging live read held the decision %s, past any webhook timeout", time.Since(start))
+			}
+		})
+	}
+}
+
+// The live read answers from the API server's watch cache (a LIST by name), yet it must never
+// return an older state than the newest write: each read right after a write sees that write.
+func TestLiveReadSeesTheNewestWrite(t *testing.T) {
+	ns := newNamespace(t)
+	c, err := client.New(env.Config, client.Options{Scheme: testScheme(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	store, err := completionstore.New(completionstore.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := newGuard(c, store, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wf := createWorkflow(t, ns, "read-your-writes", argo.PhaseRunning)
+	const writes = 300
+	for i := range writes {
+		phase := []argo.Phase{argo.PhaseRunning, argo.PhaseSucceeded, argo.PhaseFailed}[i%3]
+		setPhase(t, wf, phase)
+		got, err := g.liveRead(t.Context(), ns, wf.GetName())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.ResourceVersion != wf.GetResourceVersion() || got.Status.Phase != phase {
+			t.Fatalf("write %d of %d: the live read returned resourceVersion %s phase %s, want the write's %s %s",
+				i+1, writes, got.ResourceVersion, got.Status.Phase, wf.GetResourceVersion(), phase)
+		}
+	}
+}

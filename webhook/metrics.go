@@ -1,0 +1,66 @@
+package webhook
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// guardMetrics are the webhook's Prometheus metrics.
+type guardMetrics struct {
+	decisions        *prometheus.CounterVec
+	liveRead         *prometheus.HistogramVec
+	liveReadFailures *prometheus.CounterVec
+	liveReadAttempts *prometheus.CounterVec
+}
+
+func newGuardMetrics() *guardMetrics {
+	return &guardMetrics{
+		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "exit_guard_decisions_total",
+			Help: "Admission decisions, by verdict (allowed, denied, warned, dry-run), reason and kind of object (Pod, WorkflowTaskSet).",
+		}, []string{"verdict", "reason", "kind"}),
+		liveRead: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "exit_guard_live_read_duration_seconds",
+			Help: "Latency of live reads of a pod's workflow, by result (found, not-found, timeout, error).",
+			// From 1 ms to the 1 s default deadline and a little past it.
+			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5},
+		}, []string{"result"}),
+		liveReadFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "exit_guard_live_read_failures_total",
+			Help: "Live reads that failed or ran out of time, so that the store decided, by kind (timeout, error).",
+		}, []string{"kind"}),
+		liveReadAttempts: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "exit_guard_live_read_retries_total",
+			Help: "Further attempts within one live read, by cause: error (the last attempt failed; retried after a pause), hedged (the last attempt had not answered within --live-read-timeout; another started beside it), shed (not started: the process had as many further attempts in flight as it allows).",
+		}, []string{"cause"}),
+	}
+}
+
+// initDecisions creates, at 0, the decision series that alerts count with increase(): the
+// refusals of mode and the unverified admissions, for pods and TaskSets. A series that first
+// appeared at 1 would hide its first event from increase(), and that event is often the only
+// one.
+func (m *guardMetrics) initDecisions(mode Mode) {
+	for _, kind := range []objectKind{kindPod, kindTaskSet} {
+		for _, r := range refusalReasons {
+			m.decisions.WithLabelValues(denyVerdict(mode), string(r), string(kind))
+		}
+		for _, r := range []Reason{ReasonUnverifiedFailOpen, ReasonUnconfirmedCompletion} {
+			m.decisions.WithLabelValues(verdictAllowed, string(r), string(kind))
+		}
+	}
+}
+
+func (m *guardMetrics) register(reg prometheus.Registerer) error {
+	// The failure series exist from the start, at 0: a rate or an alert on them then reads 0
+	// rather than nothing, and a dashboard shows a flat line rather than "no data".
+	for _, kind := range []string{"timeout", "error"} {
+		m.liveReadFailures.WithLabelValues(kind)
+	}
+	for _, cause := range []string{"error", "hedged", "shed"} {
+		m.liveReadAttempts.WithLabelValues(cause)
+	}
+	for _, c := range []prometheus.Collector{m.decisions, m.liveRead, m.liveReadFailures, m.liveReadAttempts} {
+		if err := reg.Register(c); err != nil {
+			return err
+		}
+	}
+	return nil
+}

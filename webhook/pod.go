@@ -1,0 +1,192 @@
+package webhook
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+
+	"gomodules.xyz/jsonpatch/v2"
+	admissionv1 "k8s.io/api/admission/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+
+	"github.com/exit-guard/exit-guard/internal/argo"
+)
+
+// The two pod paths, as the API server is to call them. The chart renders these with its
+// selectors, match conditions and failure policy; make verify checks it against them.
+// +kubebuilder:webhook:path=/validate-pod,mutating=false,failurePolicy=ignore,sideEffects=NoneOnDryRun,groups="",resources=pods,verbs=create,versions=v1,name=validate.exit-guard.io,admissionReviewVersions=v1,timeoutSeconds=5,matchPolicy=Equivalent
+// +kubebuilder:webhook:path=/mutate-pod,mutating=true,failurePolicy=ignore,sideEffects=NoneOnDryRun,groups="",resources=pods,verbs=create,versions=v1,name=mutate.exit-guard.io,admissionReviewVersions=v1,timeoutSeconds=5,matchPolicy=Equivalent,reinvocationPolicy=Never
+
+// Paths of the pod webhooks: ValidatePath decides (deny in enforce mode), MutatePath marks
+// suspect pods in warn and dry-run mode.
+const (
+	ValidatePath = "/validate-pod"
+	MutatePath   = "/mutate-pod"
+)
+
+// Labels and annotations exit-guard puts on the suspect pods it admits in warn and dry-run
+// mode. `kubectl get pods -A -l exit-guard.io/suspect` lists them.
+const (
+	LabelSuspect            = "exit-guard.io/suspect"
+	AnnotationSuspectReason = "exit-guard.io/suspect-reason"
+)
+
+var podResource = metav1.GroupVersionResource{Version: "v1", Resource: "pods"}
+
+// podMetadata is the only part of a pod the guard decodes.
+type podMetadata struct {
+	Metadata metav1.ObjectMeta `json:"metadata"`
+}
+
+// readPod checks that req is a Pod CREATE and reads the pod's metadata. A nil response means
+// go on; otherwise it is the answer: allowed for requests that are not ours, 400 for malformed
+// ones.
+func readPod(req admission.Request) (facts, *admission.Response) {
+	if resp := checkUID(req); resp != nil {
+		return facts{}, resp
+	}
+	if req.Resource != podResource || req.SubResource != "" {
+		r := admission.Allowed(fmt.Sprintf("exit-guard only reviews pods, not %s", resourceName(req)))
+		return facts{}, &r
+	}
+	if req.Operation != admissionv1.Create {
+		r := admission.Allowed(fmt.Sprintf("exit-guard only reviews pod creation, not %s", req.Operation))
+		return facts{}, &r
+	}
+	if len(req.Object.Raw) == 0 {
+		r := admission.Errored(http.StatusBadRequest, errors.New("malformed AdmissionReview: request.object is empty"))
+		return facts{}, &r
+	}
+	var pod podMetadata
+	if err := json.Unmarshal(req.Object.Raw, &pod); err != nil {
+		r := admission.Errored(http.StatusBadRequest, fmt.Errorf("malformed AdmissionReview: request.object is not a pod: %w", err))
+		return facts{}, &r
+	}
+	if pod.Metadata.Namespace == "" {
+		// The API server sends the pod before defaulting its namespace from the request.
+		pod.Metadata.Namespace = req.Namespace
+	}
+	return classify(&pod.Metadata), nil
+}
+
+// classify reads a pod's metadata: who owns it and what it runs. The owner is nil for a pod
+// that has no controlling Workflow (artifact-GC pods are owned by WorkflowArtifactGCTask).
+func classify(meta *metav1.ObjectMeta) facts {
+	p := &podObject{meta: meta, name: meta.Name, node: meta.Annotations[argo.AnnotationNodeName]}
+	if p.name == "" && meta.GenerateName != "" {
+		p.name = meta.GenerateName + "*"
+	}
+	f := facts{object: p, namespace: meta.Namespace, component: meta.Labels[argo.LabelComponent], startsWork: true}
+	if ref := metav1.GetControllerOfNoCopy(meta); ref != nil && ref.Kind == argo.Kind && apiGroup(ref.APIVersion) == argo.Group {
+		f.owner = ref
+	}
+	_, onExitLabel := meta.Labels[argo.LabelOnExit]
+	switch {
+	case f.component == argo.ComponentAgent:
+		f.role = roleAgent
+	case onExitLabel || strings.Contains(p.node, argo.OnExitMarker):
+		// The label is Argo's own mark; the node name is a second signal (a step may be
+		// named onExit, which costs that pod a live read, never a wrong denial).
+		f.role = roleExitHandler
+	case strings.Contains(p.node, argo.HooksMarker):
+		f.role = roleHook
+	default:
+		f.role = roleStep
+	}
+	p.role, p.owned = f.role, f.owner != nil
+	return f
+}
+
+// podObject is a pod, as its metadata says.
+type podObject struct {
+	meta       *metav1.ObjectMeta
+	name, node string
+	role       role
+	owned      bool
+}
+
+var _ object = (*podObject)(nil)
+
+var podMessages = &logMessages{
+	refused:     "stale workflow pod refused",
+	unverified:  "pod admitted unverified: the live read failed and the store knows nothing of its workflow",
+	unconfirmed: "pod admitted unverified: the live read failed and only the store says its workflow completed",
+	admitted:    "pod admitted",
+}
+
+func (p *podObject) kind() objectKind       { return kindPod }
+func (p *podObject) noun() string           { return "pod" }
+func (p *podObject) retried() string        { return "run it again" }
+func (p *podObject) messages() *logMessages { return podMessages }
+func (p *podObject) logValues() []any {
+	return []any{"pod", p.meta.Namespace + "/" + p.name, "podKind", p.role, "node", p.node}
+}
+func (p *podObject) annotate(a map[string]string) {
+	if p.owned {
+		a["pod-kind"] = string(p.role)
+	}
+}
+
+func (p *podObject) refused() string {
+	return fmt.Sprintf("%s pod %s for node %s", p.role, p.name, p.nodeText())
+}
+
+func (p *podObject) eventAction(admissionv1.Operation) string { return "CreatePod" }
+
+func (p *podObject) eventRefused() string {
+	return fmt.Sprintf("%s pod %s (node %s) refused", p.role, p.name, p.nodeText())
+}
+
+// nodeText names what a pod runs, for messages and Events.
+func (p *podObject) nodeText() string {
+	switch {
+	case p.role == roleAgent:
+		return "(the workflow's HTTP and plugin tasks)"
+	case p.node == "":
+		return "(no node-name annotation)"
+	}
+	return p.node
+}
+
+// mark adds LabelSuspect and AnnotationSuspectReason, and nothing else.
+func (p *podObject) mark(msg string) []jsonpatch.Operation {
+	var ops []jsonpatch.Operation
+	if p.meta.Labels == nil {
+		ops = append(ops, jsonpatch.NewOperation("add", "/metadata/labels", map[string]string{LabelSuspect: "true"}))
+	} else {
+		ops = append(ops, jsonpatch.NewOperation("add", "/metadata/labels/"+escapePointer(LabelSuspect), "true"))
+	}
+	if p.meta.Annotations == nil {
+		ops = append(ops, jsonpatch.NewOperation("add", "/metadata/annotations", map[string]string{AnnotationSuspectReason: msg}))
+	} else {
+		ops = append(ops, jsonpatch.NewOperation("add", "/metadata/annotations/"+escapePointer(AnnotationSuspectReason), msg))
+	}
+	return ops
+}
+
+// escapePointer escapes a map key for a JSON pointer (RFC 6901).
+func escapePointer(s string) string {
+	var b bytes.Buffer
+	for _, r := range s {
+		switch r {
+		case '~':
+			b.WriteString("~0")
+		case '/':
+			b.WriteString("~1")
+		default:
+			b.WriteRune(r)
+		}
+	}
+	return b.String()
+}
+
+func apiGroup(apiVersion string) string {
+	if i := strings.IndexByte(apiVersion, '/'); i >= 0 {
+		return apiVersion[:i]
+	}
+	return ""
+}

@@ -1,0 +1,112 @@
+package webhook
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+
+	"k8s.io/client-go/tools/events"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
+	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+
+	"github.com/exit-guard/exit-guard/completionstore"
+	"github.com/exit-guard/exit-guard/internal/argo"
+)
+
+// guard holds what every admission path shares.
+type guard struct {
+	opts       Options
+	store      *completionstore.Store
+	reader     client.Reader
+	recorder   events.EventRecorder
+	metrics    *guardMetrics
+	denyPhases map[argo.Phase]bool
+	watched    map[string]bool // nil: every namespace
+	// readLive is the live read of a workflow: liveRead, or in the decision table's test a
+	// canned answer.
+	readLive func(ctx context.Context, namespace, name string) (*argo.Workflow, error)
+	// extraReads holds a token per further live-read attempt in flight (maxExtraLiveReads).
+	extraReads chan struct{}
+}
+
+// The live read GETs the owning Workflow (rbac on completionstore.Watch); the audit writes
+// Events on it through the events.k8s.io API.
+// +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
+
+// Setup registers the guard's admission paths on the manager's webhook server. Workflows
+// are read live through the manager's API reader (no cache), so the manager's scheme must know
+// argo.Workflow (argo.AddToScheme).
+func Setup(mgr manager.Manager, store *completionstore.Store, opts Options) error {
+	return setup(mgr, mgr.GetAPIReader(), store, opts)
+}
+
+// setup is Setup with the reader of live reads given.
+func setup(mgr manager.Manager, reader client.Reader, store *completionstore.Store, opts Options) error {
+	g, err := newGuard(reader, store, opts)
+	if err != nil {
+		return err
+	}
+	if !mgr.GetScheme().Recognizes(argo.WorkflowGVK) {
+		return errors.New("webhook: the manager's scheme does not know argo.Workflow; call argo.AddToScheme")
+	}
+	g.recorder = mgr.GetEventRecorder(g.opts.EventSource)
+	reg := g.opts.Registerer
+	if reg == nil {
+		reg = metrics.Registry
+	}
+	if err := g.metrics.register(reg); err != nil {
+		return fmt.Errorf("webhook: registering metrics: %w", err)
+	}
+	g.metrics.initDecisions(g.opts.Mode)
+	srv := mgr.GetWebhookServer()
+	srv.Register(ValidatePath, serve(&handler{guard: g, readObject: readPod}))
+	srv.Register(MutatePath, serve(mutatingPath(g)))
+	srv.Register(ValidateTaskSetPath, serve(&handler{guard: g, readObject: readTaskSet}))
+	return nil
+}
+
+// mutatingPath is the handler of MutatePath: the pipeline in warn and dry-run mode, where it
+// marks suspect pods; in enforce mode it checks the request and changes nothing (the
+// validating path decides), should the API server call it.
+func mutatingPath(g *guard) admission.Handler {
+	if g.opts.Mode == ModeEnforce {
+		return admission.HandlerFunc(func(_ context.Context, req admission.Request) admission.Response {
+			if _, resp := readPod(req); resp != nil {
+				return *resp
+			}
+			return admission.Allowed("enforce mode: the validating webhook decides")
+		})
+	}
+	return &handler{guard: g, readObject: readPod, mutating: true}
+}
+
+// serve is the HTTP handler of an admission handler: controller-runtime's decoding and panic
+// recovery, then withHTTPStatus.
+func serve(h admission.Handler) http.Handler {
+	return withHTTPStatus(&admission.Webhook{Handler: h})
+}
+
+func newGuard(reader client.Reader, store *completionstore.Store, opts Options) (*guard, error) {
+	if store == nil {
+		return nil, errors.New("webhook: Setup needs a completion store")
+	}
+	if err := opts.complete(); err != nil {
+		return nil, fmt.Errorf("webhook: %w", err)
+	}
+	g := &guard{opts: opts, store: store, reader: reader, metrics: newGuardMetrics(), denyPhases: map[argo.Phase]bool{},
+		extraReads: make(chan struct{}, maxExtraLiveReads)}
+	g.readLive = g.liveRead
+	for _, p := range opts.DenyPhases {
+		g.denyPhases[p] = true
+	}
+	if len(opts.Namespaces) > 0 {
+		g.watched = map[string]bool{}
+		for _, ns := range opts.Namespaces {
+			g.watched[ns] = true
+		}
+	}
+	return g, nil
+}

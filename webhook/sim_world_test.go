@@ -1,0 +1,420 @@
+package webhook
+
+import (
+	"cmp"
+	"context"
+	"flag"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/exit-guard/exit-guard/completionstore"
+	"github.com/exit-guard/exit-guard/internal/argo"
+)
+
+// The randomized simulation: thousands of random workflow histories, each driven through the
+// real decision code (guard.decide with its live read, and completionstore.Store) in virtual
+// time, with an oracle that knows the true history. `make test` runs a short fixed-seed
+// version; `make soak` runs 100,000 histories and writes the report of docs/reliability.md.
+var (
+	simHistories = flag.Int("sim.histories", 3000, "simulation: how many random workflow histories")
+	simSeed      = flag.Uint64("sim.seed", 1, "simulation: the seed of the first history; history i uses seed+i")
+	simReplay    = flag.Int64("sim.replay", -1, "simulation: replay only the history of this seed, printing every step")
+	simReport    = flag.String("sim.report", "", "simulation: write the report, as Markdown, to this file")
+)
+
+// simT0 is the virtual clock's origin.
+var simT0 = time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+
+// wfState is the true state of one workflow UID after a write.
+type wfState struct {
+	uid     types.UID
+	rv      int64
+	phase   argo.Phase
+	deleted bool
+}
+
+// write is a change of the truth at a moment.
+type write struct {
+	at    time.Duration
+	state wfState
+}
+
+// podEvent is a pod creation, or a TaskSet write that adds a task: by the real controller
+// (legit) or by a stale copy.
+type podEvent struct {
+	at    time.Duration
+	uid   types.UID
+	kind  role
+	stale bool
+}
+
+// loadLevel is how loaded the API server is during a history: how late the guard's watch
+// delivers, and how often the guard's live reads fail.
+type loadLevel struct {
+	name string
+	// lagMean is the mean watch delay (exponential).
+	lagMean time.Duration
+	// stallProb is the chance that the watch stalls once, for stall.
+	stallProb float64
+	stall     time.Duration
+	// attemptFail is the chance that one live-read attempt fails; outage the chance that
+	// every attempt of a decision fails (the API server cannot answer at all).
+	attemptFail, outage float64
+}
+
+// The load levels and their shares. These are assumptions, stated in docs/reliability.md: the
+// figures scale with them.
+var loadLevels = []struct {
+	share float64
+	level loadLevel
+}{
+	{0.70, loadLevel{name: "idle", lagMean: 20 * time.Millisecond, attemptFail: 0.001}},
+	{0.25, loadLevel{name: "loaded", lagMean: 2 * time.Second, stallProb: 0.1, stall: 30 * time.Second, attemptFail: 0.2, outage: 0.05}},
+	{0.05, loadLevel{name: "overloaded", lagMean: 15 * time.Second, stallProb: 0.5, stall: 5 * time.Minute, attemptFail: 0.5, outage: 0.3}},
+}
+
+// watchAction is something the guard's watch does to its store at a moment.
+type watchAction struct {
+	at time.Duration
+	// obs is an observation to feed (an event, a replayed event, a relist's state or its
+	// DeletedFinalStateUnknown); restart replaces the store with an empty one first.
+	obs      *completionstore.Observation
+	restart  bool
+	bookmark int64 // a bookmark's resourceVersion, when set
+	what     string
+}
+
+// history is one generated world: the truth, the pods, and what the guard's watch delivers.
+type history struct {
+	seed   uint64
+	load   loadLevel
+	writes []write // in time order; resourceVersions increase with time
+	pods   []podEvent
+	watch  []watchAction
+	// plans says, per pod event, which live-read attempts fail.
+	plans [][]bool
+}
+
+const (
+	simNamespace = "sim"
+	simName      = "wf"
+)
+
+func dur(r *rand.Rand, lo, hi time.Duration) time.Duration {
+	return lo + time.Duration(r.Int64N(int64(hi-lo)+1))
+}
+
+// generate makes the history of seed.
+func generate(seed uint64) *history {
+	r := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
+	h := &history{seed: seed}
+	x := r.Float64()
+	for _, l := range loadLevels {
+		if x < l.share {
+			h.load = l.level
+			break
+		}
+		x -= l.share
+	}
+	if h.load.name == "" {
+		h.load = loadLevels[len(loadLevels)-1].level
+	}
+	var rv int64 = 100
+	put := func(at time.Duration, s wfState) {
+		rv++
+		s.rv = rv
+		h.writes = append(h.writes, write{at: at, state: s})
+	}
+	pod := func(at time.Duration, uid types.UID, kind role, stale bool) {
+		h.pods = append(h.pods, podEvent{at: at, uid: uid, kind: kind, stale: stale})
+	}
+	// lifecycle runs one workflow from its creation to its last completion and returns when
+	// it ended, and the moments it completed.
+	lifecycle := func(uid types.UID, t time.Duration) (time.Duration, []time.Duration) {
+		http := r.Float64() < 0.3
+		put(t, wfState{uid: uid})
+		var completions []time.Duration
+		run := func(t time.Duration, phase argo.Phase) time.Duration {
+			put(t, wfState{uid: uid, phase: phase})
+			// A retry (or a start) creates the step pods first, at once; a workflow with
+			// HTTP or plugin templates its agent pod.
+			t += dur(r, 50*time.Millisecond, time.Second)
+			if http {
+				pod(t, uid, roleTaskWrite, false)
+				pod(t, uid, roleAgent, false)
+			}
+			for range 1 + r.IntN(3) {
+				pod(t, uid, roleStep, false)
+				if r.Float64() < 0.3 {
+					pod(t+time.Millisecond, uid, roleHook, false)
+				}
+				t += dur(r, 100*time.Millisecond, 5*time.Second)
+			}
+			if r.Float64() < 0.9 {
+				pod(t, uid, roleExitHandler, false)
+				if http {
+					// The exit handler's HTTP task.
+					pod(t, uid, roleTaskWrite, false)
+				}
+				t += dur(r, 100*time.Millisecond, 3*time.Second)
+			}
+			end := []argo.Phase{argo.PhaseSucceeded, argo.PhaseSucceeded, argo.PhaseSucceeded, argo.PhaseSucceeded,
+				argo.PhaseSucceeded, argo.PhaseSucceeded, argo.PhaseSucceeded, argo.PhaseFailed, argo.PhaseFailed, argo.PhaseError}[r.IntN(10)]
+			put(t, wfState{uid: uid, phase: end})
+			completions = append(completions, t)
+			return t
+		}
+		t = run(t+dur(r, 50*time.Millisecond, 500*time.Millisecond), argo.PhaseRunning)
+		for r.Float64() < 0.2 {
+			// argo retry: automation retries within seconds, people within minutes.
+			if r.Float64() < 0.4 {
+				t += dur(r, 500*time.Millisecond, 5*time.Second)
+			} else {
+				t += dur(r, 30*time.Second, 10*time.Minute)
+			}
+			retried := argo.PhaseRunning // up to 3.7
+			if r.Float64() < 0.5 {
+				retried = argo.PhaseUnknown // v4
+			}
+			t = run(t, retried)
+		}
+		return t, completions
+	}
+	stale := func(uid types.UID, completions []time.Duration) {
+		for _, c := range completions {
+			if r.Float64() >= 0.5 {
+				continue
+			}
+			// A stale copy comes back soon after the completion, as a rule.
+			at := c + dur(r, 10*time.Millisecond, 20*time.Second)
+			if r.Float64() < 0.1 {
+				at = c + dur(r, 20*time.Second, 15*time.Minute)
+			}
+			pod(at, uid, roleExitHandler, true)
+			if r.Float64() < 0.5 {
+				pod(at-time.Millisecond, uid, roleStep, true) // argo-workflows #16294
+			}
+			if r.Float64() < 0.3 {
+				pod(at+time.Millisecond, uid, roleHook, true)
+			}
+			if r.Float64() < 0.3 {
+				// An HTTP exit handler: the stale copy adds its task to the TaskSet and
+				// creates a new agent pod.
+				pod(at+time.Millisecond, uid, roleTaskWrite, true)
+				pod(at+2*time.Millisecond, uid, roleAgent, true)
+			}
+		}
+	}
+	uid1 := types.UID(fmt.Sprintf("uid-%d-1", seed))
+	end, completions := lifecycle(uid1, 0)
+	stale(uid1, completions)
+	if r.Float64() < 0.4 {
+		// ttlStrategy deletes it; the name may be used again.
+		del := end + dur(r, time.Second, 2*time.Minute)
+		put(del, wfState{uid: uid1, phase: h.writes[len(h.writes)-1].state.phase, deleted: true})
+		if r.Float64() < 0.5 {
+			uid2 := types.UID(fmt.Sprintf("uid-%d-2", seed))
+			_, c2 := lifecycle(uid2, del+dur(r, 100*time.Millisecond, 30*time.Second))
+			stale(uid2, c2)
+		}
+		if r.Float64() < 0.3 {
+			pod(del+dur(r, 10*time.Millisecond, 10*time.Second), uid1, roleExitHandler, true)
+		}
+	}
+	// The second lifecycle's writes were appended after the deletion; keep time order (each
+	// lifecycle's writes are in order; the stale pods are sorted below).
+	slices.SortStableFunc(h.writes, func(a, b write) int { return cmp.Compare(a.at, b.at) })
+	for i := range h.writes {
+		h.writes[i].state.rv = 101 + int64(i)
+	}
+	slices.SortStableFunc(h.pods, func(a, b podEvent) int { return cmp.Compare(a.at, b.at) })
+	h.watch = h.generateWatch(r)
+	for range h.pods {
+		plan := make([]bool, maxLiveReadAttempts)
+		outage := r.Float64() < h.load.outage
+		for k := range plan {
+			plan[k] = outage || r.Float64() < h.load.attemptFail
+		}
+		h.plans = append(h.plans, plan)
+	}
+	return h
+}
+
+// generateWatch makes what the guard's watch delivers: every write, late by a random lag, in
+// order; perhaps a stall, a replayed older event, a relist, a restart of the guard.
+func (h *history) generateWatch(r *rand.Rand) []watchAction {
+	var out []watchAction
+	lag := func() time.Duration {
+		return time.Duration(r.ExpFloat64() * float64(h.load.lagMean))
+	}
+	last := h.writes[len(h.writes)-1].at
+	var stallFrom, stallTo time.Duration = -1, -1
+	if r.Float64() < h.load.stallProb {
+		stallFrom = dur(r, 0, last)
+		stallTo = stallFrom + h.load.stall
+	}
+	obsOf := func(s wfState) *completionstore.Observation {
+		return &completionstore.Observation{UID: s.uid, Namespace: simNamespace, Name: simName,
+			ResourceVersion: strconv.FormatInt(s.rv, 10), Phase: s.phase, Deleted: s.deleted}
+	}
+	var prev time.Duration
+	for _, w := range h.writes {
+		at := max(prev, w.at+lag())
+		if at >= stallFrom && at < stallTo {
+			at = stallTo
+		}
+		prev = at
+		out = append(out, watchAction{at: at, obs: obsOf(w.state), what: "event"})
+	}
+	// Bookmarks about every minute while the watch is not stalled.
+	for b := time.Minute; b < last+15*time.Minute; b += time.Minute {
+		if b >= stallFrom && b < stallTo {
+			continue
+		}
+		var rv int64
+		for _, w := range h.writes {
+			if w.at <= b-lag() {
+				rv = w.state.rv
+			}
+		}
+		if rv > 0 {
+			out = append(out, watchAction{at: b, bookmark: rv, what: "bookmark"})
+		}
+	}
+	// truthAt is every UID's state at t, as a list would return it.
+	truthAt := func(t time.Duration) map[types.UID]wfState {
+		m := map[types.UID]wfState{}
+		for _, w := range h.writes {
+			if w.at <= t {
+				m[w.state.uid] = w.state
+			}
+		}
+		return m
+	}
+	// deliveredAt is what the informer last had of each UID at t.
+	deliveredAt := func(acts []watchAction, t time.Duration) map[types.UID]completionstore.Observation {
+		m := map[types.UID]completionstore.Observation{}
+		for _, a := range acts {
+			if a.obs != nil && a.at <= t && !a.restart {
+				m[a.obs.UID] = *a.obs
+			}
+		}
+		return m
+	}
+	if r.Float64() < 0.2 && len(h.writes) > 1 {
+		// A replayed older event (an informer that went back): the store must ignore it.
+		w := h.writes[r.IntN(len(h.writes)-1)]
+		o := obsOf(w.state)
+		o.Deleted = false
+		out = append(out, watchAction{at: dur(r, w.at, last+time.Minute), obs: o, what: "replayed older event"})
+	}
+	if r.Float64() < 0.2 {
+		// A relist (410 Gone, or a broken watch): the current state of every workflow, and a
+		// DeletedFinalStateUnknown, with the informer's last copy, for those gone meanwhile.
+		t := dur(r, 0, last+time.Minute)
+		had := deliveredAt(out, t)
+		now := truthAt(t - lag())
+		for uid, s := range now {
+			if !s.deleted {
+				out = append(out, watchAction{at: t, obs: obsOf(s), what: "relist"})
+			} else if o, ok := had[uid]; ok && !o.Deleted {
+				o.Deleted = true
+				out = append(out, watchAction{at: t, obs: &o, what: "relist: DeletedFinalStateUnknown"})
+			}
+		}
+	}
+	if r.Float64() < 0.1 {
+		// The guard restarts: an empty store, then the initial list once synced. Events that
+		// arrive meanwhile are lost with the old process; the list brings the state.
+		t := dur(r, 0, last)
+		synced := t + dur(r, 100*time.Millisecond, 30*time.Second)
+		var kept []watchAction
+		for _, a := range out {
+			if a.at <= t || a.at > synced {
+				kept = append(kept, a)
+			}
+		}
+		out = append(kept, watchAction{at: t, restart: true, what: "guard restart"})
+		for _, s := range truthAt(synced - lag()) {
+			if !s.deleted {
+				out = append(out, watchAction{at: synced, obs: obsOf(s), what: "initial list"})
+			}
+		}
+	}
+	slices.SortStableFunc(out, func(a, b watchAction) int {
+		if c := cmp.Compare(a.at, b.at); c != 0 {
+			return c
+		}
+		// A restart comes before what else happens at its moment.
+		switch {
+		case a.restart && !b.restart:
+			return -1
+		case b.restart && !a.restart:
+			return 1
+		}
+		return 0
+	})
+	return out
+}
+
+// truth is the state of uid at t, and the UID that holds the name then (empty when none).
+func (h *history) truth(uid types.UID, t time.Duration) (state wfState, seen bool, holder wfState) {
+	for _, w := range h.writes {
+		if w.at > t {
+			break
+		}
+		if w.state.uid == uid {
+			state, seen = w.state, true
+		}
+		if w.state.deleted {
+			if holder.uid == w.state.uid {
+				holder = wfState{}
+			}
+		} else {
+			holder = w.state
+		}
+	}
+	return state, seen, holder
+}
+
+// decisionPlan is one decision's live-read plan: which attempts fail, and the moment. It
+// travels in the decision's context (the live read keeps its values), so that an attempt that
+// starts late still belongs to its own decision.
+type decisionPlan struct {
+	mu     sync.Mutex
+	now    time.Duration
+	plan   []bool
+	called int
+}
+
+type planKey struct{}
+
+// next says whether the next attempt of the decision in ctx fails.
+func nextAttemptFails(ctx context.Context) (now time.Duration, fail bool) {
+	p, ok := ctx.Value(planKey{}).(*decisionPlan)
+	if !ok {
+		return 0, true
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	k := p.called
+	p.called++
+	return p.now, k >= len(p.plan) || p.plan[k]
+}
+
+// decisionMoment is the virtual moment of the decision in ctx.
+func decisionMoment(ctx context.Context) time.Duration {
+	p, ok := ctx.Value(planKey{}).(*decisionPlan)
+	if !ok {
+		return 0
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.now
+}
