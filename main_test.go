@@ -1,6 +1,7 @@
 package main
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -60,5 +61,40 @@ func TestFlagsBecomeGuardOptions(t *testing.T) {
 func TestUnknownFlagIsAnError(t *testing.T) {
 	if _, err := parseFlags([]string{"--no-such-flag"}); err == nil {
 		t.Error("parseFlags accepted an unknown flag")
+	}
+}
+
+// A flag given explicitly that the certificate mode cannot honour is refused with a reason;
+// one left at its default, or set from the environment's default, is not judged.
+func TestFlagsTheCertModeCannotHonourAreRefused(t *testing.T) {
+	self := []string{"--cert-mode=self", "--webhook-cert-path=/certs", "--cert-dns-name=g.argo.svc"}
+	tests := []struct {
+		name    string
+		args    []string
+		wantErr string
+	}{
+		{name: "self mode with its own flags", args: append(self, "--cert-secret=s", "--cert-lookahead=24h")},
+		{name: "self mode with the certificate names it writes, given explicitly", args: append(self, "--webhook-cert-name=tls.crt", "--webhook-cert-key=tls.key")},
+		{name: "self mode with another certificate name", args: append(self, "--webhook-cert-name=server.crt"), wantErr: "--webhook-cert-name=server.crt cannot be honoured"},
+		{name: "self mode with another key name", args: append(self, "--webhook-cert-key=server.key"), wantErr: "--webhook-cert-key=server.key cannot be honoured"},
+		{name: "external mode with other file names", args: []string{"--webhook-cert-name=server.crt", "--webhook-cert-key=server.key"}},
+		{name: "external mode with a self-mode flag", args: []string{"--cert-secret=s"}, wantErr: "--cert-secret is set, but it applies only with --cert-mode=self"},
+		{name: "external mode with the namespace flag", args: []string{"--cert-mode=external", "--cert-namespace=argo"}, wantErr: "--cert-namespace is set"},
+	}
+	t.Setenv("POD_NAMESPACE", "argo") // as the chart sets it: the default of --cert-namespace
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f, err := parseFlags(tt.args)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, err = f.options()
+			switch {
+			case tt.wantErr == "" && err != nil:
+				t.Errorf("options() = %v, want no error", err)
+			case tt.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tt.wantErr)):
+				t.Errorf("options() = %v, want an error saying %q", err, tt.wantErr)
+			}
+		})
 	}
 }

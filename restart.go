@@ -2,91 +2,16 @@ package main
 
 import (
 	"context"
-	"errors"
-	"net"
-	"net/http"
 	"os"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
 	"github.com/go-logr/logr"
-	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	"github.com/prometheus/client_golang/prometheus"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
 )
-
-// probes serves /healthz and /readyz for the life of the process. /healthz passes while the
-// process runs; /readyz runs the checks of the current run of the guard, and fails between
-// runs.
-type probes struct {
-	mu     sync.Mutex
-	checks map[string]healthz.Checker
-}
-
-func newProbes() *probes { return &probes{} }
-
-// set makes checks the readiness checks; nil means no run is going on.
-func (p *probes) set(checks map[string]healthz.Checker) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.checks = checks
-}
-
-func (p *probes) current() map[string]healthz.Checker {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.checks == nil {
-		return map[string]healthz.Checker{"running": func(*http.Request) error {
-			return errors.New("the guard is not running: starting, or restarting after a failure")
-		}}
-	}
-	return p.checks
-}
-
-// readyValue is 1 while every readiness check passes, else 0.
-func (p *probes) readyValue() float64 {
-	req, err := http.NewRequest(http.MethodGet, "/readyz", nil)
-	if err != nil {
-		return 0
-	}
-	for _, check := range p.current() {
-		if check(req) != nil {
-			return 0
-		}
-	}
-	return 1
-}
-
-// serve serves the probes on addr ("0" disables them) until the process ends.
-func (p *probes) serve(addr string, log logr.Logger) error {
-	if addr == "0" || addr == "" {
-		return nil
-	}
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return err
-	}
-	ready := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		(&healthz.Handler{Checks: p.current()}).ServeHTTP(w, r)
-	})
-	live := &healthz.Handler{Checks: map[string]healthz.Checker{"ping": healthz.Ping}}
-	mux := http.NewServeMux()
-	mux.Handle("/readyz", http.StripPrefix("/readyz", ready))
-	mux.Handle("/readyz/", http.StripPrefix("/readyz", ready))
-	mux.Handle("/healthz", http.StripPrefix("/healthz", live))
-	mux.Handle("/healthz/", http.StripPrefix("/healthz", live))
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-	go func() {
-		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			log.Error(err, "the health probes stopped")
-		}
-	}()
-	// Served until the process ends, not until the signal: while the webhook drains after
-	// SIGTERM, /readyz must say "shutting down".
-	log.Info("serving the health probes", "address", ln.Addr().String())
-	return nil
-}
 
 // The environment that carries the restart state across an exec.
 const (
@@ -143,31 +68,46 @@ func (r restart) exec() error {
 	return syscall.Exec(bin, os.Args, env) //nolint:gosec // G204: this very binary, its own arguments
 }
 
-// waitForFiles closes ready once every file exists, checking every second until ctx ends.
-func waitForFiles(ctx context.Context, ready chan<- struct{}, log logr.Logger, files ...string) {
-	logged := false
-	t := time.NewTicker(time.Second)
-	defer t.Stop()
-	for {
-		missing := ""
-		for _, f := range files {
-			if _, err := os.Stat(f); err != nil { //nolint:gosec // G703: the certificate files the flags name
-				missing = f
-				break
-			}
-		}
-		if missing == "" {
-			close(ready)
-			return
-		}
-		if !logged {
-			log.Info("waiting for the webhook certificate; until it is there the API server cannot reach the guard and admits pods unchecked", "missing", missing)
-			logged = true
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+// supervise runs run once, with the restart state of the process. When run fails and
+// restartOnFailure is set, and ctx has not ended, it restarts the guard in its process after a
+// backoff (exec of the same binary) and returns only if that fails. It returns the exit status.
+//
+// In the pod of Argo's controller a container that exits makes the pod NotReady and, exiting
+// again, CrashLoopBackOff: with restartOnFailure the guard starts again in the same process
+// instead, and exit_guard_ready and exit_guard_restarts_total say that it is not working. The
+// probes keep answering during the backoff.
+func supervise(ctx context.Context, restartOnFailure bool, log logr.Logger, run func() error) int {
+	started := time.Now()
+	state := restartFromEnv()
+	restarts := prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "exit_guard_restarts_total",
+		Help: "How many times the guard restarted in its process after a failure (--restart-on-failure).",
+	})
+	if err := metrics.Registry.Register(restarts); err != nil {
+		log.Error(err, "unable to register the metrics")
+		return 1
 	}
+	restarts.Add(float64(state.count))
+	err := run()
+	if err == nil || ctx.Err() != nil {
+		if err != nil {
+			log.Error(err, "stopped with an error")
+		}
+		return 0
+	}
+	if !restartOnFailure {
+		log.Error(err, "stopped with an error")
+		return 1
+	}
+	next := state.next(time.Since(started))
+	log.Error(err, "stopped with an error: restarting", "in", next.backoff.String(), "restarts", next.count)
+	select {
+	case <-ctx.Done():
+		return 0
+	case <-time.After(next.backoff):
+	}
+	if err := next.exec(); err != nil {
+		log.Error(err, "unable to restart")
+	}
+	return 1
 }

@@ -14,9 +14,11 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"os"
 	"strings"
 	"time"
 
+	"github.com/go-logr/logr"
 	"github.com/open-policy-agent/cert-controller/pkg/rotator"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/types"
@@ -31,6 +33,13 @@ import (
 // guard's own Secret and webhook configuration (see narrowed).
 // +kubebuilder:rbac:groups="",namespace=exit-guard,resources=secrets,verbs=get;list;watch;update
 // +kubebuilder:rbac:groups=admissionregistration.k8s.io,resources=validatingwebhookconfigurations;mutatingwebhookconfigurations,verbs=get;list;watch;update
+
+// The files of the certificate the rotator writes into CertDir (cert-controller's names), and
+// the webhook server reads.
+const (
+	CertFile = "tls.crt"
+	KeyFile  = "tls.key"
+)
 
 // Options configures self-managed certificates.
 type Options struct {
@@ -183,4 +192,35 @@ func (w *waitingServer) Start(ctx context.Context) error {
 	case <-w.ready:
 	}
 	return w.Server.Start(ctx)
+}
+
+// WaitForFiles closes ready once every file exists, checking every second until ctx ends: the
+// wait of a webhook server whose certificate comes from outside (cert-manager, the chart, a
+// mounted Secret that may be empty at first). Give ready to WaitFor.
+func WaitForFiles(ctx context.Context, ready chan<- struct{}, log logr.Logger, files ...string) {
+	logged := false
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		missing := ""
+		for _, f := range files {
+			if _, err := os.Stat(f); err != nil { //nolint:gosec // G703: the certificate files the flags name
+				missing = f
+				break
+			}
+		}
+		if missing == "" {
+			close(ready)
+			return
+		}
+		if !logged {
+			log.Info("waiting for the webhook certificate; until it is there the API server cannot reach the guard and admits pods unchecked", "missing", missing)
+			logged = true
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
 }
