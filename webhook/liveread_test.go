@@ -69,6 +69,7 @@ func TestLiveReadThroughTheAPIServer(t *testing.T) {
 	hanging := newReader(unreachableConfig(t, true))
 
 	running := createWorkflow(t, ns, "running", argo.PhaseRunning)
+	failed := createWorkflow(t, ns, "failed", argo.PhaseFailed)
 	succeeded := createWorkflow(t, ns, "succeeded", argo.PhaseSucceeded)
 	deleted := createWorkflow(t, ns, "deleted", argo.PhaseSucceeded)
 	if err := env.Client.Delete(t.Context(), deleted); err != nil {
@@ -118,6 +119,9 @@ func TestLiveReadThroughTheAPIServer(t *testing.T) {
 		{name: "live Succeeded", wf: succeeded, deny: true, reason: ReasonWorkflowCompleted, source: sourceLive, row: "6"},
 		{name: "daemon steps: Succeeded before the completed label", wf: daemon, deny: true, reason: ReasonWorkflowCompleted, source: sourceLive, row: "6"},
 		{name: "store-first, store unsettled, daemon steps: live confirms", wf: daemon, opts: Options{StoreFirst: true}, store: storeUnsettled, deny: true, reason: ReasonWorkflowCompleted, source: sourceLive, row: "6"},
+		{name: "store-first, store unsettled, retried by v4: live says not terminal", wf: retriedV4, opts: Options{StoreFirst: true}, store: storeUnsettled, reason: ReasonWorkflowNotTerminal, source: sourceLive, row: "5"},
+		{name: "live Failed, Failed denied: the whole object read", wf: failed, opts: Options{DenyPhases: []argo.Phase{argo.PhaseFailed}}, deny: true, reason: ReasonWorkflowCompleted, source: sourceLive, row: "6"},
+		{name: "live Failed, default policy: the labels settle it", wf: failed, store: storeFailed, reason: ReasonPhaseNotDenied, source: sourceLive, row: "7"},
 		{name: "live 404", wf: deleted, deny: true, reason: ReasonWorkflowDeleted, source: sourceLive, row: "8"},
 		{name: "live other UID", wf: replaced, deny: true, reason: ReasonWorkflowReplaced, source: sourceLive, row: "9"},
 		{name: "connections refused, store tombstone", wf: running, reader: failing, store: storeTombstone, deny: true, reason: ReasonWorkflowDeleted, source: sourceStore, row: "10"},

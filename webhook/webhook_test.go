@@ -4,6 +4,7 @@ package webhook
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -27,12 +28,19 @@ func mustDeny(t *testing.T, pod *corev1.Pod, want Reason) {
 	wantRefused(t, env.Client.Create(t.Context(), pod), want)
 }
 
-// wantRefused expects err to be the guard's refusal for want, as a client receives it.
+// wantRefused expects err to be the guard's refusal for want, as a client receives it: the
+// code in its causes, and the message the guard wrote, whole, in the client's error.
 func wantRefused(t *testing.T, err error, want Reason) {
 	t.Helper()
 	got, ok := RefusalReason(err)
 	if !ok || got != want {
 		t.Fatalf("err = %v (refusal reason %q), want refused by exit-guard for %s", err, got, want)
+	}
+	var status apierrors.APIStatus
+	if errors.As(err, &status) {
+		if cause := status.Status().Details.Causes[0]; !strings.Contains(status.Status().Message, cause.Message) {
+			t.Errorf("the client's message %q lacks what the guard said of the workflow, %q", status.Status().Message, cause.Message)
+		}
 	}
 }
 
@@ -89,7 +97,7 @@ func TestStaleExitHandlerOfSucceededWorkflowIsDeniedWithAnEvent(t *testing.T) {
 	if len(lines) != 1 {
 		t.Fatalf("%d log lines for the denial, want 1", len(lines))
 	}
-	for _, kv := range []string{`"verdict":"denied"`, `"reason":"workflow-completed"`, `"phase":"Succeeded"`, `"source":"live-read"`, `"podKind":"exit-handler"`} {
+	for _, kv := range []string{`"verdict":"denied"`, `"reason":"workflow-completed"`, `"row":"6"`, `"phase":"Succeeded"`, `"source":"live-read"`, `"podKind":"exit-handler"`} {
 		if !strings.Contains(lines[0], kv) {
 			t.Errorf("denial log line %s lacks %s", lines[0], kv)
 		}

@@ -14,7 +14,6 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	authorizationv1 "k8s.io/api/authorization/v1"
 	eventsv1 "k8s.io/api/events/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/tools/clientcmd"
@@ -185,8 +184,8 @@ func TestGuardDoesItsJobWithTheChartsPermissions(t *testing.T) {
 	delete(agent.Labels, "workflows.argoproj.io/on-exit")
 	delete(agent.Annotations, "workflows.argoproj.io/node-name")
 	agent.Labels["workflows.argoproj.io/component"] = "agent"
-	if err := env.Client.Create(t.Context(), agent.DeepCopy(), client.DryRunAll); !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "agent pod") {
-		t.Errorf("stale agent pod: err = %v, want refused by exit-guard", err)
+	if reason, _ := webhook.RefusalReason(env.Client.Create(t.Context(), agent.DeepCopy(), client.DryRunAll)); reason != webhook.ReasonWorkflowCompleted {
+		t.Errorf("stale agent pod: refused as %q, want refused by exit-guard as %s", reason, webhook.ReasonWorkflowCompleted)
 	}
 	agent.Labels["workflows.argoproj.io/component"] = "artifact-gc"
 	if err := env.Client.Create(t.Context(), agent, client.DryRunAll); err != nil {
@@ -240,7 +239,7 @@ func checkTaskSets(t *testing.T, ns string, enforce bool) {
 	key, tmpl := fixture.OnExitTask(wf)
 	err := env.Client.Patch(t.Context(), ts, fixture.TaskSetPatch(false, map[string]any{key: tmpl}))
 	switch {
-	case enforce && (!apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "WorkflowTaskSet")):
+	case enforce && !webhook.IsRefusal(err):
 		t.Errorf("the stale copy's TaskSet patch: err = %v, want refused by exit-guard", err)
 	case !enforce && err != nil:
 		t.Errorf("the stale copy's TaskSet patch: %v, want it admitted with a warning", err)
@@ -251,7 +250,7 @@ func checkTaskSets(t *testing.T, ns string, enforce bool) {
 	// The completed label set back alone, as a stale copy with no new task would.
 	if enforce {
 		err = env.Client.Patch(t.Context(), ts, fixture.TaskSetPatch(false, map[string]any{}))
-		if !apierrors.IsForbidden(err) {
+		if !webhook.IsRefusal(err) {
 			t.Errorf("the completed label set back alone: err = %v, want refused by exit-guard", err)
 		}
 	}
