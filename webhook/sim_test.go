@@ -16,6 +16,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	clocktesting "k8s.io/utils/clock/testing"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/exit-guard/exit-guard/completionstore"
@@ -158,11 +159,10 @@ func simulate(h *history, s setting, t *tallies, log func(string, ...any)) error
 		}
 		clk.SetTime(simT0.Add(p.at))
 		ctx := context.WithValue(context.Background(), planKey{}, &decisionPlan{now: p.at, plan: h.plans[pi]})
-		yes := true
 		meta := &metav1.ObjectMeta{Namespace: simNamespace, Name: fmt.Sprintf("pod-%d", pi),
 			Labels: map[string]string{argo.LabelWorkflow: simName}, Annotations: map[string]string{},
 			OwnerReferences: []metav1.OwnerReference{{APIVersion: argo.GroupVersion.String(), Kind: argo.Kind,
-				Name: simName, UID: p.uid, Controller: &yes}}}
+				Name: simName, UID: p.uid, Controller: ptr.To(true)}}}
 		switch p.kind {
 		case roleExitHandler:
 			meta.Labels[argo.LabelOnExit] = "true"

@@ -15,6 +15,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/exit-guard/exit-guard/completionstore"
@@ -225,7 +226,6 @@ func TestPodsThatAreNotOursAreAdmitted(t *testing.T) {
 	h := startGuard(t, Options{Namespaces: nil}, harnessOptions{})
 	ns := newNamespace(t)
 	wf := createWorkflow(t, ns, "done", argo.PhaseSucceeded)
-	yes := true
 
 	plain := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "plain",
 		Labels: map[string]string{argo.LabelOnExit: "true"}}, // looks like an exit handler, owned by nobody
@@ -233,7 +233,7 @@ func TestPodsThatAreNotOursAreAdmitted(t *testing.T) {
 	artgc := fixture.Pod(wf, "done-artgc-wfcomp-1", "")
 	artgc.Labels[argo.LabelComponent] = "artifact-gc"
 	artgc.OwnerReferences = []metav1.OwnerReference{{APIVersion: "argoproj.io/v1alpha1", Kind: "WorkflowArtifactGCTask",
-		Name: "done-artgc-wfcomp-0", UID: "6f1c2a9e-0000-4000-8000-000000000001", Controller: &yes}}
+		Name: "done-artgc-wfcomp-0", UID: "6f1c2a9e-0000-4000-8000-000000000001", Controller: ptr.To(true)}}
 	notController := fixture.ExitPod(wf)
 	notController.OwnerReferences[0].Controller = nil
 	step := fixture.Pod(wf, "done-main-1", "done")

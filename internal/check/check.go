@@ -16,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/rand"
 	"k8s.io/client-go/rest"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/exit-guard/exit-guard/internal/argo"
@@ -93,7 +94,6 @@ func isGuardRefusal(err error) bool {
 // Pod is the exit-handler pod of the check: what Argo's controller creates for the onExit node
 // of workflow wf, in a form that passes the restricted Pod Security profile.
 func Pod(namespace, wf string, uid types.UID, image string) *corev1.Pod {
-	yes, no := true, false
 	return &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{
 			Namespace: namespace,
@@ -105,20 +105,20 @@ func Pod(namespace, wf string, uid types.UID, image string) *corev1.Pod {
 			},
 			Annotations: map[string]string{argo.AnnotationNodeName: wf + ".onExit"},
 			OwnerReferences: []metav1.OwnerReference{{
-				APIVersion: argo.GroupVersion.String(), Kind: argo.Kind, Name: wf, UID: uid, Controller: &yes,
+				APIVersion: argo.GroupVersion.String(), Kind: argo.Kind, Name: wf, UID: uid, Controller: ptr.To(true),
 			}},
 		},
 		Spec: corev1.PodSpec{
 			RestartPolicy: corev1.RestartPolicyNever,
 			SecurityContext: &corev1.PodSecurityContext{
-				RunAsNonRoot:   &yes,
+				RunAsNonRoot:   ptr.To(true),
 				SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
 			},
 			Containers: []corev1.Container{{
 				Name:  "main",
 				Image: image,
 				SecurityContext: &corev1.SecurityContext{
-					AllowPrivilegeEscalation: &no,
+					AllowPrivilegeEscalation: ptr.To(false),
 					Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
 				},
 			}},
