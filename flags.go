@@ -41,6 +41,8 @@ type flags struct {
 	storeFirst      bool
 	liveReadTimeout time.Duration
 	liveReadBudget  time.Duration
+	eventTimeout    time.Duration
+	eventBudget     time.Duration
 	storeFallback   string
 	namespaces      string
 	completionTTL   time.Duration
@@ -156,15 +158,17 @@ func (f *flags) guardOptions() (completionstore.Options, webhook.Options, error)
 	namespaces := splitList(f.namespaces)
 	return completionstore.Options{TTL: f.completionTTL, SweepInterval: f.sweepInterval},
 		webhook.Options{
-			Mode:            mode,
-			DenyPhases:      phases,
-			Hooks:           f.hooks,
-			Strict:          f.strict,
-			StoreFirst:      f.storeFirst,
-			LiveReadTimeout: f.liveReadTimeout,
-			LiveReadBudget:  f.liveReadBudget,
-			StoreFallback:   fallback,
-			Namespaces:      namespaces,
+			Mode:             mode,
+			DenyPhases:       phases,
+			Hooks:            f.hooks,
+			Strict:           f.strict,
+			StoreFirst:       f.storeFirst,
+			LiveReadTimeout:  f.liveReadTimeout,
+			LiveReadBudget:   f.liveReadBudget,
+			EventReadTimeout: f.eventTimeout,
+			EventReadBudget:  f.eventBudget,
+			StoreFallback:    fallback,
+			Namespaces:       namespaces,
 		}, nil
 }
 
@@ -216,6 +220,10 @@ func parseFlags(args []string) (*flags, error) {
 		"How long one attempt of the live read of a pod's workflow may take before another starts beside it.")
 	fs.DurationVar(&f.liveReadBudget, "live-read-budget", 4*time.Second,
 		"How long the live read may take in all, retries included; past it the store decides. Keep it at least a second below the webhook's timeoutSeconds.")
+	fs.DurationVar(&f.eventTimeout, "event-read-timeout", 250*time.Millisecond,
+		"For an Event that says a workflow failed: how long one attempt of the live read of its workflow may take before another starts beside it.")
+	fs.DurationVar(&f.eventBudget, "event-read-budget", time.Second,
+		"For an Event that says a workflow failed: how long the live read may take in all; past it the store decides. Short: Argo sends a namespace's Events one at a time. Keep it at least a second below the Event webhook's timeoutSeconds.")
 	fs.StringVar(&f.storeFallback, "store-fallback", string(webhook.FallbackTombstone),
 		"What the store alone may refuse when no live read answers within the budget: tombstone (only workflows seen deleted) or completion (also workflows seen completed; a workflow retried in that moment is then refused too).")
 	fs.StringVar(&f.namespaces, "namespaces", "", "Comma-separated namespaces to watch and guard; empty means all.")

@@ -65,6 +65,7 @@ func TestAnswersByMode(t *testing.T) {
 		key, _ := fixture.OnExitTask(tableWorkflow)
 		return taskSetFacts(t, tableWorkflow, nil, "", []string{key}, "false")
 	}
+	claim := func(t *testing.T) facts { return eventFacts(t, tableWorkflow, EventReasonWorkflowFailed) }
 	type want struct {
 		allowed, patched, warned bool
 		decision                 string
@@ -84,6 +85,9 @@ func TestAnswersByMode(t *testing.T) {
 		{"TaskSet write, enforce", write, false, ModeEnforce, want{decision: verdictDenied}},
 		{"TaskSet write, warn", write, false, ModeWarn, want{allowed: true, warned: true, decision: verdictWarned}},
 		{"TaskSet write, dry-run", write, false, ModeDryRun, want{allowed: true, warned: true, decision: verdictDryRun}},
+		{"failure Event, enforce", claim, false, ModeEnforce, want{decision: verdictDenied}},
+		{"failure Event, warn", claim, false, ModeWarn, want{allowed: true, warned: true, decision: verdictWarned}},
+		{"failure Event, dry-run", claim, false, ModeDryRun, want{allowed: true, warned: true, decision: verdictDryRun}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			g, err := newGuard(nil, storeFor(t, tableWorkflow, storeEmpty, false), Options{Mode: tc.mode})
@@ -128,6 +132,9 @@ func TestRefusalMessagesSayWhatWasRefused(t *testing.T) {
 			return taskSetFacts(t, tableWorkflow, []string{}, "true", []string{key}, "false")
 		}, refused(ReasonWorkflowReplaced),
 			[]string{"a write to WorkflowTaskSet argo/notify that adds task " + key + " (the exit handler notify.onExit)", "the completed label set back", "that name now belongs to another workflow", "run its HTTP or plugin tasks again"}},
+		{"a failure Event of a succeeded workflow", func(t *testing.T) facts { return eventFacts(t, tableWorkflow, EventReasonWorkflowFailed) },
+			refused(ReasonWorkflowSucceeded),
+			[]string{"exit-guard refused the Warning WorkflowFailed Event argo/notify.", "recorded by workflow-controller", "already reached Succeeded", "report it as failed"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			msg := denialMessage(tc.facts(t), tc.d)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 
-	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
@@ -14,7 +13,7 @@ import (
 
 // Event reasons on the workflow: stable, for alerting and `kubectl get events --field-selector`.
 const (
-	// EventReasonDenied: an object of the workflow was refused (enforce mode).
+	// EventReasonDenied: a pod or TaskSet write of the workflow was refused (enforce mode).
 	EventReasonDenied = "ExitHandlerDenied"
 	// EventReasonWarned: an object of the workflow would have been refused (warn mode).
 	EventReasonWarned = "ExitHandlerWouldBeDenied"
@@ -66,15 +65,12 @@ func (g *guard) audit(ctx context.Context, req admission.Request, f facts, d dec
 	if g.recorder == nil || dryRunRequest || verdict == verdictDryRun {
 		return
 	}
-	reason := EventReasonDenied
-	if verdict == verdictWarned {
-		reason = EventReasonWarned
-	}
+	eventType, reason := f.object.auditEvent(verdict)
 	regarding := &argo.Workflow{
 		TypeMeta:   metav1.TypeMeta{APIVersion: argo.GroupVersion.String(), Kind: argo.Kind},
 		ObjectMeta: metav1.ObjectMeta{Namespace: d.wfNamespace, Name: d.wfName, UID: d.wfUID},
 	}
-	g.recorder.Eventf(regarding, nil, corev1.EventTypeWarning, reason, f.object.eventAction(req.Operation),
+	g.recorder.Eventf(regarding, nil, eventType, reason, f.object.eventAction(req.Operation),
 		"%s: workflow is %s, known by %s at resourceVersion %s",
 		f.object.eventRefused(), phaseOrGone(d), d.source, d.resourceVersion)
 }

@@ -23,9 +23,18 @@ const (
 	ReasonNamespaceNotWatched        Reason = "namespace-not-watched"
 	ReasonNotCoveredByPolicy         Reason = "not-covered-by-policy"
 	ReasonNoNewTask                  Reason = "no-new-task"
-	ReasonWorkflowNotTerminal        Reason = "workflow-not-terminal"
-	ReasonPhaseNotDenied             Reason = "phase-not-denied"
-	ReasonNotSeenCompleted           Reason = "not-seen-completed"
+	// ReasonNotAFailureClaim: an Event about a workflow that does not say it failed.
+	ReasonNotAFailureClaim Reason = "not-a-failure-claim"
+	// ReasonClaimMatchesPhase: an Event that says the workflow failed, which it did (Failed or
+	// Error). A stale duplicate of a real failure's Event cannot be told from the real one.
+	ReasonClaimMatchesPhase Reason = "claim-matches-phase"
+	// ReasonWorkflowGone: an Event that says the workflow failed, whose workflow no longer
+	// exists and was not seen succeeding: a real failure's Event may land after its workflow
+	// was deleted (a TTL), so only a tombstone whose last phase was Succeeded refuses.
+	ReasonWorkflowGone        Reason = "workflow-gone"
+	ReasonWorkflowNotTerminal Reason = "workflow-not-terminal"
+	ReasonPhaseNotDenied      Reason = "phase-not-denied"
+	ReasonNotSeenCompleted    Reason = "not-seen-completed"
 	// ReasonUnverifiedFailOpen: no live read answered, and the store knows nothing of the
 	// workflow, or not its phase.
 	ReasonUnverifiedFailOpen Reason = "unverified-fail-open"
@@ -39,10 +48,20 @@ const (
 	ReasonWorkflowCompleted Reason = "workflow-completed"
 	ReasonWorkflowDeleted   Reason = "workflow-deleted"
 	ReasonWorkflowReplaced  Reason = "workflow-replaced"
+	// ReasonWorkflowSucceeded refuses an Event that says the workflow failed, when the
+	// workflow, by UID, Succeeded.
+	ReasonWorkflowSucceeded Reason = "workflow-succeeded"
 )
 
-// refusalReasons are the reasons a refusal carries.
-var refusalReasons = []Reason{ReasonWorkflowCompleted, ReasonWorkflowDeleted, ReasonWorkflowReplaced}
+// refusalReasons are the reasons a refusal carries; refusalsOf, those of each kind.
+var (
+	refusalReasons = []Reason{ReasonWorkflowCompleted, ReasonWorkflowDeleted, ReasonWorkflowReplaced, ReasonWorkflowSucceeded}
+	refusalsOf     = map[objectKind][]Reason{
+		kindPod:     {ReasonWorkflowCompleted, ReasonWorkflowDeleted, ReasonWorkflowReplaced},
+		kindTaskSet: {ReasonWorkflowCompleted, ReasonWorkflowDeleted, ReasonWorkflowReplaced},
+		kindEvent:   {ReasonWorkflowSucceeded},
+	}
+)
 
 // source says how the guard knew the workflow's state.
 type source string
@@ -60,7 +79,19 @@ type objectKind string
 const (
 	kindPod     objectKind = "Pod"
 	kindTaskSet objectKind = argo.TaskSetKind
+	kindEvent   objectKind = "Event"
 )
+
+// screenRows are, per kind, the rows of docs/decisions.md that answer from the request alone,
+// before any read: no Workflow named, a namespace not watched, nothing the policy judges.
+var screenRows = map[objectKind]struct {
+	notOwned, notWatched, idle string
+	idleReason                 Reason
+}{
+	kindPod:     {notOwned: "1", notWatched: "3"},
+	kindTaskSet: {notOwned: "T1", notWatched: "T2", idle: "T3", idleReason: ReasonNoNewTask},
+	kindEvent:   {notOwned: "E1", notWatched: "E2", idle: "E3", idleReason: ReasonNotAFailureClaim},
+}
 
 // role says what part of a workflow an object runs.
 type role string
@@ -75,6 +106,8 @@ const (
 	roleAgent role = "agent"
 	// roleTaskWrite is a WorkflowTaskSet write: it hands the agent tasks to run.
 	roleTaskWrite role = "task-write"
+	// roleFailureClaim is an Event about a workflow: it may say that the workflow failed.
+	roleFailureClaim role = "failure-claim"
 )
 
 // facts is what the guard reads from the object of a request, whatever its kind: what decide
@@ -89,8 +122,9 @@ type facts struct {
 	role  role
 	// component is a pod's workflows.argoproj.io/component label.
 	component string
-	// startsWork: the write hands the agent work (a TaskSet write that adds a task or sets
-	// the completed label back). Pods always start work.
+	// startsWork: the object is one the policy judges: a TaskSet write that hands the agent
+	// work (adds a task or sets the completed label back), an Event that says the workflow
+	// failed. Pods always start work.
 	startsWork bool
 }
 
@@ -114,8 +148,9 @@ type decision struct {
 // its row. The rows before the live read answer from the request alone, and differ by kind;
 // from row 5 on every kind is decided alike, by its workflow.
 func (g *guard) decide(ctx context.Context, f facts) decision {
+	screen := screenRows[f.object.kind()]
 	if f.owner == nil {
-		return decision{reason: ReasonNotOwnedByWorkflow, row: rowOf(f, "1", "T1")}
+		return decision{reason: ReasonNotOwnedByWorkflow, row: screen.notOwned}
 	}
 	d := decision{wfNamespace: f.namespace, wfName: f.owner.Name, wfUID: f.owner.UID}
 	switch {
@@ -124,11 +159,14 @@ func (g *guard) decide(ctx context.Context, f facts) decision {
 		d.reason, d.row = ReasonArtifactGCOrOtherComponent, "2"
 		return d
 	case g.watched != nil && !g.watched[f.namespace]:
-		d.reason, d.row = ReasonNamespaceNotWatched, rowOf(f, "3", "T2")
+		d.reason, d.row = ReasonNamespaceNotWatched, screen.notWatched
 		return d
 	case !f.startsWork:
-		d.reason, d.row = ReasonNoNewTask, "T3"
+		d.reason, d.row = screen.idleReason, screen.idle
 		return d
+	case f.role == roleFailureClaim:
+		// Rows E4 to E12.
+		return g.judgeClaim(ctx, d)
 	case !g.covered(f.role):
 		d.reason, d.row = ReasonNotCoveredByPolicy, "4"
 		return d
@@ -151,12 +189,62 @@ func (g *guard) decide(ctx context.Context, f facts) decision {
 	return g.liveDecide(ctx, d)
 }
 
-// rowOf names the row of a check that pods and TaskSet writes both make.
-func rowOf(f facts, pod, taskSet string) string {
-	if f.object != nil && f.object.kind() == kindTaskSet {
-		return taskSet
+// judgeClaim decides an Event that says its workflow failed (rows E4 to E12). It refuses
+// only a claim that the workflow, by UID, contradicts: Succeeded, read live, or, with no live
+// answer, as the store knows it. A workflow that is running (a real failure's Event can reach
+// the API server before the write that marks it), that failed, that cannot be read, or that is
+// gone without a tombstone of a Succeeded workflow, keeps its Event.
+func (g *guard) judgeClaim(ctx context.Context, d decision) decision {
+	wf, err := g.readLive(ctx, d.wfNamespace, d.wfName, g.eventRead)
+	switch {
+	case err == nil && wf.UID == d.wfUID:
+		g.store.Observe(completionstore.ObservationOf(wf, false))
+		d.source, d.phase, d.resourceVersion = sourceLive, wf.Status.Phase, wf.ResourceVersion
+		switch {
+		case d.phase == argo.PhaseSucceeded:
+			d.deny, d.reason, d.row = true, ReasonWorkflowSucceeded, "E4"
+		case !d.phase.Terminal():
+			d.reason, d.row = ReasonWorkflowNotTerminal, "E5"
+		default:
+			d.reason, d.row = ReasonClaimMatchesPhase, "E6"
+		}
+		return d
+	case err == nil, apierrors.IsNotFound(err):
+		// Gone (or its name reused): only a tombstone of a Succeeded workflow refuses.
+		if rec, ok := g.store.Get(d.wfUID); ok && rec.Deleted && rec.Phase == argo.PhaseSucceeded {
+			d.deny, d.reason, d.row, d.source = true, ReasonWorkflowSucceeded, "E7", sourceStore
+			d.phase, d.resourceVersion = rec.Phase, rec.ResourceVersion
+			return d
+		}
+		d.reason, d.row, d.source = ReasonWorkflowGone, "E8", sourceLive
+		return d
 	}
-	return pod
+	d.liveErr = err
+	rec, ok := g.store.Get(d.wfUID)
+	if !ok {
+		d.reason, d.row = ReasonUnverifiedFailOpen, "E12"
+		return d
+	}
+	d.source, d.phase, d.resourceVersion = sourceStore, rec.Phase, rec.ResourceVersion
+	switch {
+	case rec.Deleted && rec.Phase == argo.PhaseSucceeded:
+		d.deny, d.reason, d.row = true, ReasonWorkflowSucceeded, "E9"
+	case !rec.Deleted && rec.Phase == argo.PhaseSucceeded:
+		// The store's completion may be a retry not yet delivered, as for pods.
+		d.reason, d.row = ReasonUnconfirmedCompletion, "E10"
+		if g.opts.StoreFallback == FallbackCompletion {
+			d.deny, d.reason = true, ReasonWorkflowSucceeded
+		}
+	case rec.Deleted:
+		d.reason, d.row = ReasonWorkflowGone, "E11"
+	case rec.Phase == argo.PhaseUnsettled:
+		d.reason, d.row = ReasonUnverifiedFailOpen, "E11"
+	case !rec.Phase.Terminal():
+		d.reason, d.row = ReasonWorkflowNotTerminal, "E11"
+	default:
+		d.reason, d.row = ReasonClaimMatchesPhase, "E11"
+	}
+	return d
 }
 
 // covered says whether the policy concerns objects of role r.
@@ -174,7 +262,7 @@ func (g *guard) covered(r role) bool {
 // liveDecide reads the owner from the API server and decides from what it says (rows 5 to 9),
 // or from the store when the read fails or runs out of time (rows 10 to 15).
 func (g *guard) liveDecide(ctx context.Context, d decision) decision {
-	wf, err := g.readLive(ctx, d.wfNamespace, d.wfName)
+	wf, err := g.readLive(ctx, d.wfNamespace, d.wfName, g.podRead)
 	switch {
 	case apierrors.IsNotFound(err):
 		d.deny, d.reason, d.row, d.source = true, ReasonWorkflowDeleted, "8", sourceLive

@@ -36,7 +36,8 @@ const (
 	storeSucceeded
 	storeFailed
 	storeTombstone
-	storeUnsettled // seen by the metadata watch, labels that do not settle the phase
+	storeUnsettled          // seen by the metadata watch, labels that do not settle the phase
+	storeSucceededTombstone // seen Succeeded, then deleted
 )
 
 // liveAnswer is what the live read of the workflow answers in a case.
@@ -62,8 +63,8 @@ var tableWorkflow = func() *unstructured.Unstructured {
 }()
 
 // cannedRead is a live read that answers a, and counts its calls.
-func cannedRead(a liveAnswer, calls *int) func(context.Context, string, string) (*argo.Workflow, error) {
-	return func(_ context.Context, namespace, name string) (*argo.Workflow, error) {
+func cannedRead(a liveAnswer, calls *int) func(context.Context, string, string, readPolicy) (*argo.Workflow, error) {
+	return func(_ context.Context, namespace, name string, _ readPolicy) (*argo.Workflow, error) {
 		*calls++
 		wf := &argo.Workflow{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: name, UID: tableWorkflow.GetUID(), ResourceVersion: "42"}}
 		switch a {
@@ -128,6 +129,19 @@ func taskSetFacts(t *testing.T, wf client.Object, oldTasks []string, oldComplete
 	return f
 }
 
+// eventFacts are the facts the Event webhook reads from an Event about wf with reason.
+func eventFacts(t *testing.T, wf client.Object, reason string) facts {
+	t.Helper()
+	ev := fixture.WorkflowEvent(wf, reason, "child 'x' failed")
+	f, resp := readEvent(admission.Request{AdmissionRequest: admissionv1.AdmissionRequest{
+		UID: "u", Operation: admissionv1.Create, Namespace: wf.GetNamespace(), Resource: eventResource, Object: runtime.RawExtension{Raw: fixture.JSON(ev)},
+	}})
+	if resp != nil {
+		t.Fatalf("reading an Event: answered %v", resp.Result)
+	}
+	return f
+}
+
 // decisionCase is one case of TestDecisionTable: the object, the options, what the live read
 // answers and the store holds, and the decision wanted.
 type decisionCase struct {
@@ -172,6 +186,21 @@ func decisionCases() []decisionCase {
 	created := write(nil, "", []string{onExit}, "false")
 	notOwnedWrite := func(t *testing.T) facts { f := stale(t); f.owner = nil; return f }
 	elsewhereWrite := func(t *testing.T) facts { f := stale(t); f.namespace = "elsewhere"; return f }
+	event := func(reason string) func(*testing.T) facts {
+		return func(t *testing.T) facts { return eventFacts(t, wf, reason) }
+	}
+	failed := event(EventReasonWorkflowFailed)
+	podEvent := func(t *testing.T) facts {
+		ev := fixture.WorkflowEvent(wf, EventReasonWorkflowFailed, "x")
+		ev.InvolvedObject.Kind, ev.InvolvedObject.APIVersion = "Pod", "v1"
+		f, resp := readEvent(admission.Request{AdmissionRequest: admissionv1.AdmissionRequest{UID: "u", Operation: admissionv1.Create,
+			Resource: eventResource, Object: runtime.RawExtension{Raw: fixture.JSON(ev)}}})
+		if resp != nil {
+			t.Fatal(resp.Result)
+		}
+		return f
+	}
+	elsewhereEvent := func(t *testing.T) facts { f := failed(t); f.namespace = "elsewhere"; return f }
 	watchOnly := Options{Namespaces: []string{"argo"}}
 	storeFirst := Options{StoreFirst: true}
 	completion := Options{StoreFallback: FallbackCompletion}
@@ -239,6 +268,31 @@ func decisionCases() []decisionCase {
 		{row: "T4", name: "as 16: task added, store-first, store empty", facts: stale, opts: storeFirst, reason: ReasonNotSeenCompleted, source: sourceStore, wantRow: "16"},
 		{row: "T4", name: "as 18: task added, store-first, store Succeeded, live confirms", facts: stale, opts: storeFirst, store: storeSucceeded, live: liveSucceeded, deny: true, reason: ReasonWorkflowCompleted, source: sourceLive, wantRow: "6"},
 		{row: "T4", name: "as 19: task added, store-first, watch stale, live Succeeded", facts: stale, opts: storeFirst, staleWatch: true, live: liveSucceeded, deny: true, reason: ReasonWorkflowCompleted, source: sourceLive, wantRow: "6"},
+		{row: "E1", name: "an Event about a pod", facts: podEvent, reason: ReasonNotOwnedByWorkflow},
+		{row: "E2", name: "an Event in a namespace not guarded", facts: elsewhereEvent, opts: watchOnly, reason: ReasonNamespaceNotWatched},
+		{row: "E3", name: "WorkflowRunning", facts: event("WorkflowRunning"), reason: ReasonNotAFailureClaim},
+		{row: "E3", name: "WorkflowSucceeded", facts: event("WorkflowSucceeded"), reason: ReasonNotAFailureClaim},
+		{row: "E3", name: "WorkflowTimedOut: recorded in passes that end running too", facts: event("WorkflowTimedOut"), reason: ReasonNotAFailureClaim},
+		{row: "E3", name: "the guard's own ExitHandlerDenied", facts: event(EventReasonDenied), reason: ReasonNotAFailureClaim},
+		{row: "E4", name: "WorkflowFailed, live Succeeded", facts: failed, live: liveSucceeded, deny: true, reason: ReasonWorkflowSucceeded, source: sourceLive},
+		{row: "E4", name: "WorkflowFailed, live Succeeded, whatever the deny phases", facts: failed, opts: Options{DenyPhases: []argo.Phase{argo.PhaseFailed}}, live: liveSucceeded, deny: true, reason: ReasonWorkflowSucceeded, source: sourceLive},
+		{row: "E5", name: "WorkflowFailed, live Running (the failure's own write not landed yet)", facts: failed, live: liveRunning, store: storeSucceeded, reason: ReasonWorkflowNotTerminal, source: sourceLive},
+		{row: "E5", name: "WorkflowFailed, live empty phase (v4 retry)", facts: failed, live: liveUnknown, reason: ReasonWorkflowNotTerminal, source: sourceLive},
+		{row: "E6", name: "WorkflowFailed, live Failed: the claim is true", facts: failed, live: liveFailed, reason: ReasonClaimMatchesPhase, source: sourceLive},
+		{row: "E6", name: "WorkflowFailed, live Failed, Failed in the deny phases", facts: failed, opts: Options{DenyPhases: []argo.Phase{argo.PhaseSucceeded, argo.PhaseFailed}}, live: liveFailed, reason: ReasonClaimMatchesPhase, source: sourceLive},
+		{row: "E7", name: "WorkflowFailed, live 404, tombstone Succeeded", facts: failed, live: live404, store: storeSucceededTombstone, deny: true, reason: ReasonWorkflowSucceeded, source: sourceStore},
+		{row: "E7", name: "WorkflowFailed, live other UID, tombstone Succeeded", facts: failed, live: liveOtherUID, store: storeSucceededTombstone, deny: true, reason: ReasonWorkflowSucceeded, source: sourceStore},
+		{row: "E8", name: "WorkflowFailed, live 404, no record (deleted by a TTL before its Event landed)", facts: failed, live: live404, reason: ReasonWorkflowGone, source: sourceLive},
+		{row: "E8", name: "WorkflowFailed, live 404, store Succeeded but no tombstone", facts: failed, live: live404, store: storeSucceeded, reason: ReasonWorkflowGone, source: sourceLive},
+		{row: "E8", name: "WorkflowFailed, live other UID, tombstone of a running workflow", facts: failed, live: liveOtherUID, store: storeTombstone, reason: ReasonWorkflowGone, source: sourceLive},
+		{row: "E9", name: "WorkflowFailed, read fails, tombstone Succeeded", facts: failed, live: liveFails, store: storeSucceededTombstone, deny: true, reason: ReasonWorkflowSucceeded, source: sourceStore},
+		{row: "E10", name: "WorkflowFailed, read times out, store Succeeded, default fallback", facts: failed, live: liveTimesOut, store: storeSucceeded, reason: ReasonUnconfirmedCompletion, source: sourceStore},
+		{row: "E10", name: "WorkflowFailed, read fails, store Succeeded, completion fallback", facts: failed, opts: completion, live: liveFails, store: storeSucceeded, deny: true, reason: ReasonWorkflowSucceeded, source: sourceStore},
+		{row: "E11", name: "WorkflowFailed, read fails, store Running", facts: failed, live: liveFails, store: storeRunning, reason: ReasonWorkflowNotTerminal, source: sourceStore},
+		{row: "E11", name: "WorkflowFailed, read fails, store Failed", facts: failed, live: liveFails, store: storeFailed, reason: ReasonClaimMatchesPhase, source: sourceStore},
+		{row: "E11", name: "WorkflowFailed, read fails, store unsettled", facts: failed, opts: completion, live: liveFails, store: storeUnsettled, reason: ReasonUnverifiedFailOpen, source: sourceStore},
+		{row: "E11", name: "WorkflowFailed, read fails, tombstone of a running workflow", facts: failed, opts: completion, live: liveFails, store: storeTombstone, reason: ReasonWorkflowGone, source: sourceStore},
+		{row: "E12", name: "WorkflowFailed, read times out, store empty", facts: failed, live: liveTimesOut, reason: ReasonUnverifiedFailOpen},
 	}
 }
 
@@ -269,6 +323,8 @@ func storeFor(t *testing.T, wf client.Object, state storeState, staleWatch bool)
 		o.Phase, o.Deleted = argo.PhaseRunning, true
 	case storeUnsettled:
 		o.Phase = argo.PhaseUnsettled
+	case storeSucceededTombstone:
+		o.Phase, o.Deleted = argo.PhaseSucceeded, true
 	}
 	store.Observe(o)
 	return store
@@ -312,7 +368,7 @@ func TestDecisionTableWalksTheDocInOrder(t *testing.T) {
 		t.Fatal(err)
 	}
 	var docRows []string
-	for _, m := range regexp.MustCompile(`(?m)^\| (T?[0-9]+) \|`).FindAllStringSubmatch(string(raw), -1) {
+	for _, m := range regexp.MustCompile(`(?m)^\| ([TE]?[0-9]+) \|`).FindAllStringSubmatch(string(raw), -1) {
 		docRows = append(docRows, m[1])
 	}
 	var caseRows []string

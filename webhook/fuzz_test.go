@@ -143,6 +143,20 @@ func taskSetReviewOf(op admissionv1.Operation, object, old []byte) []byte {
 	return b
 }
 
+// eventReviewOf wraps a raw object in an AdmissionReview of a core/v1 Event operation.
+func eventReviewOf(op admissionv1.Operation, object []byte) []byte {
+	b, _ := json.Marshal(map[string]any{
+		"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+		"request": map[string]any{
+			"uid": "f-3", "kind": map[string]string{"version": "v1", "kind": "Event"},
+			"resource":  map[string]string{"version": "v1", "resource": "events"},
+			"namespace": "ns", "operation": op, "object": json.RawMessage(object),
+			"userInfo": map[string]any{"username": "system:serviceaccount:argo:argo"},
+		},
+	})
+	return b
+}
+
 // checkAnswer says what is wrong with the guard's HTTP answer to body, if anything.
 func checkAnswer(body []byte, status int, raw []byte, mutating bool) error {
 	var review admissionv1.AdmissionReview
@@ -216,14 +230,23 @@ func FuzzAdmissionReview(f *testing.F) {
 	}
 	f.Add(taskSetReviewOf(admissionv1.Update, []byte(`{"spec":{"tasks":[]}}`), []byte(`{}`)))
 	f.Add(taskSetReviewOf(admissionv1.Update, []byte(`{"metadata":{`+owned("done", "uid-done")+`},"spec":{"tasks":{"a":1}}}`), nil))
+	// Events about workflows: a failure claim of each workflow, and one of another kind.
+	for _, wf := range [][2]string{{"done", "uid-done"}, {"running", "uid-running"}, {"gone", "uid-gone"}} {
+		ev := `{"metadata":{"name":"` + wf[0] + `.1"},"involvedObject":{"apiVersion":"argoproj.io/v1alpha1","kind":"Workflow","name":"` + wf[0] + `","uid":"` + wf[1] + `","resourceVersion":"3"},"reason":"WorkflowFailed","type":"Warning"}`
+		f.Add(eventReviewOf(admissionv1.Create, []byte(ev)))
+		f.Add(eventReviewOf(admissionv1.Update, []byte(ev)))
+	}
+	f.Add(eventReviewOf(admissionv1.Create, []byte(`{"involvedObject":{"kind":"Pod"},"reason":"WorkflowFailed"}`)))
+	f.Add(eventReviewOf(admissionv1.Create, []byte(`{"involvedObject":null,"reason":7}`)))
 	validate := serve(&handler{guard: fuzzGuard(f, Options{}), readObject: readPod})
+	events := serve(&handler{guard: fuzzGuard(f, Options{}), readObject: readEvent})
 	mutate := serve(mutatingPath(fuzzGuard(f, Options{Mode: ModeWarn, Hooks: true, Strict: true})))
 	taskSets := serve(&handler{guard: fuzzGuard(f, Options{}), readObject: readTaskSet})
 	f.Fuzz(func(t *testing.T, body []byte) {
 		for _, h := range []struct {
 			handler  http.Handler
 			mutating bool
-		}{{validate, false}, {mutate, true}, {taskSets, false}} {
+		}{{validate, false}, {mutate, true}, {taskSets, false}, {events, false}} {
 			rec := httptest.NewRecorder()
 			req := httptest.NewRequest(http.MethodPost, "/", bytes.NewReader(body))
 			req.Header.Set("Content-Type", "application/json")

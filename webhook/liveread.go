@@ -14,6 +14,13 @@ import (
 	"github.com/exit-guard/exit-guard/internal/argo"
 )
 
+// readPolicy is how one kind of decision reads a workflow live: the time of an attempt and of
+// the whole read, and the phases that would refuse, which are read from status.phase only.
+type readPolicy struct {
+	attempt, budget time.Duration
+	refuses         map[argo.Phase]bool
+}
+
 // errLiveReadTimeout marks a live read that ran out of its budget.
 var errLiveReadTimeout = errors.New("live read of the workflow ran out of time")
 
@@ -46,11 +53,11 @@ const (
 // that has not answered within the attempt timeout gets another attempt beside it (a hedge),
 // the first answer winning. A 404 is an answer; 401, 403 and 400 end the read at once, as no
 // retry mends them.
-func (g *guard) liveRead(ctx context.Context, namespace, name string) (*argo.Workflow, error) {
+func (g *guard) liveRead(ctx context.Context, namespace, name string, p readPolicy) (*argo.Workflow, error) {
 	// Not the request's cancellation: controller-runtime derives it from the manager's
 	// context, which ends at shutdown while the server still finishes the requests in flight;
 	// their reads would fail and the store would decide them. The budget bounds the read.
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), g.opts.LiveReadBudget)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.budget)
 	defer cancel()
 	start := time.Now()
 	// Attempts run aside and the decision waits for them only until the budget runs out: an
@@ -79,12 +86,12 @@ func (g *guard) liveRead(ctx context.Context, namespace, name string) (*argo.Wor
 				done <- answer{panicked: p}
 			}
 		}()
-		wf, err := g.readWorkflow(ctx, namespace, name, whole)
+		wf, err := g.readWorkflow(ctx, namespace, name, whole, p.refuses)
 		done <- answer{wf: wf, err: err}
 	}
 	attempts, answered := 1, 0
 	go attempt(false, false)
-	next := time.NewTimer(g.opts.LiveReadTimeout)
+	next := time.NewTimer(p.attempt)
 	defer next.Stop()
 	delay := firstRetryDelay
 	cause := "hedged" // why the next attempt starts
@@ -105,7 +112,7 @@ loop:
 			default:
 				// This attempt failed: retry after a pause (jittered, so that decisions
 				// that failed together do not retry together), not later than a hedge would.
-				next.Reset(min(time.Duration(float64(delay)*(0.8+0.4*rand.Float64())), g.opts.LiveReadTimeout)) //nolint:gosec // G404: jitter, not a secret
+				next.Reset(min(time.Duration(float64(delay)*(0.8+0.4*rand.Float64())), p.attempt)) //nolint:gosec // G404: jitter, not a secret
 				delay *= 2
 				cause = "error"
 			}
@@ -117,13 +124,13 @@ loop:
 			case g.extraReads <- struct{}{}:
 			default:
 				g.metrics.liveReadAttempts.WithLabelValues("shed").Inc()
-				next.Reset(g.opts.LiveReadTimeout)
+				next.Reset(p.attempt)
 				continue
 			}
 			g.metrics.liveReadAttempts.WithLabelValues(cause).Inc()
 			attempts++
 			go attempt(true, cause == "hedged")
-			next.Reset(g.opts.LiveReadTimeout)
+			next.Reset(p.attempt)
 			cause = "hedged"
 		case <-ctx.Done():
 			a.err = errors.Join(errLiveReadTimeout, a.err, ctx.Err())
@@ -148,7 +155,7 @@ loop:
 // the labels do not settle the phase, or settle it on one that would refuse: a refusal is
 // decided from status.phase only, so that labels can at worst admit what the status would
 // refuse, never refuse what it would admit. whole skips the LIST.
-func (g *guard) readWorkflow(ctx context.Context, namespace, name string, whole bool) (*argo.Workflow, error) {
+func (g *guard) readWorkflow(ctx context.Context, namespace, name string, whole bool, refuses map[argo.Phase]bool) (*argo.Workflow, error) {
 	if !whole {
 		list := &metav1.PartialObjectMetadataList{}
 		list.SetGroupVersionKind(argo.WorkflowListGVK)
@@ -164,7 +171,7 @@ func (g *guard) readWorkflow(ctx context.Context, namespace, name string, whole 
 		if found == nil {
 			return nil, apierrors.NewNotFound(schema.GroupResource{Group: argo.Group, Resource: argo.Resource}, name)
 		}
-		if phase := argo.PhaseFromLabels(found.Labels); phase != argo.PhaseUnsettled && !g.denyPhases[phase] {
+		if phase := argo.PhaseFromLabels(found.Labels); phase != argo.PhaseUnsettled && !refuses[phase] {
 			return &argo.Workflow{ObjectMeta: found.ObjectMeta, Status: argo.WorkflowStatus{Phase: phase}}, nil
 		}
 	}

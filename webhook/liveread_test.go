@@ -174,7 +174,7 @@ func TestLiveReadSeesTheNewestWrite(t *testing.T) {
 	for i := range writes {
 		phase := []argo.Phase{argo.PhaseRunning, argo.PhaseSucceeded, argo.PhaseFailed}[i%3]
 		setPhase(t, wf, phase)
-		got, err := g.liveRead(t.Context(), ns, wf.GetName())
+		got, err := g.liveRead(t.Context(), ns, wf.GetName(), g.podRead)
 		if err != nil {
 			t.Fatal(err)
 		}

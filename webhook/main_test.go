@@ -65,6 +65,12 @@ func TestMain(m *testing.M) {
 		Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Create, admissionregistrationv1.Update},
 		Rule:       admissionregistrationv1.Rule{APIGroups: []string{argo.Group}, APIVersions: []string{argo.Version}, Resources: []string{argo.TaskSetResource}},
 	}}
+	// core/v1 Events; with matchPolicy Equivalent, events.k8s.io/v1 writes too.
+	eventRules := []admissionregistrationv1.RuleWithOperations{{
+		Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Create, admissionregistrationv1.Update},
+		Rule:       admissionregistrationv1.Rule{APIGroups: []string{""}, APIVersions: []string{"v1"}, Resources: []string{"events"}},
+	}}
+	equivalent := admissionregistrationv1.Equivalent
 	vwc := &admissionregistrationv1.ValidatingWebhookConfiguration{
 		ObjectMeta: metav1.ObjectMeta{Name: "exit-guard-test"},
 		Webhooks: []admissionregistrationv1.ValidatingWebhook{{
@@ -75,6 +81,14 @@ func TestMain(m *testing.M) {
 			Name: "validate-taskset.exit-guard.io", ClientConfig: ref(ValidateTaskSetPath), Rules: taskSetRules,
 			NamespaceSelector: nsSel, FailurePolicy: &fail, SideEffects: &sideEffects,
 			TimeoutSeconds: &timeout, AdmissionReviewVersions: []string{"v1"},
+		}, {
+			// Events that say a workflow failed, as the chart registers them (its match
+			// conditions): every other Event, the guard's own among them, never depends on it.
+			Name: "validate-event.exit-guard.io", ClientConfig: ref(ValidateEventPath), Rules: eventRules,
+			NamespaceSelector: nsSel, FailurePolicy: &fail, SideEffects: &sideEffects, MatchPolicy: &equivalent,
+			TimeoutSeconds: &timeout, AdmissionReviewVersions: []string{"v1"},
+			MatchConditions: []admissionregistrationv1.MatchCondition{{Name: "workflow-failed",
+				Expression: "object.reason == 'WorkflowFailed' && object.involvedObject.kind == 'Workflow'"}},
 		}},
 	}
 	mwc := &admissionregistrationv1.MutatingWebhookConfiguration{

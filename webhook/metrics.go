@@ -14,7 +14,7 @@ func newGuardMetrics() *guardMetrics {
 	return &guardMetrics{
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "exit_guard_decisions_total",
-			Help: "Admission decisions, by verdict (allowed, denied, warned, dry-run), reason and kind of object (Pod, WorkflowTaskSet).",
+			Help: "Admission decisions, by verdict (allowed, denied, warned, dry-run), reason and kind of object (Pod, WorkflowTaskSet, Event).",
 		}, []string{"verdict", "reason", "kind"}),
 		liveRead: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "exit_guard_live_read_duration_seconds",
@@ -38,8 +38,8 @@ func newGuardMetrics() *guardMetrics {
 // appeared at 1 would hide its first event from increase(), and that event is often the only
 // one.
 func (m *guardMetrics) initDecisions(mode Mode) {
-	for _, kind := range []objectKind{kindPod, kindTaskSet} {
-		for _, r := range refusalReasons {
+	for _, kind := range []objectKind{kindPod, kindTaskSet, kindEvent} {
+		for _, r := range refusalsOf[kind] {
 			m.decisions.WithLabelValues(denyVerdict(mode), string(r), string(kind))
 		}
 		for _, r := range []Reason{ReasonUnverifiedFailOpen, ReasonUnconfirmedCompletion} {

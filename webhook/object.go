@@ -3,6 +3,7 @@ package webhook
 import (
 	"gomodules.xyz/jsonpatch/v2"
 	admissionv1 "k8s.io/api/admission/v1"
+	corev1 "k8s.io/api/core/v1"
 )
 
 // object is the object of a request as the reader of its kind saw it: what the answer and the
@@ -29,6 +30,18 @@ type object interface {
 	mark(msg string) []jsonpatch.Operation
 	// messages are the constant messages of its log lines.
 	messages() *logMessages
+	// auditEvent is the type and reason of the guard's Event on the workflow about a refusal
+	// (verdict denied) or a would-be refusal (warned) of it.
+	auditEvent(verdict string) (eventType, reason string)
+}
+
+// exitHandlerEvent is the guard's Event about a refused (or, in warn mode, would-be refused)
+// pod or TaskSet write: a Warning, which teams alert on.
+func exitHandlerEvent(verdict string) (string, string) {
+	if verdict == verdictWarned {
+		return corev1.EventTypeWarning, EventReasonWarned
+	}
+	return corev1.EventTypeWarning, EventReasonDenied
 }
 
 // logMessages are the messages of the guard's log lines about one kind of object.

@@ -69,6 +69,12 @@ const (
 	// fallback, the answer and the network, so that the API server never sees the webhook
 	// time out.
 	defaultLiveReadBudget = 4 * time.Second
+	// defaultEventReadTimeout and defaultEventReadBudget bound the live read of an Event's
+	// workflow. Short: each namespace's recorder in Argo's controller sends its Events one at a
+	// time, so every millisecond an Event waits here delays every later Event of that namespace
+	// (and its queue of 1,000 drops when full). The chart's Event webhook timeoutSeconds is 2 s.
+	defaultEventReadTimeout = 250 * time.Millisecond
+	defaultEventReadBudget  = time.Second
 	// defaultStoreFallback: see docs/reliability.md for the figures behind it.
 	defaultStoreFallback = FallbackTombstone
 )
@@ -96,6 +102,10 @@ type Options struct {
 	// LiveReadBudget bounds the live read in all, retries included (default 4 s); past it
 	// the store decides, as StoreFallback says.
 	LiveReadBudget time.Duration
+	// EventReadTimeout and EventReadBudget are LiveReadTimeout and LiveReadBudget for the
+	// workflow of an Event (default 250 ms and 1 s).
+	EventReadTimeout time.Duration
+	EventReadBudget  time.Duration
 	// StoreFallback is what the store alone may refuse when no live read answered within the
 	// budget (default FallbackTombstone).
 	StoreFallback StoreFallback
@@ -138,6 +148,18 @@ func (o *Options) complete() error {
 	}
 	if o.LiveReadTimeout > o.LiveReadBudget {
 		errs = append(errs, fmt.Errorf("live read timeout %s is longer than the live read budget %s", o.LiveReadTimeout, o.LiveReadBudget))
+	}
+	if o.EventReadTimeout < 0 || o.EventReadBudget < 0 {
+		errs = append(errs, fmt.Errorf("event read timeout and budget must not be negative, got %s and %s", o.EventReadTimeout, o.EventReadBudget))
+	}
+	if o.EventReadTimeout == 0 {
+		o.EventReadTimeout = defaultEventReadTimeout
+	}
+	if o.EventReadBudget == 0 {
+		o.EventReadBudget = max(defaultEventReadBudget, o.EventReadTimeout)
+	}
+	if o.EventReadTimeout > o.EventReadBudget {
+		errs = append(errs, fmt.Errorf("event read timeout %s is longer than the event read budget %s", o.EventReadTimeout, o.EventReadBudget))
 	}
 	if o.StoreFallback == "" {
 		o.StoreFallback = defaultStoreFallback

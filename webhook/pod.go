@@ -190,3 +190,5 @@ func apiGroup(apiVersion string) string {
 	}
 	return ""
 }
+
+func (p *podObject) auditEvent(verdict string) (string, string) { return exitHandlerEvent(verdict) }

@@ -27,7 +27,9 @@ type guard struct {
 	watched    map[string]bool // nil: every namespace
 	// readLive is the live read of a workflow: liveRead, or in the decision table's test a
 	// canned answer.
-	readLive func(ctx context.Context, namespace, name string) (*argo.Workflow, error)
+	readLive func(ctx context.Context, namespace, name string, p readPolicy) (*argo.Workflow, error)
+	// podRead is how pods and TaskSet writes read their workflow, eventRead how Events do.
+	podRead, eventRead readPolicy
 	// extraReads holds a token per further live-read attempt in flight (maxExtraLiveReads).
 	extraReads chan struct{}
 }
@@ -36,7 +38,7 @@ type guard struct {
 // Events on it through the events.k8s.io API.
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 
-// Setup registers the guard's admission paths on the manager's webhook server. Workflows
+// Setup registers the guard's admission paths (pods, WorkflowTaskSet writes, Events) on the manager's webhook server. Workflows
 // are read live through the manager's API reader (no cache), so the manager's scheme must know
 // argo.Workflow (argo.AddToScheme).
 func Setup(mgr manager.Manager, store *completionstore.Store, opts Options) error {
@@ -65,6 +67,7 @@ func setup(mgr manager.Manager, reader client.Reader, store *completionstore.Sto
 	srv.Register(ValidatePath, serve(&handler{guard: g, readObject: readPod}))
 	srv.Register(MutatePath, serve(mutatingPath(g)))
 	srv.Register(ValidateTaskSetPath, serve(&handler{guard: g, readObject: readTaskSet}))
+	srv.Register(ValidateEventPath, serve(&handler{guard: g, readObject: readEvent}))
 	return nil
 }
 
@@ -102,6 +105,9 @@ func newGuard(reader client.Reader, store *completionstore.Store, opts Options) 
 	for _, p := range opts.DenyPhases {
 		g.denyPhases[p] = true
 	}
+	g.podRead = readPolicy{attempt: g.opts.LiveReadTimeout, budget: g.opts.LiveReadBudget, refuses: g.denyPhases}
+	g.eventRead = readPolicy{attempt: g.opts.EventReadTimeout, budget: g.opts.EventReadBudget,
+		refuses: map[argo.Phase]bool{argo.PhaseSucceeded: true}}
 	if len(opts.Namespaces) > 0 {
 		g.watched = map[string]bool{}
 		for _, ns := range opts.Namespaces {

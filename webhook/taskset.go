@@ -205,3 +205,7 @@ func (ts *taskSetObject) annotate(a map[string]string) {
 		a["completed-reopened"] = "true"
 	}
 }
+
+func (ts *taskSetObject) auditEvent(verdict string) (string, string) {
+	return exitHandlerEvent(verdict)
+}

@@ -1,0 +1,177 @@
+package webhook
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+
+	"gomodules.xyz/jsonpatch/v2"
+	admissionv1 "k8s.io/api/admission/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+
+	"github.com/exit-guard/exit-guard/internal/argo"
+)
+
+// Argo's controller records a workflow-phase Event (markWorkflowPhase, in the body of
+// operate()) before it writes the workflow; client-go's recorder sends it on its own. A stale
+// copy of a workflow that Succeeded, whose exit handler the guard refused, is marked Failed in
+// that pass, and records WorkflowFailed although its write then fails: the Event that says
+// "your workflow failed" for a workflow that succeeded. This path refuses that Event, by the
+// workflow's UID, when the workflow is Succeeded, and admits every other (docs/decisions.md,
+// rows E1 to E12). It is registered for core/v1 events with matchPolicy Equivalent, so that an
+// Event written through events.k8s.io is judged too, converted to core/v1 by the API server.
+//
+// Its budget is short (Options.EventReadBudget): each namespace's recorder in Argo sends its
+// Events one at a time, so a slow answer delays every later Event of that namespace.
+//
+// +kubebuilder:webhook:path=/validate-event,mutating=false,failurePolicy=ignore,sideEffects=NoneOnDryRun,groups="",resources=events,verbs=create;update,versions=v1,name=validate-event.exit-guard.io,admissionReviewVersions=v1,timeoutSeconds=2,matchPolicy=Equivalent
+
+// ValidateEventPath is the path of the Event webhook. It is a validating webhook in every mode:
+// there is nothing to mark on an Event, so in warn and dry-run mode it admits a stale failure
+// Event with an admission warning.
+const ValidateEventPath = "/validate-event"
+
+// EventReasonWorkflowFailed is the reason of the Event Argo's controller records when it marks
+// a workflow Failed or Error: the only claim of failure the guard judges. WorkflowTimedOut is
+// not one: v3.4 records it on a pod-reconciliation error in a pass that may end non-terminal,
+// so a real one can precede a Succeeded end.
+const EventReasonWorkflowFailed = "WorkflowFailed"
+
+// Reasons of the guard's own Event about a failure Event it refused, or would refuse in warn
+// mode.
+const (
+	EventReasonFailureEventDenied = "FailureEventDenied"
+	EventReasonFailureEventWarned = "FailureEventWouldBeDenied"
+)
+
+var eventResource = metav1.GroupVersionResource{Version: "v1", Resource: "events"}
+
+// eventFields is the part of a core/v1 Event the guard decodes.
+type eventFields struct {
+	Metadata       metav1.ObjectMeta `json:"metadata"`
+	InvolvedObject struct {
+		APIVersion      string `json:"apiVersion"`
+		Kind            string `json:"kind"`
+		Namespace       string `json:"namespace"`
+		Name            string `json:"name"`
+		UID             string `json:"uid"`
+		ResourceVersion string `json:"resourceVersion"`
+	} `json:"involvedObject"`
+	Reason string `json:"reason"`
+	Type   string `json:"type"`
+	Source struct {
+		Component string `json:"component"`
+	} `json:"source"`
+	ReportingComponent string `json:"reportingComponent"`
+}
+
+// readEvent checks that req is a CREATE or UPDATE (the correlator's PATCH of a repeated Event)
+// of a core/v1 Event and reads what it claims. A nil response means go on; otherwise it is the
+// answer: allowed for requests that are not ours, 400 for malformed ones.
+func readEvent(req admission.Request) (facts, *admission.Response) {
+	ev := &eventObject{}
+	f := facts{object: ev, role: roleFailureClaim}
+	if resp := checkUID(req); resp != nil {
+		return f, resp
+	}
+	if req.Resource != eventResource || req.SubResource != "" {
+		r := admission.Allowed(fmt.Sprintf("exit-guard's Event path only reviews core/v1 events, not %s", resourceName(req)))
+		return f, &r
+	}
+	if req.Operation != admissionv1.Create && req.Operation != admissionv1.Update {
+		r := admission.Allowed(fmt.Sprintf("exit-guard only reviews Event creation and updates, not %s", req.Operation))
+		return f, &r
+	}
+	if len(req.Object.Raw) == 0 {
+		r := admission.Errored(http.StatusBadRequest, errors.New("malformed AdmissionReview: request.object is empty"))
+		return f, &r
+	}
+	var e eventFields
+	if err := json.Unmarshal(req.Object.Raw, &e); err != nil {
+		r := admission.Errored(http.StatusBadRequest, fmt.Errorf("malformed AdmissionReview: request.object is not an Event: %w", err))
+		return f, &r
+	}
+	ev.name, ev.reason, ev.eventType, ev.rv = e.Metadata.Name, e.Reason, e.Type, e.InvolvedObject.ResourceVersion
+	ev.component = e.Source.Component
+	if ev.component == "" {
+		ev.component = e.ReportingComponent
+	}
+	f.namespace = e.InvolvedObject.Namespace
+	if f.namespace == "" {
+		f.namespace = e.Metadata.Namespace
+	}
+	if f.namespace == "" {
+		f.namespace = req.Namespace
+	}
+	ev.namespace = f.namespace
+	if io := e.InvolvedObject; io.Kind == argo.Kind && apiGroup(io.APIVersion) == argo.Group && io.Name != "" && io.UID != "" {
+		f.owner = &metav1.OwnerReference{APIVersion: io.APIVersion, Kind: io.Kind, Name: io.Name, UID: types.UID(io.UID)}
+	}
+	// Only a claim of failure is judged.
+	f.startsWork = e.Reason == EventReasonWorkflowFailed
+	return f, nil
+}
+
+// eventObject is an Event about a workflow, as its fields say.
+type eventObject struct {
+	namespace, name   string
+	reason, eventType string
+	component         string
+	rv                string // the involvedObject's resourceVersion: the copy that recorded it
+}
+
+var _ object = (*eventObject)(nil)
+
+var eventMessages = &logMessages{
+	refused:     "stale workflow failure Event refused",
+	unverified:  "failure Event admitted unverified: the live read failed and the store knows nothing of its workflow",
+	unconfirmed: "failure Event admitted unverified: the live read failed and only the store says its workflow succeeded",
+	admitted:    "Event admitted",
+}
+
+func (e *eventObject) kind() objectKind       { return kindEvent }
+func (e *eventObject) noun() string           { return "Event" }
+func (e *eventObject) retried() string        { return "report it as failed" }
+func (e *eventObject) messages() *logMessages { return eventMessages }
+
+// auditEvent: a Normal Event, not a Warning. What it reports is a false alarm stopped; teams
+// that route Warning Events to chat would otherwise get a warning in place of the false one.
+// The guard's ExitHandlerDenied Event on the same workflow, when the stale copy's exit handler
+// was refused first, already says what happened.
+func (e *eventObject) auditEvent(verdict string) (string, string) {
+	if verdict == verdictWarned {
+		return corev1.EventTypeNormal, EventReasonFailureEventWarned
+	}
+	return corev1.EventTypeNormal, EventReasonFailureEventDenied
+}
+
+// mark: there is nothing to mark on an Event.
+func (e *eventObject) mark(string) []jsonpatch.Operation { return nil }
+
+func (e *eventObject) refused() string {
+	return fmt.Sprintf("the %s %s Event %s/%s (recorded by %s at the workflow's resourceVersion %s)", e.eventType, e.reason, e.namespace, e.name, e.component, e.rv)
+}
+
+func (e *eventObject) eventAction(op admissionv1.Operation) string {
+	if op == admissionv1.Create {
+		return "CreateEvent"
+	}
+	return "UpdateEvent"
+}
+
+func (e *eventObject) eventRefused() string {
+	return fmt.Sprintf("%s Event %s (recorded at resourceVersion %s) refused", e.reason, e.name, e.rv)
+}
+
+func (e *eventObject) logValues() []any {
+	return []any{"event", e.namespace + "/" + e.name, "eventReason", e.reason, "eventType", e.eventType,
+		"component", e.component, "involvedResourceVersion", e.rv}
+}
+
+func (e *eventObject) annotate(a map[string]string) {
+	a["event-reason"] = e.reason
+}
