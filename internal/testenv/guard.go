@@ -202,12 +202,15 @@ func GuardWebhook() (*admissionregistrationv1.ValidatingWebhookConfiguration, er
 }
 
 // ChartWebhook is the ValidatingWebhookConfiguration that the chart renders with its default
-// values (enforce mode: the pod and WorkflowTaskSet webhooks, with the chart's selectors and
-// match conditions), rendered by helm at helmBin. Give it to Options.ValidatingWebhooks:
-// envtest points it at the local serving address.
-func ChartWebhook(helmBin string) (*admissionregistrationv1.ValidatingWebhookConfiguration, error) {
-	cmd := exec.Command(helmBin, "template", "exit-guard", filepath.Join(RepoRoot(), "charts", "exit-guard"), //nolint:gosec // G204: the repository's pinned helm
-		"--namespace", "argo", "--kube-version", KubeVersion())
+// values, and set (helm --set), (enforce mode: the pod, WorkflowTaskSet and Event webhooks,
+// with the chart's selectors and match conditions), rendered by helm at helmBin. Give it to
+// Options.ValidatingWebhooks: envtest points it at the local serving address.
+func ChartWebhook(helmBin string, set ...string) (*admissionregistrationv1.ValidatingWebhookConfiguration, error) {
+	args := []string{"template", "exit-guard", filepath.Join(RepoRoot(), "charts", "exit-guard"), "--namespace", "argo", "--kube-version", KubeVersion()}
+	for _, s := range set {
+		args = append(args, "--set", s)
+	}
+	cmd := exec.Command(helmBin, args...) //nolint:gosec // G204: the repository's pinned helm
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()

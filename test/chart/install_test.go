@@ -13,6 +13,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	authorizationv1 "k8s.io/api/authorization/v1"
+	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -192,6 +193,7 @@ func TestGuardDoesItsJobWithTheChartsPermissions(t *testing.T) {
 		t.Errorf("artifact-GC pod owned by a succeeded workflow: %v", err)
 	}
 	checkTaskSets(t, ns, true)
+	checkEvents(t, ns, true)
 	checkPermissions(t, ns, sa, out)
 }
 
@@ -266,6 +268,54 @@ func checkTaskSets(t *testing.T, ns string, enforce bool) {
 	}
 }
 
+// checkEvents plays Argo's workflow-phase Events through the chart's Event webhook: every Event
+// but a WorkflowFailed about a Workflow kept away from the guard by the match conditions
+// (counted by the API server), a real failure's admitted, the stale copy's of a workflow that
+// Succeeded refused (or, with enforce false, admitted with a warning).
+func checkEvents(t *testing.T, ns string, enforce bool) {
+	t.Helper()
+	calls := env.WebhookCalls(t, "validate-event.exit-guard.io")
+	done := createWorkflow(t, ns, argo.PhaseSucceeded)
+	failed := createWorkflow(t, ns, argo.PhaseFailed)
+	before := calls()
+	aboutAPod := fixture.WorkflowEvent(done, webhook.EventReasonWorkflowFailed, "m")
+	aboutAPod.InvolvedObject.APIVersion, aboutAPod.InvolvedObject.Kind = "v1", "Pod"
+	for _, ev := range []*corev1.Event{
+		fixture.WorkflowEvent(done, "WorkflowRunning", "Workflow Running"),
+		fixture.WorkflowEvent(done, "WorkflowSucceeded", "Workflow completed"),
+		fixture.WorkflowEvent(done, "WorkflowTimedOut", "Workflow timed out"),
+		aboutAPod,
+	} {
+		if err := env.Client.Create(t.Context(), ev); err != nil {
+			t.Errorf("a %s Event about a %s: %v", ev.Reason, ev.InvolvedObject.Kind, err)
+		}
+	}
+	if got := calls() - before; got != 0 {
+		t.Errorf("the API server called the Event webhook %v times for Events that say no workflow failed, want none", got)
+	}
+	if err := env.Client.Create(t.Context(), fixture.WorkflowEvent(failed, webhook.EventReasonWorkflowFailed, "child failed")); err != nil {
+		t.Errorf("a real failure's Event: %v, want it admitted", err)
+	}
+	err := env.Client.Create(t.Context(), fixture.WorkflowEvent(done, webhook.EventReasonWorkflowFailed, "child failed"))
+	switch reason, _ := webhook.RefusalReason(err); {
+	case enforce && reason != webhook.ReasonWorkflowSucceeded:
+		t.Errorf("the stale copy's WorkflowFailed Event: err = %v, want refused by exit-guard as %s", err, webhook.ReasonWorkflowSucceeded)
+	case !enforce && err != nil:
+		t.Errorf("the stale copy's WorkflowFailed Event: %v, want it admitted with a warning", err)
+	}
+	if got := calls() - before; got != 2 {
+		t.Errorf("the API server called the Event webhook %v times for two failure Events, want 2", got)
+	}
+	errs, err := env.APIServerCounter(t.Context(), "apiserver_admission_match_condition_evaluation_errors_total",
+		map[string]string{"name": "validate-event.exit-guard.io"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if errs != 0 {
+		t.Errorf("the API server failed %v times to evaluate the Event webhook's match conditions", errs)
+	}
+}
+
 // TestWarnModeMarksThroughTheChartsMutatingWebhook does the same in warn mode, where the chart
 // registers the mutating webhook: the stale pod is admitted and marked.
 func TestWarnModeMarksThroughTheChartsMutatingWebhook(t *testing.T) {
@@ -292,6 +342,7 @@ func TestWarnModeMarksThroughTheChartsMutatingWebhook(t *testing.T) {
 		t.Errorf("a running workflow's pod: err %v, labels %v; want admitted unmarked", err, ok.Labels)
 	}
 	checkTaskSets(t, ns, false)
+	checkEvents(t, ns, false)
 }
 
 // checkPermissions checks what the ServiceAccount may do: what the guard needs, and nothing of

@@ -42,11 +42,12 @@ func TestEveryProfileLintsAndRenders(t *testing.T) {
 			objs := render(t, p, "eg", "argo")
 			sidecar := strings.HasPrefix(p.name, "sidecar")
 			mutating := p.name == "self-managed-warn" || p.name == "dry-run" || p.name == "warn-without-tasksets"
+			// warn-without-tasksets turns the Event webhook off too: no validating webhook is left.
 			taskSets := p.name != "warn-without-tasksets"
 			if got := len(find(objs, "MutatingWebhookConfiguration")); got != map[bool]int{true: 1, false: 0}[mutating] {
 				t.Errorf("%d MutatingWebhookConfigurations", got)
 			}
-			// Pods in enforce mode and WorkflowTaskSets share the one validating configuration.
+			// Pods in enforce mode, WorkflowTaskSets and Events share the one validating configuration.
 			if got := len(find(objs, "ValidatingWebhookConfiguration")); got != map[bool]int{true: 1, false: 0}[!mutating || taskSets] {
 				t.Errorf("%d ValidatingWebhookConfigurations", got)
 			}
@@ -216,9 +217,9 @@ func TestChartMatchesTheGeneratedManifests(t *testing.T) {
 				}
 			}
 		}
-		// The pod webhook of the mode and the WorkflowTaskSet webhook.
-		if seen != 2 {
-			t.Errorf("%s: %d webhooks rendered, want 2", p.name, seen)
+		// The pod webhook of the mode, the WorkflowTaskSet webhook and the Event webhook.
+		if seen != 3 {
+			t.Errorf("%s: %d webhooks rendered, want 3", p.name, seen)
 		}
 	}
 

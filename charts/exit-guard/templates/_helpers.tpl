@@ -90,6 +90,8 @@ annotations:
 - --store-first={{ .Values.guard.storeFirst }}
 - --live-read-timeout={{ .Values.guard.liveReadTimeout }}
 - --live-read-budget={{ .Values.guard.liveReadBudget }}
+- --event-read-timeout={{ .Values.guard.eventReadTimeout }}
+- --event-read-budget={{ .Values.guard.eventReadBudget }}
 - --store-fallback={{ .Values.guard.storeFallback }}
 - --namespaces={{ join "," .Values.guard.namespaces }}
 - --completion-ttl={{ .Values.guard.completionTTL }}
@@ -113,7 +115,7 @@ annotations:
 {{- if include "exit-guard.mutating" . }}
 - --mutating-webhook-configuration={{ include "exit-guard.webhookConfigName" . }}
 {{- end }}
-{{- if or (not (include "exit-guard.mutating" .)) .Values.webhook.taskSets.enabled }}
+{{- if or (not (include "exit-guard.mutating" .)) .Values.webhook.taskSets.enabled .Values.webhook.events.enabled }}
 - --validating-webhook-configuration={{ include "exit-guard.webhookConfigName" . }}
 {{- end }}
 - --server-cert-duration={{ .Values.certificates.self.serverCertDuration }}
@@ -204,5 +206,13 @@ on the guard first and applies the failure policy to every slow decision.
 {{- end }}
 {{- if gt (add $budget 1000) $webhook }}
 {{- fail (printf "guard.liveReadBudget (%s) does not fit in webhook.timeoutSeconds (%d): keep it at least 1s shorter" .Values.guard.liveReadBudget (int .Values.webhook.timeoutSeconds)) }}
+{{- end }}
+{{- $eventTimeout := include "exit-guard.millis" .Values.guard.eventReadTimeout | int }}
+{{- $eventBudget := include "exit-guard.millis" .Values.guard.eventReadBudget | int }}
+{{- if gt $eventTimeout $eventBudget }}
+{{- fail (printf "guard.eventReadTimeout (%s) is longer than guard.eventReadBudget (%s)" .Values.guard.eventReadTimeout .Values.guard.eventReadBudget) }}
+{{- end }}
+{{- if and .Values.webhook.events.enabled (gt (add $eventBudget 1000) (mul .Values.webhook.events.timeoutSeconds 1000 | int)) }}
+{{- fail (printf "guard.eventReadBudget (%s) does not fit in webhook.events.timeoutSeconds (%d): keep it at least 1s shorter" .Values.guard.eventReadBudget (int .Values.webhook.events.timeoutSeconds)) }}
 {{- end }}
 {{- end }}
