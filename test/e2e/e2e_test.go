@@ -106,6 +106,9 @@ const (
 	guardDirect
 	// guardLagging: the guard's own Workflow watch lags as much as the controller's.
 	guardLagging
+	// guardNoEventRule: the guard, with the chart's Event webhook off
+	// (webhook.events.enabled=false): pods and TaskSet writes only.
+	guardNoEventRule
 )
 
 // outcome is what became of one workflow.
@@ -122,6 +125,9 @@ type outcome struct {
 	denials          int // ExitHandlerDenied Events
 	taskSetDenials   int // those of them for a WorkflowTaskSet write
 	taskSetPatches   int // those of them for an update (a merge patch) of the TaskSet
+	// failedEvents are the WorkflowFailed Events about the workflow the API server kept
+	// (occurrences: an Event's count), as Argo's controller records them.
+	failedEvents int
 }
 
 // scenario is one run of the proof.
@@ -161,7 +167,11 @@ func runScenario(t *testing.T, sc scenario) []outcome {
 		if err != nil {
 			t.Fatal(err)
 		}
-		vwc, err := testenv.ChartWebhook(helmBin)
+		var set []string
+		if mode == guardNoEventRule {
+			set = append(set, "webhook.events.enabled=false")
+		}
+		vwc, err := testenv.ChartWebhook(helmBin, set...)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -319,6 +329,7 @@ func runScenario(t *testing.T, sc scenario) []outcome {
 		o := outcome{name: wf.GetName(), wantFail: i >= ok, phase: phase(ctx, c, wf),
 			notifyPods: len(k.pods(wf.GetName(), ".onExit")), agentPods: k.agentPods(wf.GetName())}
 		o.denials, o.taskSetDenials, o.taskSetPatches = denials(ctx, t, c, wf)
+		o.failedEvents = failedEvents(ctx, t, c, wf)
 		if sc.http {
 			o.calls = notify.count(wf.GetName())
 			o.callsBeforeRetry, o.retried = before[wf.GetName()], sc.retry && i >= ok
@@ -326,8 +337,41 @@ func runScenario(t *testing.T, sc scenario) []outcome {
 		out = append(out, o)
 	}
 	logs, _ := os.ReadFile(logFile)
-	t.Logf("%s, guard %v: %d workflows; the controller's own stale-copy check fired %d times", version, mode, len(wfs),
-		strings.Count(string(logs), "Rejecting stale copy"))
+	t.Logf("%s, guard %v: %d workflows; the controller's own stale-copy check fired %d times; its Event sink logged %d Events the API server rejected and dropped %d (queue full)",
+		version, mode, len(wfs), strings.Count(string(logs), "Rejecting stale copy"), strings.Count(string(logs), "Server rejected event"),
+		strings.Count(string(logs), "too many queued events"))
+	if mode != noGuard {
+		// What each webhook cost the writes it judged, as the API server measured it: for the
+		// Event webhook, the delay every Event it judged added to the controller's sink.
+		mfs, err := env.APIServerMetrics(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range mfs["apiserver_admission_webhook_admission_duration_seconds"].GetMetric() {
+			var name string
+			var series []string
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "name" {
+					name = l.GetValue()
+				} else {
+					series = append(series, l.GetName()+"="+l.GetValue())
+				}
+			}
+			h := m.GetHistogram()
+			if h.GetSampleCount() == 0 || !strings.HasSuffix(name, "exit-guard.io") {
+				continue
+			}
+			p99 := "+Inf"
+			for _, b := range h.GetBucket() {
+				if float64(b.GetCumulativeCount()) >= 0.99*float64(h.GetSampleCount()) {
+					p99 = fmt.Sprintf("%gs", b.GetUpperBound())
+					break
+				}
+			}
+			t.Logf("webhook %s (%s): %d calls, mean %.1f ms, p99 at most %s (the API server's histogram)", name, strings.Join(series, " "), h.GetSampleCount(),
+				1000*h.GetSampleSum()/float64(h.GetSampleCount()), p99)
+		}
+	}
 	return out
 }
 
@@ -370,6 +414,22 @@ func denials(ctx context.Context, t *testing.T, c client.Client, wf *unstructure
 		}
 	}
 	return all, taskSets, taskSetUpdates
+}
+
+// failedEvents counts the occurrences of WorkflowFailed Events about wf (core/v1, as Argo's
+// controller records them; a repeat is a PATCH that raises count).
+func failedEvents(ctx context.Context, t *testing.T, c client.Client, wf *unstructured.Unstructured) int {
+	var list corev1.EventList
+	if err := c.List(ctx, &list, client.InNamespace(namespace)); err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, e := range list.Items {
+		if e.InvolvedObject.UID == wf.GetUID() && e.Reason == webhook.EventReasonWorkflowFailed {
+			n += int(max(e.Count, 1))
+		}
+	}
+	return n
 }
 
 // plainKubeconfig reaches server over plain HTTP with no credentials (the proxy adds them).
@@ -423,6 +483,9 @@ func referenceWorkflow(fail bool) *unstructured.Unstructured {
 // tally counts a run's outcomes.
 type tally struct {
 	succeeded, reproduced, refused, wrongDenials, failedNotified, failed int
+	// falseFailedEvents: succeeding workflows with a WorkflowFailed Event; failedEventKept:
+	// failing workflows that kept theirs.
+	falseFailedEvents, failedEventKept int
 }
 
 func count(outs []outcome) tally {
@@ -433,8 +496,14 @@ func count(outs []outcome) tally {
 			if o.notifyPods > 0 {
 				t.failedNotified++
 			}
+			if o.failedEvents > 0 {
+				t.failedEventKept++
+			}
 			t.wrongDenials += o.denials
 			continue
+		}
+		if o.failedEvents > 0 {
+			t.falseFailedEvents++
 		}
 		if o.phase == argo.PhaseSucceeded {
 			t.succeeded++
@@ -453,11 +522,11 @@ func report(t *testing.T, what string, outs []outcome) tally {
 	t.Helper()
 	c := count(outs)
 	for _, o := range outs {
-		t.Logf("  %s: phase %s, notification pods %d, denials %d (should fail: %v)", o.name, o.phase, o.notifyPods, o.denials, o.wantFail)
+		t.Logf("  %s: phase %s, notification pods %d, WorkflowFailed Events %d, denials %d (should fail: %v)", o.name, o.phase, o.notifyPods, o.failedEvents, o.denials, o.wantFail)
 	}
-	t.Logf("RESULT %s: %d succeeding workflows (%d ended Succeeded), false notification sent %d, stale attempts refused %d; "+
-		"%d failing workflows, notified %d; wrong denials %d",
-		what, len(outs)-c.failed, c.succeeded, c.reproduced, c.refused, c.failed, c.failedNotified, c.wrongDenials)
+	t.Logf("RESULT %s: %d succeeding workflows (%d ended Succeeded), false notification sent %d, false WorkflowFailed Event kept %d, stale attempts refused %d; "+
+		"%d failing workflows, notified %d, WorkflowFailed Event kept %d; wrong denials %d",
+		what, len(outs)-c.failed, c.succeeded, c.reproduced, c.falseFailedEvents, c.refused, c.failed, c.failedNotified, c.failedEventKept, c.wrongDenials)
 	return c
 }
 
@@ -469,23 +538,44 @@ func TestExposedControllerSendsTheFalseNoticeAndTheGuardRefusesIt(t *testing.T) 
 			t.Errorf("the stale exit handler was not reproduced in %d tries: the proof below proves nothing", n)
 		}
 	})
+	t.Run("v3.4.17 with the guard, its Event rule off", func(t *testing.T) {
+		c := report(t, "v3.4.17 with the guard, its Event rule off", run(t, "v3.4.17", guardNoEventRule, n, 0))
+		if c.reproduced != 0 {
+			t.Errorf("%d false notifications went out with the guard on", c.reproduced)
+		}
+		if c.falseFailedEvents == 0 {
+			t.Errorf("no false WorkflowFailed Event was recorded in %d tries with the Event rule off: the proof below proves nothing of Events", n)
+		}
+	})
 	for _, mode := range []guardMode{guardDirect, guardLagging} {
 		name := map[guardMode]string{guardDirect: "v3.4.17 with the guard", guardLagging: "v3.4.17 with the guard, its watch lagging too"}[mode]
 		t.Run(name, func(t *testing.T) {
 			c := report(t, name, run(t, "v3.4.17", mode, n, 1))
-			if c.reproduced != 0 {
-				t.Errorf("%d false notifications went out with the guard on", c.reproduced)
-			}
-			if c.succeeded != n {
-				t.Errorf("%d of %d workflows ended Succeeded", c.succeeded, n)
-			}
-			if c.refused == 0 {
-				t.Errorf("no stale attempt was refused in %d tries: the guard was not shown at work", n)
-			}
-			if c.wrongDenials != 0 || c.failedNotified != c.failed {
-				t.Errorf("failing workflows: %d of %d notified, %d wrong denials", c.failedNotified, c.failed, c.wrongDenials)
-			}
+			checkGuarded(t, c, n, true)
 		})
+	}
+}
+
+// checkGuarded checks a run with the guard on: no false notification and no false
+// WorkflowFailed Event for any of the n succeeding workflows, a stale attempt refused (when
+// shown is set: on a controller that reproduces the bug in every run), and the failing
+// workflows keeping both their notification and their WorkflowFailed Event.
+func checkGuarded(t *testing.T, c tally, n int, shown bool) {
+	t.Helper()
+	if c.reproduced != 0 {
+		t.Errorf("%d false notifications went out with the guard on", c.reproduced)
+	}
+	if c.falseFailedEvents != 0 {
+		t.Errorf("%d succeeding workflows kept a false WorkflowFailed Event with the guard on", c.falseFailedEvents)
+	}
+	if c.succeeded != n {
+		t.Errorf("%d of %d workflows ended Succeeded", c.succeeded, n)
+	}
+	if shown && c.refused == 0 {
+		t.Errorf("no stale attempt was refused in %d tries: the guard was not shown at work", n)
+	}
+	if c.wrongDenials != 0 || c.failedNotified != c.failed || c.failedEventKept != c.failed {
+		t.Errorf("failing workflows: %d of %d notified, %d kept their WorkflowFailed Event, %d wrong denials", c.failedNotified, c.failed, c.failedEventKept, c.wrongDenials)
 	}
 }
 
@@ -510,4 +600,26 @@ func TestV4Controller(t *testing.T) {
 		t.Errorf("failing workflows: %d of %d notified, %d wrong denials", with.failedNotified, with.failed, with.wrongDenials)
 	}
 	t.Logf("v4.0.5 exposed in this run: %v (%d of %d without the guard)", without.reproduced > 0, without.reproduced, n)
+}
+
+// The WorkflowFailed Event of a stale copy, on the other exposed controllers: v3.6.18 (3.6 never
+// got upstream's fix; it holds the terminal phase back while a task result is incomplete) and
+// v4.0.5 with INFORMER_WRITE_BACK=true (the 3.x cache behaviour). Each reported without the
+// guard, with the guard but its Event rule off, and with everything on.
+func TestFailureEventsOnOtherExposedControllers(t *testing.T) {
+	n := tries(t)
+	for _, c := range []struct {
+		version, name string
+		env           []string
+	}{{"v3.6.18", "v3.6.18", nil}, {"v4.0.5", "v4.0.5 INFORMER_WRITE_BACK=true", []string{"INFORMER_WRITE_BACK=true"}}} {
+		t.Run(c.name, func(t *testing.T) {
+			for _, mode := range []guardMode{noGuard, guardNoEventRule} {
+				what := c.name + map[guardMode]string{noGuard: " without the guard", guardNoEventRule: " with the guard, its Event rule off"}[mode]
+				report(t, what, runScenario(t, scenario{version: c.version, mode: mode, ok: n, env: c.env}))
+			}
+			with := report(t, c.name+" with the guard", runScenario(t, scenario{version: c.version, mode: guardDirect, ok: n, failing: 1, env: c.env}))
+			checkGuarded(t, with, n, false)
+			t.Logf("%s: stale attempts refused for %d of %d workflows", c.name, with.refused, n)
+		})
+	}
 }

@@ -179,14 +179,16 @@ func retryWorkflow(ctx context.Context, t *testing.T, c client.Client, wf *unstr
 // httpTally counts a run of HTTP exit handlers.
 type httpTally struct {
 	succeeded, falseCalls, refused, taskSetRefusals, taskSetPatchRefusals, failed, failedCalled, retriedCalledAgain, wrongDenials int
+	// falseFailedEvents: succeeding workflows left with a WorkflowFailed Event.
+	falseFailedEvents int
 }
 
 func reportHTTP(t *testing.T, what string, outs []outcome) httpTally {
 	t.Helper()
 	var c httpTally
 	for _, o := range outs {
-		t.Logf("  %s: phase %s, calls %d (%d before the retry), agent pods %d, denials %d (%d of TaskSet writes, %d of them patches) (should fail: %v)",
-			o.name, o.phase, o.calls, o.callsBeforeRetry, o.agentPods, o.denials, o.taskSetDenials, o.taskSetPatches, o.wantFail)
+		t.Logf("  %s: phase %s, calls %d (%d before the retry), agent pods %d, WorkflowFailed Events %d, denials %d (%d of TaskSet writes, %d of them patches) (should fail: %v)",
+			o.name, o.phase, o.calls, o.callsBeforeRetry, o.agentPods, o.failedEvents, o.denials, o.taskSetDenials, o.taskSetPatches, o.wantFail)
 		if o.wantFail {
 			c.failed++
 			c.wrongDenials += o.denials
@@ -203,6 +205,9 @@ func reportHTTP(t *testing.T, what string, outs []outcome) httpTally {
 			if o.calls > 0 {
 				c.falseCalls++
 			}
+			if o.failedEvents > 0 {
+				c.falseFailedEvents++
+			}
 		}
 		if o.denials > 0 {
 			c.refused++
@@ -210,9 +215,9 @@ func reportHTTP(t *testing.T, what string, outs []outcome) httpTally {
 		c.taskSetRefusals += o.taskSetDenials
 		c.taskSetPatchRefusals += o.taskSetPatches
 	}
-	t.Logf("RESULT %s: %d succeeding workflows (%d ended Succeeded), false HTTP calls made for %d, stale attempts refused for %d "+
+	t.Logf("RESULT %s: %d succeeding workflows (%d ended Succeeded), false HTTP calls made for %d, false WorkflowFailed Event kept for %d, stale attempts refused for %d "+
 		"(%d TaskSet writes refused, %d of them patches); %d failing workflows, called %d, called again after a retry %d; wrong denials %d",
-		what, len(outs)-c.failed, c.succeeded, c.falseCalls, c.refused, c.taskSetRefusals, c.taskSetPatchRefusals, c.failed, c.failedCalled, c.retriedCalledAgain, c.wrongDenials)
+		what, len(outs)-c.failed, c.succeeded, c.falseCalls, c.falseFailedEvents, c.refused, c.taskSetRefusals, c.taskSetPatchRefusals, c.failed, c.failedCalled, c.retriedCalledAgain, c.wrongDenials)
 	return c
 }
 
@@ -262,6 +267,9 @@ func TestHTTPExitHandlerOnAnExposedController(t *testing.T) {
 				runScenario(t, scenario{version: version, mode: guardDirect, ok: n, failing: 1, http: true, httpStep: shape.httpStep, retry: retry}))
 			if c.falseCalls != 0 {
 				t.Errorf("%d false HTTP calls went out with the guard on", c.falseCalls)
+			}
+			if c.falseFailedEvents != 0 {
+				t.Errorf("%d succeeding workflows kept a false WorkflowFailed Event with the guard on", c.falseFailedEvents)
 			}
 			if c.succeeded != n {
 				t.Errorf("%d of %d workflows ended Succeeded", c.succeeded, n)
