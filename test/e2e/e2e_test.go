@@ -7,8 +7,10 @@ package e2e
 
 import (
 	"context"
+	"crypto/tls"
 	"flag"
 	"fmt"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -19,6 +21,9 @@ import (
 	"testing"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
@@ -128,6 +133,9 @@ type outcome struct {
 	// failedEvents are the WorkflowFailed Events about the workflow the API server kept
 	// (occurrences: an Event's count), as Argo's controller records them.
 	failedEvents int
+	// With scenario.metrics: the workflow's own counters as the controller exports them, of
+	// the workflow (spec.metrics) and of its work steps (template metrics), when not Succeeded.
+	workflowMetric, templateMetric float64
 }
 
 // scenario is one run of the proof.
@@ -142,6 +150,9 @@ type scenario struct {
 	retry bool
 	// env is added to the controller's environment.
 	env []string
+	// metrics gives the workflows a workflow-level and a template-level counter of runs that
+	// did not succeed, and reads the controller's metrics at the end (outcome.metrics).
+	metrics bool
 }
 
 // run runs the reference workflows with a pod exit handler.
@@ -267,6 +278,9 @@ func runScenario(t *testing.T, sc scenario) []outcome {
 	var wfs []*unstructured.Unstructured
 	for i := range ok + failing {
 		wf := referenceWorkflow(i >= ok)
+		if sc.metrics {
+			withMetrics(wf)
+		}
 		if sc.http {
 			wf = httpWorkflow(i >= ok, notify.url(), sc.httpStep, notify.pingURL())
 		}
@@ -324,12 +338,31 @@ func runScenario(t *testing.T, sc scenario) []outcome {
 	case <-time.After(settle):
 	}
 
+	var controllerMetrics map[string]*dto.MetricFamily
+	if sc.metrics {
+		if controllerMetrics, err = scrapeController(ctx); err != nil {
+			t.Errorf("reading the controller's metrics: %v", err)
+		}
+		for _, name := range []string{"argo_workflows_total_count", "argo_workflows_count"} {
+			for _, m := range controllerMetrics[name].GetMetric() {
+				var ls []string
+				for _, l := range m.GetLabel() {
+					ls = append(ls, l.GetName()+"="+l.GetValue())
+				}
+				t.Logf("controller metric %s{%s} = %v", name, strings.Join(ls, ","), m.GetCounter().GetValue()+m.GetGauge().GetValue())
+			}
+		}
+	}
 	var out []outcome
 	for i, wf := range wfs {
 		o := outcome{name: wf.GetName(), wantFail: i >= ok, phase: phase(ctx, c, wf),
 			notifyPods: len(k.pods(wf.GetName(), ".onExit")), agentPods: k.agentPods(wf.GetName())}
 		o.denials, o.taskSetDenials, o.taskSetPatches = denials(ctx, t, c, wf)
 		o.failedEvents = failedEvents(ctx, t, c, wf)
+		if sc.metrics {
+			o.workflowMetric = testenv.SumSeries(controllerMetrics, "argo_workflows_e2e_workflow_not_succeeded", map[string]string{"workflow": wf.GetName()})
+			o.templateMetric = testenv.SumSeries(controllerMetrics, "argo_workflows_e2e_step_not_succeeded", map[string]string{"workflow": wf.GetName()})
+		}
 		if sc.http {
 			o.calls = notify.count(wf.GetName())
 			o.callsBeforeRetry, o.retried = before[wf.GetName()], sc.retry && i >= ok
@@ -414,6 +447,53 @@ func denials(ctx context.Context, t *testing.T, c client.Client, wf *unstructure
 		}
 	}
 	return all, taskSets, taskSetUpdates
+}
+
+// withMetrics gives wf a workflow-level counter and a template-level one (on its work steps)
+// of runs that did not succeed, labelled by the workflow's name, as a user who alerts on them
+// would write them.
+func withMetrics(wf *unstructured.Unstructured) {
+	counter := func(name string) map[string]any {
+		return map[string]any{"prometheus": []any{map[string]any{
+			"name": name, "help": "Runs that did not succeed.",
+			"labels": []any{map[string]any{"key": "workflow", "value": "{{workflow.name}}"}},
+			"when":   "{{status}} != Succeeded", "counter": map[string]any{"value": "1"},
+		}}}
+	}
+	spec := wf.Object["spec"].(map[string]any)
+	spec["metrics"] = counter("e2e_workflow_not_succeeded")
+	for _, tmpl := range spec["templates"].([]any) {
+		if t := tmpl.(map[string]any); t["name"] == "work" {
+			t["metrics"] = counter("e2e_step_not_succeeded")
+		}
+	}
+}
+
+// scrapeController reads the workflow-controller's metrics endpoint (its default, port 9090,
+// path /metrics; TLS with a self-signed certificate, or plain HTTP, as its version serves it).
+func scrapeController(ctx context.Context) (map[string]*dto.MetricFamily, error) {
+	client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
+		TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}} //nolint:gosec // G402: the test's own controller on loopback, self-signed
+	var lastErr error
+	for _, scheme := range []string{"https", "http"} {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, scheme+"://127.0.0.1:9090/metrics", nil)
+		if err != nil {
+			return nil, err
+		}
+		resp, err := client.Do(req)
+		if err != nil {
+			lastErr = err
+			continue
+		}
+		defer func() { _ = resp.Body.Close() }()
+		if resp.StatusCode != http.StatusOK {
+			lastErr = fmt.Errorf("GET /metrics: %s", resp.Status)
+			continue
+		}
+		parser := expfmt.NewTextParser(model.UTF8Validation)
+		return parser.TextToMetricFamilies(resp.Body)
+	}
+	return nil, lastErr
 }
 
 // failedEvents counts the occurrences of WorkflowFailed Events about wf (core/v1, as Argo's
@@ -620,6 +700,39 @@ func TestFailureEventsOnOtherExposedControllers(t *testing.T) {
 			with := report(t, c.name+" with the guard", runScenario(t, scenario{version: c.version, mode: guardDirect, ok: n, failing: 1, env: c.env}))
 			checkGuarded(t, with, n, false)
 			t.Logf("%s: stale attempts refused for %d of %d workflows", c.name, with.refused, n)
+		})
+	}
+}
+
+// The signals no webhook can stop, measured: a workflow-level user metric (spec.metrics, a
+// counter when "{{status}} != Succeeded"), a template-level one, and the controller's own
+// workflow counters, on v3.4.17 with the guard off and on. The stale copy's pass runs in the
+// controller's process; whether it emits them is what this test reports.
+func TestSignalsNoWebhookCanStop(t *testing.T) {
+	n := tries(t)
+	for _, mode := range []guardMode{noGuard, guardDirect} {
+		what := "v3.4.17, user metrics, " + map[guardMode]string{noGuard: "without the guard", guardDirect: "with the guard"}[mode]
+		t.Run(what, func(t *testing.T) {
+			outs := runScenario(t, scenario{version: "v3.4.17", mode: mode, ok: n, failing: 1, metrics: true})
+			report(t, what, outs)
+			var wfMetric, tmplMetric, failingWF int
+			for _, o := range outs {
+				t.Logf("  %s (should fail: %v): workflow metric %v, template metric %v", o.name, o.wantFail, o.workflowMetric, o.templateMetric)
+				switch {
+				case o.wantFail && o.workflowMetric > 0:
+					failingWF++
+				case !o.wantFail && o.workflowMetric > 0:
+					wfMetric++
+				}
+				if !o.wantFail && o.templateMetric > 0 {
+					tmplMetric++
+				}
+			}
+			t.Logf("RESULT %s: of %d succeeding workflows, the workflow-level 'not succeeded' counter moved for %d, the template-level one for %d; the failing workflow's counter moved: %v",
+				what, n, wfMetric, tmplMetric, failingWF == 1)
+			if failingWF != 1 {
+				t.Errorf("the failing workflow's own counter did not move: the metrics were not read (is the controller's metrics endpoint at 127.0.0.1:9090?)")
+			}
 		})
 	}
 }
