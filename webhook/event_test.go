@@ -36,11 +36,18 @@ func TestFailureEventOfASucceededWorkflowIsRefused(t *testing.T) {
 	done := createWorkflow(t, ns, "done", argo.PhaseSucceeded)
 	stale := done.DeepCopy()
 	stale.SetResourceVersion("1") // the copy the stale pass reconciled
+	calls := env.WebhookCalls(t, "validate-event.exit-guard.io")
+	before := calls()
 	_, err := recordFailed(t, stale)
 	wantRefused(t, err, ReasonWorkflowSucceeded)
 	wantSource(t, done, sourceLive)
 
 	ev := waitEvent(t, ns, done, EventReasonFailureEventDenied)
+	// The guard's own Event (events.k8s.io, Normal) never reached the Event path: one call,
+	// the refused one.
+	if got := calls() - before; got != 1 {
+		t.Errorf("the API server called the Event path %v times for one failure Event and the guard's own, want 1", got)
+	}
 	if ev.Type != corev1.EventTypeNormal || !strings.Contains(ev.Note, "WorkflowFailed Event") || ev.Action != "CreateEvent" {
 		t.Errorf("the guard's Event = %s %s %q, want a Normal CreateEvent that names the refused WorkflowFailed Event", ev.Type, ev.Action, ev.Note)
 	}
@@ -58,6 +65,26 @@ func TestFailureEventOfASucceededWorkflowIsRefused(t *testing.T) {
 			t.Errorf("the WorkflowFailed Event of a workflow %q: %v, want it admitted", phase, err)
 		}
 	}
+}
+
+// Labels alone never refuse an Event: a workflow whose labels say Succeeded over a status that
+// says Running (Argo never writes this) keeps its failure Event, whatever the deny phases.
+func TestFailureEventIsDecidedFromTheStatus(t *testing.T) {
+	startGuard(t, Options{DenyPhases: []argo.Phase{argo.PhaseFailed}}, harnessOptions{noWatch: true})
+	ns := newNamespace(t)
+	wf := createWorkflow(t, ns, "labels-only", argo.PhaseRunning)
+	labels := wf.GetLabels()
+	labels[argo.LabelPhase], labels[argo.LabelCompleted] = string(argo.PhaseSucceeded), "true"
+	wf.SetLabels(labels)
+	if err := env.Client.Update(t.Context(), wf); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := recordFailed(t, wf); err != nil {
+		t.Errorf("the failure Event of a workflow whose status says Running: %v, want it admitted", err)
+	}
+	done := createWorkflow(t, ns, "done", argo.PhaseSucceeded)
+	_, err := recordFailed(t, done)
+	wantRefused(t, err, ReasonWorkflowSucceeded)
 }
 
 // Written through events.k8s.io/v1 (as a newer recorder would), the same Event is judged too:

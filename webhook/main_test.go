@@ -82,13 +82,16 @@ func TestMain(m *testing.M) {
 			NamespaceSelector: nsSel, FailurePolicy: &fail, SideEffects: &sideEffects,
 			TimeoutSeconds: &timeout, AdmissionReviewVersions: []string{"v1"},
 		}, {
-			// Events that say a workflow failed, as the chart registers them (its match
-			// conditions): every other Event, the guard's own among them, never depends on it.
+			// Events that say a workflow failed, with the chart's match condition (the chart
+			// tests check the chart's own): every other Event, the guard's own among them,
+			// never depends on it.
 			Name: "validate-event.exit-guard.io", ClientConfig: ref(ValidateEventPath), Rules: eventRules,
 			NamespaceSelector: nsSel, FailurePolicy: &fail, SideEffects: &sideEffects, MatchPolicy: &equivalent,
 			TimeoutSeconds: &timeout, AdmissionReviewVersions: []string{"v1"},
 			MatchConditions: []admissionregistrationv1.MatchCondition{{Name: "workflow-failed",
-				Expression: "object.reason == 'WorkflowFailed' && object.involvedObject.kind == 'Workflow'"}},
+				Expression: "has(object.reason) && object.reason == 'WorkflowFailed' && has(object.involvedObject.kind) && " +
+					"object.involvedObject.kind == 'Workflow' && has(object.involvedObject.apiVersion) && " +
+					"object.involvedObject.apiVersion.startsWith('argoproj.io/')"}},
 		}},
 	}
 	mwc := &admissionregistrationv1.MutatingWebhookConfiguration{

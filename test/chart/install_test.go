@@ -280,7 +280,9 @@ func checkEvents(t *testing.T, ns string, enforce bool) {
 	before := calls()
 	aboutAPod := fixture.WorkflowEvent(done, webhook.EventReasonWorkflowFailed, "m")
 	aboutAPod.InvolvedObject.APIVersion, aboutAPod.InvolvedObject.Kind = "v1", "Pod"
+	noReason := fixture.WorkflowEvent(done, "", "m")
 	for _, ev := range []*corev1.Event{
+		noReason,
 		fixture.WorkflowEvent(done, "WorkflowRunning", "Workflow Running"),
 		fixture.WorkflowEvent(done, "WorkflowSucceeded", "Workflow completed"),
 		fixture.WorkflowEvent(done, "WorkflowTimedOut", "Workflow timed out"),
