@@ -58,7 +58,7 @@ func (h *handler) answer(ctx context.Context, f facts, d decision, verdict strin
 			r.Patches = patch
 		}
 		if verdict == verdictWarned || patch == nil {
-			r = r.WithWarnings(fmt.Sprintf("exit-guard (%s mode) would refuse this %s: %s", h.opts.Mode, f.object.noun(), msg))
+			r = r.WithWarnings(fmt.Sprintf("exit-guard (%s mode) would refuse this %s: %s", h.opts.Mode, f.object.spec().noun, msg))
 		}
 	}
 	r.AuditAnnotations = auditAnnotations(f, d, verdict)
@@ -112,7 +112,7 @@ func denialMessage(f facts, d decision) string {
 	return fmt.Sprintf("exit-guard refused %s: %s, as seen by %s; "+
 		"a stale copy of a completed workflow tried to %s. "+
 		"See the workflow's events: kubectl -n %s get events --field-selector involvedObject.name=%s",
-		f.object.refused(), workflowText(d), d.source, f.object.retried(), d.wfNamespace, d.wfName)
+		f.object.refused(), workflowText(d), d.source, f.object.spec().retried, d.wfNamespace, d.wfName)
 }
 
 // workflowText says what the guard knows of the workflow a refusal is about.
@@ -130,7 +130,7 @@ func workflowText(d decision) string {
 // auditAnnotations are the annotations that the API server writes into its audit log, under
 // the webhook's name.
 func auditAnnotations(f facts, d decision, verdict string) map[string]string {
-	a := map[string]string{"decision": verdict, "reason": string(d.reason), "kind": string(f.object.kind())}
+	a := map[string]string{"decision": verdict, "reason": string(d.reason), "kind": string(f.object.spec().kind)}
 	if f.owner != nil {
 		a["workflow"] = d.wfNamespace + "/" + d.wfName
 		a["workflow-uid"] = string(d.wfUID)

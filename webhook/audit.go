@@ -23,7 +23,8 @@ const (
 // admissions); for a refusal (or a would-be refusal in warn mode) a Warning Event on the
 // workflow, unless the request is a dry run.
 func (g *guard) audit(ctx context.Context, req admission.Request, f facts, d decision, verdict string) {
-	g.metrics.decisions.WithLabelValues(verdict, string(d.reason), string(f.object.kind())).Inc()
+	spec := f.object.spec()
+	g.metrics.decisions.WithLabelValues(verdict, string(d.reason), string(spec.kind)).Inc()
 	if d.liveErr != nil {
 		kind := "error"
 		if errors.Is(d.liveErr, errLiveReadTimeout) {
@@ -47,7 +48,7 @@ func (g *guard) audit(ctx context.Context, req admission.Request, f facts, d dec
 	if d.liveErr != nil {
 		log = log.WithValues("liveReadError", d.liveErr.Error())
 	}
-	msgs := f.object.messages()
+	msgs := &spec.logs
 	if !d.deny {
 		switch d.reason {
 		case ReasonUnverifiedFailOpen:
@@ -65,7 +66,7 @@ func (g *guard) audit(ctx context.Context, req admission.Request, f facts, d dec
 	if g.recorder == nil || dryRunRequest || verdict == verdictDryRun {
 		return
 	}
-	eventType, reason := f.object.auditEvent(verdict)
+	eventType, reason := spec.auditEvent(verdict)
 	regarding := &argo.Workflow{
 		TypeMeta:   metav1.TypeMeta{APIVersion: argo.GroupVersion.String(), Kind: argo.Kind},
 		ObjectMeta: metav1.ObjectMeta{Namespace: d.wfNamespace, Name: d.wfName, UID: d.wfUID},

@@ -53,15 +53,8 @@ const (
 	ReasonWorkflowSucceeded Reason = "workflow-succeeded"
 )
 
-// refusalReasons are the reasons a refusal carries; refusalsOf, those of each kind.
-var (
-	refusalReasons = []Reason{ReasonWorkflowCompleted, ReasonWorkflowDeleted, ReasonWorkflowReplaced, ReasonWorkflowSucceeded}
-	refusalsOf     = map[objectKind][]Reason{
-		kindPod:     {ReasonWorkflowCompleted, ReasonWorkflowDeleted, ReasonWorkflowReplaced},
-		kindTaskSet: {ReasonWorkflowCompleted, ReasonWorkflowDeleted, ReasonWorkflowReplaced},
-		kindEvent:   {ReasonWorkflowSucceeded},
-	}
-)
+// refusalReasons are the reasons a refusal carries (kindSpec.refusals, those of each kind).
+var refusalReasons = []Reason{ReasonWorkflowCompleted, ReasonWorkflowDeleted, ReasonWorkflowReplaced, ReasonWorkflowSucceeded}
 
 // source says how the guard knew the workflow's state.
 type source string
@@ -81,17 +74,6 @@ const (
 	kindTaskSet objectKind = argo.TaskSetKind
 	kindEvent   objectKind = "Event"
 )
-
-// screenRows are, per kind, the rows of docs/decisions.md that answer from the request alone,
-// before any read: no Workflow named, a namespace not watched, nothing the policy judges.
-var screenRows = map[objectKind]struct {
-	notOwned, notWatched, idle string
-	idleReason                 Reason
-}{
-	kindPod:     {notOwned: "1", notWatched: "3"},
-	kindTaskSet: {notOwned: "T1", notWatched: "T2", idle: "T3", idleReason: ReasonNoNewTask},
-	kindEvent:   {notOwned: "E1", notWatched: "E2", idle: "E3", idleReason: ReasonNotAFailureClaim},
-}
 
 // role says what part of a workflow an object runs.
 type role string
@@ -148,9 +130,9 @@ type decision struct {
 // its row. The rows before the live read answer from the request alone, and differ by kind;
 // from row 5 on every kind is decided alike, by its workflow.
 func (g *guard) decide(ctx context.Context, f facts) decision {
-	screen := screenRows[f.object.kind()]
+	spec := f.object.spec()
 	if f.owner == nil {
-		return decision{reason: ReasonNotOwnedByWorkflow, row: screen.notOwned}
+		return decision{reason: ReasonNotOwnedByWorkflow, row: spec.rowNotOwned}
 	}
 	d := decision{wfNamespace: f.namespace, wfName: f.owner.Name, wfUID: f.owner.UID}
 	switch {
@@ -159,10 +141,10 @@ func (g *guard) decide(ctx context.Context, f facts) decision {
 		d.reason, d.row = ReasonArtifactGCOrOtherComponent, "2"
 		return d
 	case g.watched != nil && !g.watched[f.namespace]:
-		d.reason, d.row = ReasonNamespaceNotWatched, screen.notWatched
+		d.reason, d.row = ReasonNamespaceNotWatched, spec.rowNotWatched
 		return d
 	case !f.startsWork:
-		d.reason, d.row = screen.idleReason, screen.idle
+		d.reason, d.row = spec.idleReason, spec.rowIdle
 		return d
 	case f.role == roleFailureClaim:
 		// Rows E4 to E12.

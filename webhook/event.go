@@ -126,28 +126,25 @@ type eventObject struct {
 
 var _ object = (*eventObject)(nil)
 
-var eventMessages = &logMessages{
-	refused:     "stale workflow failure Event refused",
-	unverified:  "failure Event admitted unverified: the live read failed and the store knows nothing of its workflow",
-	unconfirmed: "failure Event admitted unverified: the live read failed and only the store says its workflow succeeded",
-	admitted:    "Event admitted",
+// eventSpec: the guard's own Event about a refused failure Event is a Normal one, not a
+// Warning. What it reports is a false alarm stopped; teams that route Warning Events to chat
+// would otherwise get a warning in place of the false one. The guard's ExitHandlerDenied Event
+// on the same workflow, when the stale copy's exit handler was refused first, already says
+// what happened.
+var eventSpec = &kindSpec{
+	kind: kindEvent, noun: "Event", retried: "report it as failed",
+	logs: logMessages{
+		refused:     "stale workflow failure Event refused",
+		unverified:  "failure Event admitted unverified: the live read failed and the store knows nothing of its workflow",
+		unconfirmed: "failure Event admitted unverified: the live read failed and only the store says its workflow succeeded",
+		admitted:    "Event admitted",
+	},
+	eventType: corev1.EventTypeNormal, eventDenied: EventReasonFailureEventDenied, eventWarned: EventReasonFailureEventWarned,
+	rowNotOwned: "E1", rowNotWatched: "E2", rowIdle: "E3", idleReason: ReasonNotAFailureClaim,
+	refusals: []Reason{ReasonWorkflowSucceeded},
 }
 
-func (e *eventObject) kind() objectKind       { return kindEvent }
-func (e *eventObject) noun() string           { return "Event" }
-func (e *eventObject) retried() string        { return "report it as failed" }
-func (e *eventObject) messages() *logMessages { return eventMessages }
-
-// auditEvent: a Normal Event, not a Warning. What it reports is a false alarm stopped; teams
-// that route Warning Events to chat would otherwise get a warning in place of the false one.
-// The guard's ExitHandlerDenied Event on the same workflow, when the stale copy's exit handler
-// was refused first, already says what happened.
-func (e *eventObject) auditEvent(verdict string) (string, string) {
-	if verdict == verdictWarned {
-		return corev1.EventTypeNormal, EventReasonFailureEventWarned
-	}
-	return corev1.EventTypeNormal, EventReasonFailureEventDenied
-}
+func (e *eventObject) spec() *kindSpec { return eventSpec }
 
 // mark: there is nothing to mark on an Event.
 func (e *eventObject) mark(string) []jsonpatch.Operation { return nil }

@@ -38,8 +38,9 @@ func newGuardMetrics() *guardMetrics {
 // appeared at 1 would hide its first event from increase(), and that event is often the only
 // one.
 func (m *guardMetrics) initDecisions(mode Mode) {
-	for _, kind := range []objectKind{kindPod, kindTaskSet, kindEvent} {
-		for _, r := range refusalsOf[kind] {
+	for _, k := range kinds {
+		kind := k.kind
+		for _, r := range k.refusals {
 			m.decisions.WithLabelValues(denyVerdict(mode), string(r), string(kind))
 		}
 		for _, r := range []Reason{ReasonUnverifiedFailOpen, ReasonUnconfirmedCompletion} {

@@ -3,20 +3,16 @@ package webhook
 import (
 	"gomodules.xyz/jsonpatch/v2"
 	admissionv1 "k8s.io/api/admission/v1"
-	corev1 "k8s.io/api/core/v1"
 )
 
 // object is the object of a request as the reader of its kind saw it: what the answer and the
-// audit say of it, in its kind's words. The decision never looks at it; a new kind of object
-// brings a reader, an object and its rows of docs/decisions.md.
+// audit say of it, in its kind's words. The decision takes only its kind's rows from it (spec); a
+// new kind of object brings a reader, an object, its kindSpec and its rows of docs/decisions.md.
 type object interface {
-	kind() objectKind
+	// spec is what is the same for every object of its kind.
+	spec() *kindSpec
 	// refused names it in a refusal: "exit-handler pod p for node n".
 	refused() string
-	// retried says what a stale copy that sends it tries to do: "run it again".
-	retried() string
-	// noun names it in a warning: "pod", "write".
-	noun() string
 	// eventAction is the action of the guard's Event about it: "CreatePod".
 	eventAction(op admissionv1.Operation) string
 	// eventRefused begins the note of that Event: "exit-handler pod p (node n) refused".
@@ -28,21 +24,39 @@ type object interface {
 	// mark is the patch that marks it as suspect in warn and dry-run mode, on the mutating
 	// path; nil for a kind that cannot be marked, which is admitted with a warning instead.
 	mark(msg string) []jsonpatch.Operation
-	// messages are the constant messages of its log lines.
-	messages() *logMessages
-	// auditEvent is the type and reason of the guard's Event on the workflow about a refusal
-	// (verdict denied) or a would-be refusal (warned) of it.
-	auditEvent(verdict string) (eventType, reason string)
 }
 
-// exitHandlerEvent is the guard's Event about a refused (or, in warn mode, would-be refused)
-// pod or TaskSet write: a Warning, which teams alert on.
-func exitHandlerEvent(verdict string) (string, string) {
-	if verdict == verdictWarned {
-		return corev1.EventTypeWarning, EventReasonWarned
-	}
-	return corev1.EventTypeWarning, EventReasonDenied
+// kindSpec is what is the same for every object of one kind: its words, its rows of
+// docs/decisions.md that answer from the request alone, the guard's Event about it, and the
+// reasons it can be refused for.
+type kindSpec struct {
+	kind objectKind
+	// noun names it in a warning: "pod", "write"; retried says what a stale copy that sends it
+	// tries to do: "run it again".
+	noun, retried string
+	// logs are the constant messages of its log lines.
+	logs logMessages
+	// The type and reasons of the guard's Event on the workflow about a refusal (verdict
+	// denied) and a would-be refusal (warned).
+	eventType, eventDenied, eventWarned string
+	// The rows of a request that names no Workflow, of a namespace not watched, and of one the
+	// policy does not judge (none for pods: they all start work), with the reason of the last.
+	rowNotOwned, rowNotWatched, rowIdle string
+	idleReason                          Reason
+	// refusals are the reasons it can be refused for (the metric series created at 0).
+	refusals []Reason
 }
+
+// auditEvent is the type and reason of the guard's Event about a refusal of verdict.
+func (k *kindSpec) auditEvent(verdict string) (string, string) {
+	if verdict == verdictWarned {
+		return k.eventType, k.eventWarned
+	}
+	return k.eventType, k.eventDenied
+}
+
+// kinds are the kinds of object the guard judges.
+var kinds = []*kindSpec{podSpec, taskSetSpec, eventSpec}
 
 // logMessages are the messages of the guard's log lines about one kind of object.
 type logMessages struct {

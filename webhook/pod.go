@@ -10,6 +10,7 @@ import (
 
 	"gomodules.xyz/jsonpatch/v2"
 	admissionv1 "k8s.io/api/admission/v1"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
@@ -111,17 +112,20 @@ type podObject struct {
 
 var _ object = (*podObject)(nil)
 
-var podMessages = &logMessages{
-	refused:     "stale workflow pod refused",
-	unverified:  "pod admitted unverified: the live read failed and the store knows nothing of its workflow",
-	unconfirmed: "pod admitted unverified: the live read failed and only the store says its workflow completed",
-	admitted:    "pod admitted",
+var podSpec = &kindSpec{
+	kind: kindPod, noun: "pod", retried: "run it again",
+	logs: logMessages{
+		refused:     "stale workflow pod refused",
+		unverified:  "pod admitted unverified: the live read failed and the store knows nothing of its workflow",
+		unconfirmed: "pod admitted unverified: the live read failed and only the store says its workflow completed",
+		admitted:    "pod admitted",
+	},
+	eventType: corev1.EventTypeWarning, eventDenied: EventReasonDenied, eventWarned: EventReasonWarned,
+	rowNotOwned: "1", rowNotWatched: "3",
+	refusals: []Reason{ReasonWorkflowCompleted, ReasonWorkflowDeleted, ReasonWorkflowReplaced},
 }
 
-func (p *podObject) kind() objectKind       { return kindPod }
-func (p *podObject) noun() string           { return "pod" }
-func (p *podObject) retried() string        { return "run it again" }
-func (p *podObject) messages() *logMessages { return podMessages }
+func (p *podObject) spec() *kindSpec { return podSpec }
 func (p *podObject) logValues() []any {
 	return []any{"pod", p.meta.Namespace + "/" + p.name, "podKind", p.role, "node", p.node}
 }
@@ -190,5 +194,3 @@ func apiGroup(apiVersion string) string {
 	}
 	return ""
 }
-
-func (p *podObject) auditEvent(verdict string) (string, string) { return exitHandlerEvent(verdict) }

@@ -9,6 +9,7 @@ import (
 
 	"gomodules.xyz/jsonpatch/v2"
 	admissionv1 "k8s.io/api/admission/v1"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
@@ -163,17 +164,20 @@ type taskSetObject struct {
 
 var _ object = (*taskSetObject)(nil)
 
-var taskSetMessages = &logMessages{
-	refused:     "stale workflow WorkflowTaskSet write refused",
-	unverified:  "WorkflowTaskSet write admitted unverified: the live read failed and the store knows nothing of its workflow",
-	unconfirmed: "WorkflowTaskSet write admitted unverified: the live read failed and only the store says its workflow completed",
-	admitted:    "WorkflowTaskSet write admitted",
+var taskSetSpec = &kindSpec{
+	kind: kindTaskSet, noun: "write", retried: "run its HTTP or plugin tasks again",
+	logs: logMessages{
+		refused:     "stale workflow WorkflowTaskSet write refused",
+		unverified:  "WorkflowTaskSet write admitted unverified: the live read failed and the store knows nothing of its workflow",
+		unconfirmed: "WorkflowTaskSet write admitted unverified: the live read failed and only the store says its workflow completed",
+		admitted:    "WorkflowTaskSet write admitted",
+	},
+	eventType: corev1.EventTypeWarning, eventDenied: EventReasonDenied, eventWarned: EventReasonWarned,
+	rowNotOwned: "T1", rowNotWatched: "T2", rowIdle: "T3", idleReason: ReasonNoNewTask,
+	refusals: []Reason{ReasonWorkflowCompleted, ReasonWorkflowDeleted, ReasonWorkflowReplaced},
 }
 
-func (ts *taskSetObject) kind() objectKind       { return kindTaskSet }
-func (ts *taskSetObject) noun() string           { return "write" }
-func (ts *taskSetObject) retried() string        { return "run its HTTP or plugin tasks again" }
-func (ts *taskSetObject) messages() *logMessages { return taskSetMessages }
+func (ts *taskSetObject) spec() *kindSpec { return taskSetSpec }
 
 // mark: there is nothing to mark on a TaskSet; the warning reaches Argo's controller log.
 func (ts *taskSetObject) mark(string) []jsonpatch.Operation { return nil }
@@ -204,8 +208,4 @@ func (ts *taskSetObject) annotate(a map[string]string) {
 	if ts.reopened {
 		a["completed-reopened"] = "true"
 	}
-}
-
-func (ts *taskSetObject) auditEvent(verdict string) (string, string) {
-	return exitHandlerEvent(verdict)
 }
