@@ -3,13 +3,17 @@
 package webhook
 
 import (
+	"context"
 	"net"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/client-go/rest"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
 	"github.com/exit-guard/exit-guard/completionstore"
 	"github.com/exit-guard/exit-guard/internal/argo"
@@ -64,7 +68,19 @@ func TestLiveReadThroughTheAPIServer(t *testing.T) {
 		}
 		return c
 	}
-	live := newReader(env.Config)
+	// live counts its GETs: the whole object is read only when the labels do not settle the
+	// phase, or settle it on one that would refuse.
+	var gets atomic.Int32
+	watching, err := client.NewWithWatch(env.Config, client.Options{Scheme: scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	live := interceptor.NewClient(watching, interceptor.Funcs{
+		Get: func(ctx context.Context, c client.WithWatch, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+			gets.Add(1)
+			return c.Get(ctx, key, obj, opts...)
+		},
+	})
 	failing := newReader(unreachableConfig(t, false))
 	hanging := newReader(unreachableConfig(t, true))
 
@@ -112,6 +128,8 @@ func TestLiveReadThroughTheAPIServer(t *testing.T) {
 		reason Reason
 		source source
 		row    string
+		// whole, when set: whether the live read GETs the whole object.
+		whole *bool
 	}{
 		{name: "live Running", wf: running, store: storeSucceeded, reason: ReasonWorkflowNotTerminal, source: sourceLive, row: "5"},
 		{name: "retried by v4: stale Succeeded phase label, status.phase empty", wf: retriedV4, store: storeSucceeded, reason: ReasonWorkflowNotTerminal, source: sourceLive, row: "5"},
@@ -120,8 +138,8 @@ func TestLiveReadThroughTheAPIServer(t *testing.T) {
 		{name: "daemon steps: Succeeded before the completed label", wf: daemon, deny: true, reason: ReasonWorkflowCompleted, source: sourceLive, row: "6"},
 		{name: "store-first, store unsettled, daemon steps: live confirms", wf: daemon, opts: Options{StoreFirst: true}, store: storeUnsettled, deny: true, reason: ReasonWorkflowCompleted, source: sourceLive, row: "6"},
 		{name: "store-first, store unsettled, retried by v4: live says not terminal", wf: retriedV4, opts: Options{StoreFirst: true}, store: storeUnsettled, reason: ReasonWorkflowNotTerminal, source: sourceLive, row: "5"},
-		{name: "live Failed, Failed denied: the whole object read", wf: failed, opts: Options{DenyPhases: []argo.Phase{argo.PhaseFailed}}, deny: true, reason: ReasonWorkflowCompleted, source: sourceLive, row: "6"},
-		{name: "live Failed, default policy: the labels settle it", wf: failed, store: storeFailed, reason: ReasonPhaseNotDenied, source: sourceLive, row: "7"},
+		{name: "live Failed, Failed denied: the whole object read", wf: failed, opts: Options{DenyPhases: []argo.Phase{argo.PhaseFailed}}, deny: true, reason: ReasonWorkflowCompleted, source: sourceLive, row: "6", whole: ptr.To(true)},
+		{name: "live Failed, default policy: the labels settle it", wf: failed, store: storeFailed, reason: ReasonPhaseNotDenied, source: sourceLive, row: "7", whole: ptr.To(false)},
 		{name: "live 404", wf: deleted, deny: true, reason: ReasonWorkflowDeleted, source: sourceLive, row: "8"},
 		{name: "live other UID", wf: replaced, deny: true, reason: ReasonWorkflowReplaced, source: sourceLive, row: "9"},
 		{name: "connections refused, store tombstone", wf: running, reader: failing, store: storeTombstone, deny: true, reason: ReasonWorkflowDeleted, source: sourceStore, row: "10"},
@@ -141,7 +159,11 @@ func TestLiveReadThroughTheAPIServer(t *testing.T) {
 				t.Fatal(err)
 			}
 			start := time.Now()
+			gets.Store(0)
 			d := g.decide(t.Context(), podFacts(t, fixture.ExitPod(r.wf)))
+			if r.whole != nil && (gets.Load() > 0) != *r.whole {
+				t.Errorf("the live read made %d GETs of the whole object; want one: %v", gets.Load(), *r.whole)
+			}
 			if d.deny != r.deny || d.reason != r.reason || d.source != r.source || d.row != r.row {
 				t.Errorf("decision = deny %v reason %s source %q row %s, want deny %v reason %s source %q row %s (live error: %v)",
 					d.deny, d.reason, d.source, d.row, r.deny, r.reason, r.source, r.row, d.liveErr)
