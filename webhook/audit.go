@@ -62,6 +62,11 @@ func (g *guard) audit(ctx context.Context, req admission.Request, f facts, d dec
 	}
 	dryRunRequest := req.DryRun != nil && *req.DryRun
 	log.Info(msgs.refused, "dryRunRequest", dryRunRequest)
+	if spec.staleFailure && !dryRunRequest {
+		// In every mode: warn and dry-run admit the Event, but the stale pass has counted the
+		// workflow's metrics all the same.
+		g.metrics.staleFailures.inc(d.wfNamespace, d.wfName)
+	}
 
 	if g.recorder == nil || dryRunRequest || verdict == verdictDryRun {
 		return

@@ -54,6 +54,10 @@ func TestFailureEventOfASucceededWorkflowIsRefused(t *testing.T) {
 	if got := h.counter(t, "exit_guard_decisions_total", map[string]string{"verdict": "denied", "kind": "Event", "reason": string(ReasonWorkflowSucceeded)}); got != 1 {
 		t.Errorf("denied Event decisions = %v, want 1", got)
 	}
+	// The stale pass is counted by workflow, for the users who correct Argo's user metrics.
+	if got := h.counter(t, "exit_guard_stale_failures_total", map[string]string{"workflow_namespace": ns, "workflow": done.GetName()}); got != 1 {
+		t.Errorf("exit_guard_stale_failures_total of the workflow = %v, want 1", got)
+	}
 	lines := guardLog.Lines(`"msg":"stale workflow failure Event refused"`, `"workflowUID":"`+string(done.GetUID())+`"`)
 	if len(lines) != 1 || !strings.Contains(lines[0], `"involvedResourceVersion":"1"`) || !strings.Contains(lines[0], `"row":"E4"`) {
 		t.Errorf("refusal log lines %v, want one naming the stale copy's resourceVersion and row E4", lines)
@@ -64,6 +68,10 @@ func TestFailureEventOfASucceededWorkflowIsRefused(t *testing.T) {
 		if _, err := recordFailed(t, wf); err != nil {
 			t.Errorf("the WorkflowFailed Event of a workflow %q: %v, want it admitted", phase, err)
 		}
+	}
+	// Only the refused Event counted: the admitted ones are no stale passes.
+	if got := h.counter(t, "exit_guard_stale_failures_total", nil); got != 1 {
+		t.Errorf("exit_guard_stale_failures_total over all workflows = %v, want 1", got)
 	}
 }
 

@@ -8,6 +8,7 @@ type guardMetrics struct {
 	liveRead         *prometheus.HistogramVec
 	liveReadFailures *prometheus.CounterVec
 	liveReadAttempts *prometheus.CounterVec
+	staleFailures    *staleFailures
 }
 
 func newGuardMetrics() *guardMetrics {
@@ -30,6 +31,7 @@ func newGuardMetrics() *guardMetrics {
 			Name: "exit_guard_live_read_retries_total",
 			Help: "Further attempts within one live read, by cause: error (the last attempt failed; retried after a pause), hedged (the last attempt had not answered within --live-read-timeout; another started beside it), shed (not started: the process had as many further attempts in flight as it allows).",
 		}, []string{"cause"}),
+		staleFailures: newStaleFailures(),
 	}
 }
 
@@ -58,7 +60,7 @@ func (m *guardMetrics) register(reg prometheus.Registerer) error {
 	for _, cause := range []string{"error", "hedged", "shed"} {
 		m.liveReadAttempts.WithLabelValues(cause)
 	}
-	for _, c := range []prometheus.Collector{m.decisions, m.liveRead, m.liveReadFailures, m.liveReadAttempts} {
+	for _, c := range []prometheus.Collector{m.decisions, m.liveRead, m.liveReadFailures, m.liveReadAttempts, m.staleFailures} {
 		if err := reg.Register(c); err != nil {
 			return err
 		}

@@ -45,6 +45,9 @@ type kindSpec struct {
 	idleReason                          Reason
 	// refusals are the reasons it can be refused for (the metric series created at 0).
 	refusals []Reason
+	// staleFailure: a refusal is a stale pass of Argo's controller that marked the workflow
+	// failed in its memory, counted by workflow (exit_guard_stale_failures_total).
+	staleFailure bool
 }
 
 // auditEvent is the type and reason of the guard's Event about a refusal of verdict.
