@@ -99,7 +99,7 @@ func family(mfs map[string]*dto.MetricFamily, name string) *dto.MetricFamily {
 }
 
 // guardWebhookName is what the dashboard's (and the alerts') name matcher selects.
-var guardWebhookName = regexp.MustCompile(`^(validate|mutate|validate-taskset)\.exit-guard\.io$`)
+var guardWebhookName = regexp.MustCompile(`^(validate|mutate|validate-taskset|validate-event)\.exit-guard\.io$`)
 
 // TestDashboardQueriesNameRealMetrics checks the Grafana dashboard: the chart's ConfigMap
 // carries the file as it is; every query parses (promtool, as recording rules); and every
@@ -263,6 +263,76 @@ func TestMetricNamesFindsEverySelector(t *testing.T) {
 	} {
 		if got := metricNames(expr); !slices.Equal(got, want) {
 			t.Errorf("metricNames(%q) = %v, want %v", expr, got, want)
+		}
+	}
+}
+
+// The name matchers of the dashboard's and the alerts' API-server series select every webhook
+// the chart installs, in every mode, and the test's own matcher is the same.
+func TestWebhookNameMatchersCoverEveryWebhook(t *testing.T) {
+	var names []string
+	for _, mode := range []string{"enforce", "warn"} {
+		for _, o := range render(t, profile{name: mode, set: []string{"guard.mode=" + mode}}, "eg", "argo") {
+			if k := o.GetKind(); k != "ValidatingWebhookConfiguration" && k != "MutatingWebhookConfiguration" {
+				continue
+			}
+			hooks, _, _ := unstructured.NestedSlice(o.Object, "webhooks")
+			for _, h := range hooks {
+				names = append(names, h.(map[string]any)["name"].(string))
+			}
+		}
+	}
+	if !slices.Contains(names, "validate-event.exit-guard.io") || !slices.Contains(names, "mutate.exit-guard.io") {
+		t.Fatalf("the chart renders the webhooks %v: the Event or the mutating webhook is missing", names)
+	}
+	raw, err := os.ReadFile(dashboardFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sources := dashboardQueries(t, raw)
+	rule := only(t, render(t, profile{name: "alerts", set: []string{"prometheusRule.enabled=true"}}, "eg", "argo"), "PrometheusRule")
+	var spec struct {
+		Groups []struct {
+			Rules []struct {
+				Expr string `json:"expr"`
+			} `json:"rules"`
+		} `json:"groups"`
+	}
+	raw, err = yaml.Marshal(rule.Object["spec"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := yaml.Unmarshal(raw, &spec); err != nil {
+		t.Fatal(err)
+	}
+	for _, g := range spec.Groups {
+		for _, r := range g.Rules {
+			sources = append(sources, r.Expr)
+		}
+	}
+	// A PromQL string: its \\ is one backslash of the regular expression.
+	matcher := regexp.MustCompile(`name=~"([^"]*)"`)
+	found := 0
+	for _, src := range sources {
+		for _, m := range matcher.FindAllStringSubmatch(src, -1) {
+			found++
+			re, err := regexp.Compile(`^(?:` + strings.ReplaceAll(m[1], `\\`, `\`) + `)$`)
+			if err != nil {
+				t.Fatalf("matcher %q: %v", m[1], err)
+			}
+			for _, n := range names {
+				if !re.MatchString(n) {
+					t.Errorf("the matcher name=~%q misses the webhook %s", m[1], n)
+				}
+			}
+		}
+	}
+	if found == 0 {
+		t.Fatal("no name matcher found in the dashboard or the alerts")
+	}
+	for _, n := range names {
+		if !guardWebhookName.MatchString(n) {
+			t.Errorf("the test's guardWebhookName misses the webhook %s", n)
 		}
 	}
 }
