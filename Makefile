@@ -125,6 +125,9 @@ E2E_TRIES ?= 5
 # CI runs the v3.4.17 proofs only: see .ci/run.
 ARGO_VERSIONS ?= v3.4.17 v3.6.18 v3.7.18 v4.0.5
 E2E_RUN ?= .
+# Where TestSignalsNoWebhookCanStop keeps the promtool tests of the series it captured (empty:
+# a temporary directory); test/chart/testdata/captured holds those committed.
+E2E_CAPTURE_DIR ?=
 
 ##@ Prove on real Argo controllers
 
@@ -133,9 +136,9 @@ argo-controllers: ## Build Argo's workflow-controller and argoexec (ARGO_VERSION
 	@hack/argo-controllers.sh ensure $(ARGO_VERSIONS) >/dev/null
 
 .PHONY: e2e-argo
-e2e-argo: argo-controllers $(HELM) ## Reproduce the stale exit handler on real Argo controllers, then refuse it (E2E_TRIES per run).
+e2e-argo: argo-controllers $(HELM) $(PROMTOOL) ## Reproduce the stale exit handler on real Argo controllers, then refuse it (E2E_TRIES per run).
 	@assets=$$(hack/envtest-binaries.sh ensure) && \
-	  KUBEBUILDER_ASSETS="$$assets" HELM="$(HELM)" E2E_TRIES=$(E2E_TRIES) $(GO) test -tags e2e -count=1 -v -timeout 120m -run '$(E2E_RUN)' ./test/e2e
+	  KUBEBUILDER_ASSETS="$$assets" HELM="$(HELM)" PROMTOOL="$(PROMTOOL)" E2E_CAPTURE_DIR="$(E2E_CAPTURE_DIR)" E2E_TRIES=$(E2E_TRIES) $(GO) test -tags e2e -count=1 -v -timeout 120m -run '$(E2E_RUN)' ./test/e2e
 
 ##@ Generate and check
 

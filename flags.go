@@ -47,6 +47,8 @@ type flags struct {
 	namespaces      string
 	completionTTL   time.Duration
 	sweepInterval   time.Duration
+	lockCheck       time.Duration
+	lockStuckAfter  time.Duration
 
 	certMode           string
 	certSecret         string
@@ -229,6 +231,10 @@ func parseFlags(args []string) (*flags, error) {
 	fs.StringVar(&f.namespaces, "namespaces", "", "Comma-separated namespaces to watch and guard; empty means all.")
 	fs.DurationVar(&f.completionTTL, "completion-ttl", 10*time.Minute, "How long the store remembers a workflow after its last change.")
 	fs.DurationVar(&f.sweepInterval, "sweep-interval", 30*time.Second, "How often expired records are removed from the store.")
+	fs.DurationVar(&f.lockCheck, "lock-check-interval", time.Minute,
+		"How often to look for workflows waiting on a synchronization lock that Argo's controller keeps for a completed workflow (exit_guard_sync_stuck_workflows; one LIST of the Pending workflows each time); 0 turns it off.")
+	fs.DurationVar(&f.lockStuckAfter, "lock-stuck-after", 5*time.Minute,
+		"How long such a waiter must be stuck, with no waiter of its lock served, before it is reported.")
 	fs.BoolVar(&f.restartOnFailure, "restart-on-failure", false,
 		"When the guard fails (the API server, its certificate, a port), restart it in the process after a backoff instead of exiting; for the sidecar in Argo's controller pod, where a container that exits makes the pod NotReady.")
 	fs.StringVar(&f.certMode, "cert-mode", "external",

@@ -15,12 +15,14 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	crwebhook "sigs.k8s.io/controller-runtime/pkg/webhook"
 
 	"github.com/exit-guard/exit-guard/completionstore"
 	"github.com/exit-guard/exit-guard/internal/argo"
 	"github.com/exit-guard/exit-guard/internal/certs"
+	"github.com/exit-guard/exit-guard/internal/lockwatch"
 	"github.com/exit-guard/exit-guard/internal/metricsauth"
 	"github.com/exit-guard/exit-guard/internal/shutdown"
 	"github.com/exit-guard/exit-guard/webhook"
@@ -145,6 +147,16 @@ func run(ctx context.Context, f *flags, opts options, drainer *shutdown.Drainer,
 	}
 	if err := webhook.Setup(mgr, store, guardOpts); err != nil {
 		return err
+	}
+	if f.lockCheck > 0 {
+		locks, err := lockwatch.New(mgr.GetAPIReader(), lockwatch.Options{Interval: f.lockCheck, StuckAfter: f.lockStuckAfter,
+			Namespaces: guardOpts.Namespaces, Registerer: metrics.Registry, Log: ctrl.Log.WithName("lockwatch")})
+		if err != nil {
+			return err
+		}
+		if err := mgr.Add(locks); err != nil {
+			return err
+		}
 	}
 
 	// Ready only once the webhook port serves with its certificate loaded, and the store has

@@ -103,3 +103,34 @@ func alertNames(t *testing.T, spec any) []string {
 	}
 	return names
 }
+
+// TestCorrectionOnCapturedSeries runs the promtool tests that the proof on real controllers
+// wrote from the series of its runs (make e2e-argo E2E_RUN=^TestSignalsNoWebhookCanStop
+// E2E_CAPTURE_DIR=...), on the chart's correction rules and the recipe of
+// examples/corrected-user-metric-rules.yaml as they are now: the corrected alert fires for
+// the failing workflow alone, the control without the guard's series for the succeeding ones
+// too.
+func TestCorrectionOnCapturedSeries(t *testing.T) {
+	files, err := filepath.Glob(filepath.Join("testdata", "captured", "signals-*_test.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(files) < 2 {
+		t.Fatalf("captured series of v3.4.17 and v3.6.18 expected in testdata/captured, found %v", files)
+	}
+	for _, f := range files {
+		t.Run(filepath.Base(f), func(t *testing.T) {
+			raw, err := os.ReadFile(f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			dir := t.TempDir()
+			if err := os.WriteFile(filepath.Join(dir, filepath.Base(f)), raw, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			if err := testenv.PromtoolTest(dir, filepath.Base(f)); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+}

@@ -3,6 +3,7 @@
 package chart
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -13,9 +14,11 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	dto "github.com/prometheus/client_model/go"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"sigs.k8s.io/yaml"
 
 	"github.com/exit-guard/exit-guard/internal/argo"
@@ -144,7 +147,8 @@ func TestDashboardQueriesNameRealMetrics(t *testing.T) {
 
 	// A guard that has allowed and refused, then is stopped and failed open on.
 	ns := newNamespace(t, nil)
-	objs := render(t, chartCerts, "dash", ns)
+	// The lock scan fast, so that its metric shows within the test.
+	objs := render(t, chartCerts, "dash", ns, "--set", "guard.lockCheckInterval=1s", "--set", "guard.lockStuckAfter=1s")
 	webhooks := install(t, objs)
 	g, _ := startChartGuard(t, ns, objs)
 	// Before any admission, the series the alerts count with increase() are there at 0:
@@ -174,9 +178,27 @@ func TestDashboardQueriesNameRealMetrics(t *testing.T) {
 	if err := env.Client.Create(t.Context(), fixture.ExitPod(done)); err == nil {
 		t.Fatal("the stale pod was admitted")
 	}
-	guard, err := g.Metrics(t.Context())
-	if err != nil {
+	// The stale copy's failure Event, refused: its pass is counted by workflow.
+	if err := env.Client.Create(t.Context(), fixture.WorkflowEvent(done, "WorkflowFailed", "child failed")); err == nil {
+		t.Fatal("the stale copy's WorkflowFailed Event was admitted")
+	}
+	// A workflow waiting on a mutex that the completed workflow holds in Argo's memory.
+	waiter := createWorkflow(t, ns, argo.PhasePending)
+	lock := ns + "/Mutex/probe"
+	waiter.Object["status"].(map[string]any)["message"] = "Waiting for " + lock + " lock. Lock status: 0/1"
+	waiter.Object["status"].(map[string]any)["synchronization"] = map[string]any{"mutex": map[string]any{
+		"waiting": []any{map[string]any{"mutex": lock, "holder": ns + "/" + done.GetName()}}}}
+	if err := env.Client.Update(t.Context(), waiter); err != nil {
 		t.Fatal(err)
+	}
+	var guard map[string]*dto.MetricFamily
+	err = wait.PollUntilContextTimeout(t.Context(), 250*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		var err error
+		guard, err = g.Metrics(ctx)
+		return err == nil && family(guard, "exit_guard_sync_stuck_workflows") != nil, nil
+	})
+	if err != nil {
+		t.Fatalf("the guard never reported the stuck waiter (exit_guard_sync_stuck_workflows): %v", err)
 	}
 	if err := g.Stop(); err != nil {
 		t.Logf("stopping the guard: %v", err)
@@ -198,13 +220,22 @@ func TestDashboardQueriesNameRealMetrics(t *testing.T) {
 			exprs = append(exprs, r.(map[string]any)["expr"].(string))
 		}
 	}
+	recorded := map[string]bool{}
+	for _, g := range groups {
+		rs, _, _ := unstructured.NestedSlice(g.(map[string]any), "rules")
+		for _, r := range rs {
+			if name, ok := r.(map[string]any)["record"].(string); ok {
+				recorded[name] = true
+			}
+		}
+	}
 	for _, e := range exprs {
 		names := metricNames(e)
 		if len(names) == 0 {
 			t.Errorf("no metric found in %q", e)
 		}
 		for _, n := range names {
-			if family(guard, n) != nil {
+			if family(guard, n) != nil || recorded[n] {
 				continue
 			}
 			mf := family(apiserver, n)

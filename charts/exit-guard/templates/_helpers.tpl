@@ -95,6 +95,8 @@ annotations:
 - --store-fallback={{ .Values.guard.storeFallback }}
 - --namespaces={{ join "," .Values.guard.namespaces }}
 - --completion-ttl={{ .Values.guard.completionTTL }}
+- --lock-check-interval={{ .Values.guard.lockCheckInterval }}
+- --lock-stuck-after={{ .Values.guard.lockStuckAfter }}
 - --shutdown-delay={{ .Values.shutdownDelay }}
 - --webhook-port={{ .Values.webhook.port }}
 - --webhook-cert-path=/tmp/k8s-webhook-server/serving-certs

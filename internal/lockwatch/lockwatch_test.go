@@ -1,0 +1,163 @@
+//go:build envtest
+
+package lockwatch
+
+import (
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr/funcr"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/util/rand"
+
+	"github.com/exit-guard/exit-guard/internal/argo"
+	"github.com/exit-guard/exit-guard/internal/testenv"
+)
+
+var env *testenv.Env
+
+func TestMain(m *testing.M) {
+	os.Exit(testenv.Main(m, testenv.Options{}, &env))
+}
+
+// wait makes wf a Pending waiter on lock as Argo's controller writes one: the message, and
+// the holder it waits behind (none when the lock has a free slot).
+func wait(t *testing.T, wf *unstructured.Unstructured, lock string, free int, holder string) {
+	t.Helper()
+	status := wf.Object["status"].(map[string]any)
+	status["message"] = "Waiting for " + lock + " lock. Lock status: " + map[int]string{0: "0", 1: "1"}[free] + "/1"
+	if holder != "" {
+		status["synchronization"] = map[string]any{"mutex": map[string]any{"waiting": []any{map[string]any{"holder": holder, "mutex": lock}}}}
+	}
+	if err := env.Client.Update(t.Context(), wf); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// hold makes the Running wf declare that it holds lock.
+func hold(t *testing.T, wf *unstructured.Unstructured, lock string) {
+	t.Helper()
+	wf.Object["status"].(map[string]any)["synchronization"] = map[string]any{"mutex": map[string]any{"holding": []any{map[string]any{"holder": wf.GetName(), "mutex": lock}}}}
+	if err := env.Client.Update(t.Context(), wf); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestStuckWaitersAreFoundAndOthersAreNot(t *testing.T) {
+	c := env.Client
+	ns := "t-" + rand.String(8)
+	if err := c.Create(t.Context(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
+		t.Fatal(err)
+	}
+	lock := func(name string) string { return ns + "/Mutex/" + name }
+
+	// Held by a completed workflow: the stale pass took the mutex and its write failed.
+	done := testenv.CreateWorkflow(t, c, ns, "done", argo.PhaseSucceeded)
+	behindDone := testenv.CreateWorkflow(t, c, ns, "behind-done", argo.PhasePending)
+	wait(t, behindDone, lock("a"), 0, ns+"/"+done.GetName())
+	// Held by a running workflow: an ordinary wait.
+	running := testenv.CreateWorkflow(t, c, ns, "running", argo.PhaseRunning)
+	hold(t, running, lock("b"))
+	behindRunning := testenv.CreateWorkflow(t, c, ns, "behind-running", argo.PhasePending)
+	wait(t, behindRunning, lock("b"), 0, ns+"/"+running.GetName())
+	// Free, yet not given: a completed workflow's entry heads the queue.
+	free := testenv.CreateWorkflow(t, c, ns, "free", argo.PhasePending)
+	wait(t, free, lock("c"), 1, "")
+	// "Free" is old news: a running workflow holds it now.
+	holder := testenv.CreateWorkflow(t, c, ns, "holder", argo.PhaseRunning)
+	hold(t, holder, lock("d"))
+	oldNews := testenv.CreateWorkflow(t, c, ns, "old-news", argo.PhasePending)
+	wait(t, oldNews, lock("d"), 1, "")
+	// A lock that moves: one of its waiters is served while the other waits.
+	first := testenv.CreateWorkflow(t, c, ns, "first", argo.PhasePending)
+	wait(t, first, lock("e"), 1, "")
+	second := testenv.CreateWorkflow(t, c, ns, "second", argo.PhasePending)
+	wait(t, second, lock("e"), 1, "")
+	// Pending for no lock.
+	testenv.CreateWorkflow(t, c, ns, "queued", argo.PhasePending)
+
+	var logs []string
+	reg := prometheus.NewRegistry()
+	w, err := New(c, Options{Namespaces: []string{ns}, Registerer: reg, StuckAfter: 5 * time.Minute,
+		Log: funcr.New(func(_, args string) { logs = append(logs, args) }, funcr.Options{})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Unix(1_000_000, 0)
+	w.now = func() time.Time { return now }
+	stuck := func() map[string]float64 {
+		t.Helper()
+		if err := w.Scan(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		mfs, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := map[string]float64{}
+		for _, mf := range mfs {
+			for _, m := range mf.GetMetric() {
+				got[labels(m)] = m.GetGauge().GetValue()
+			}
+		}
+		return got
+	}
+
+	if got := stuck(); len(got) != 0 {
+		t.Errorf("at the first scan: %v, want nothing stuck yet", got)
+	}
+	now = now.Add(3 * time.Minute)
+	testenv.SetPhase(t, c, first, argo.PhaseRunning) // the lock moved: first got it
+	if got := stuck(); len(got) != 0 {
+		t.Errorf("after 3 minutes: %v, want nothing stuck yet", got)
+	}
+	now = now.Add(3 * time.Minute)
+	want := map[string]float64{
+		"cause=held-by-completed,lock=" + lock("a") + ",workflow_namespace=" + ns: 1,
+		"cause=free-not-granted,lock=" + lock("c") + ",workflow_namespace=" + ns:  1,
+	}
+	if got := stuck(); !equal(got, want) {
+		t.Errorf("after 6 minutes: %v, want %v", got, want)
+	}
+	now = now.Add(3 * time.Minute)
+	want["cause=free-not-granted,lock="+lock("e")+",workflow_namespace="+ns] = 1
+	if got := stuck(); !equal(got, want) {
+		t.Errorf("after 9 minutes (5 since the lock e last moved): %v, want %v", got, want)
+	}
+	if n := len(logs); n != 3 || !strings.Contains(strings.Join(logs, "\n"), `"workflow"="`+ns+`/behind-done"`) {
+		t.Errorf("log lines %q, want one for each of the 3 stuck waiters", logs)
+	}
+	// The remedy worked: the waiter got its lock. Its series ends.
+	testenv.SetPhase(t, c, behindDone, argo.PhaseRunning)
+	now = now.Add(time.Minute)
+	delete(want, "cause=held-by-completed,lock="+lock("a")+",workflow_namespace="+ns)
+	if got := stuck(); !equal(got, want) {
+		t.Errorf("after the waiter behind the completed holder got its lock: %v, want %v", got, want)
+	}
+}
+
+func labels(m *dto.Metric) string {
+	var ls []string
+	for _, l := range m.GetLabel() {
+		ls = append(ls, l.GetName()+"="+l.GetValue())
+	}
+	return strings.Join(ls, ",")
+}
+
+func equal(a, b map[string]float64) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if b[k] != v {
+			return false
+		}
+	}
+	return true
+}
