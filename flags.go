@@ -109,6 +109,12 @@ func (f *flags) options() (options, error) {
 			}
 		}
 	}
+	if f.lockCheck < 0 {
+		errs = append(errs, fmt.Errorf("--lock-check-interval=%s: want a duration, or 0 to turn the lock scan off", f.lockCheck))
+	}
+	if f.lockStuckAfter <= 0 {
+		errs = append(errs, fmt.Errorf("--lock-stuck-after=%s: want a positive duration", f.lockStuckAfter))
+	}
 	return o, errors.Join(errs...)
 }
 

@@ -83,6 +83,9 @@ func TestFlagsTheCertModeCannotHonourAreRefused(t *testing.T) {
 		{name: "external mode with other file names", args: []string{"--webhook-cert-name=server.crt", "--webhook-cert-key=server.key"}},
 		{name: "external mode with a self-mode flag", args: []string{"--cert-secret=s"}, wantErr: "--cert-secret is set, but it applies only with --cert-mode=self"},
 		{name: "external mode with the namespace flag", args: []string{"--cert-mode=external", "--cert-namespace=argo"}, wantErr: "--cert-namespace is set"},
+		{name: "the lock scan off", args: []string{"--lock-check-interval=0s"}},
+		{name: "a negative lock scan interval", args: []string{"--lock-check-interval=-1m"}, wantErr: "--lock-check-interval=-1m0s"},
+		{name: "no time to be stuck", args: []string{"--lock-stuck-after=0s"}, wantErr: "--lock-stuck-after=0s: want a positive duration"},
 	}
 	t.Setenv("POD_NAMESPACE", "argo") // as the chart sets it: the default of --cert-namespace
 	for _, tt := range tests {

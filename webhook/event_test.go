@@ -203,3 +203,38 @@ func TestOtherEventsNeverReachTheEventPath(t *testing.T) {
 		t.Errorf("the API server called the Event path %v times for one failure claim, want 1", after-before)
 	}
 }
+
+// exit_guard_stale_failures_total counts the stale passes that refused failure Events show,
+// in every mode (warn admits the Event, but the pass has counted Argo's metrics all the same);
+// neither a dry-run request nor the same pass's refused exit-handler pod counts.
+func TestStaleFailuresAreCountedByWorkflow(t *testing.T) {
+	for _, mode := range []Mode{ModeEnforce, ModeWarn} {
+		t.Run(string(mode), func(t *testing.T) {
+			h := startGuard(t, Options{Mode: mode}, harnessOptions{})
+			ns := newNamespace(t)
+			done := createWorkflow(t, ns, "done", argo.PhaseSucceeded)
+			count := func() float64 {
+				t.Helper()
+				return h.counter(t, "exit_guard_stale_failures_total", map[string]string{"workflow_namespace": ns, "workflow": done.GetName()})
+			}
+			_ = env.Client.Create(t.Context(), fixture.ExitPod(done)) // refused, or warned
+			ev := fixture.WorkflowEvent(done, EventReasonWorkflowFailed, "child '"+done.GetName()+"-1' failed")
+			err := env.Client.Create(t.Context(), ev.DeepCopy(), client.DryRunAll)
+			if mode == ModeEnforce {
+				wantRefused(t, err, ReasonWorkflowSucceeded)
+			}
+			if got := count(); got != 0 {
+				t.Errorf("after the exit pod and a dry-run request of the Event: %v, want 0", got)
+			}
+			err = env.Client.Create(t.Context(), ev)
+			if mode == ModeEnforce {
+				wantRefused(t, err, ReasonWorkflowSucceeded)
+			} else if err != nil {
+				t.Errorf("warn mode refused the Event: %v", err)
+			}
+			if got := count(); got != 1 {
+				t.Errorf("after the Event: %v, want 1", got)
+			}
+		})
+	}
+}

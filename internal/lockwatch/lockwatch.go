@@ -20,8 +20,10 @@ package lockwatch
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -142,27 +144,35 @@ type waiter struct {
 	holders   []string // namespace/name[/nodeID] of the holders it waits behind
 }
 
-// Scan lists the Pending workflows once and updates the metric.
+// Scan lists the Pending workflows once and updates the metric. A namespace or a holder it
+// cannot read is left out of this scan (and returned as an error); the rest is still counted.
 func (w *Watcher) Scan(ctx context.Context) error {
+	var errs []error
 	var ws []waiter
+	declared := map[string][]types.UID{} // lock: the Pending workflows whose spec names it
 	namespaces := w.opts.Namespaces
 	if len(namespaces) == 0 {
 		namespaces = []string{metav1.NamespaceAll}
 	}
 	for _, ns := range namespaces {
-		list := &unstructured.UnstructuredList{}
-		list.SetGroupVersionKind(argo.WorkflowGVK.GroupVersion().WithKind(argo.Kind + "List"))
-		if err := w.reader.List(ctx, list, client.InNamespace(ns), client.MatchingLabels{argo.LabelPhase: string(argo.PhasePending)}); err != nil {
-			return err
+		list, err := w.list(ctx, ns, argo.PhasePending)
+		if err != nil {
+			errs = append(errs, err)
+			continue
 		}
 		for i := range list.Items {
-			if wt, ok := waiterOf(&list.Items[i]); ok {
+			u := &list.Items[i]
+			for _, lock := range declaredLocks(u) {
+				declared[lock] = append(declared[lock], u.GetUID())
+			}
+			if wt, ok := waiterOf(u); ok {
 				ws = append(ws, wt)
 			}
 		}
 	}
 	now := w.now()
-	completed := map[string]bool{} // holder workflow (namespace/name): completed?
+	completed := map[string]bool{}         // holder workflow (namespace/name): completed?
+	running := map[string]map[string]int{} // namespace: lock: holds the Running workflows declare
 	current := map[string]map[types.UID]bool{}
 	seen := map[waitKey]bool{}
 	for _, wt := range ws {
@@ -171,14 +181,14 @@ func (w *Watcher) Scan(ctx context.Context) error {
 		}
 		current[wt.lock][wt.uid] = true
 		cause := ""
-		switch {
-		case wt.free > 0:
+		if wt.free > 0 {
 			cause = CauseFreeNotGranted
-		default:
+		} else {
 			for _, h := range wt.holders {
 				done, err := w.holderCompleted(ctx, h, completed)
 				if err != nil {
-					return err
+					errs = append(errs, err)
+					break
 				}
 				if done {
 					cause = CauseHeldByCompleted
@@ -216,8 +226,8 @@ func (w *Watcher) Scan(ctx context.Context) error {
 		}
 	}
 
-	w.stuck.Reset()
-	held := map[string]bool{} // lock: running workflows hold all its slots
+	type series struct{ namespace, lock, cause string }
+	stuck := map[series]float64{}
 	for _, wt := range ws {
 		for _, cause := range []string{CauseFreeNotGranted, CauseHeldByCompleted} {
 			k := waitKey{wt.uid, wt.lock, cause}
@@ -231,23 +241,31 @@ func (w *Watcher) Scan(ctx context.Context) error {
 			if now.Sub(since) < w.opts.StuckAfter {
 				continue
 			}
-			if cause == CauseFreeNotGranted {
-				// The controller rewrites a waiter's message only when it reconciles it:
-				// "free" may be old news. Not stuck if running workflows hold every slot.
-				full, ok := held[wt.lock]
-				if !ok {
-					n, err := w.runningHolders(ctx, wt.namespace, wt.lock)
-					if err != nil {
-						return err
-					}
-					full = n >= wt.limit
-					held[wt.lock] = full
-				}
-				if full {
+			// The controller rewrites a waiter's status only when it reconciles it, and it
+			// wakes only as many waiters as slots come free: "free", or "held by" a workflow
+			// that has since completed, may be old news. Not stuck while Running workflows
+			// declare every slot held.
+			lockNS := strings.SplitN(wt.lock, "/", 2)[0]
+			holds, ok := running[lockNS]
+			if !ok {
+				var err error
+				if holds, err = w.runningHolds(ctx, lockNS); err != nil {
+					errs = append(errs, err)
 					continue
 				}
+				running[lockNS] = holds
 			}
-			w.stuck.WithLabelValues(wt.namespace, wt.lock, cause).Inc()
+			if holds[wt.lock] >= wt.limit {
+				continue
+			}
+			// A Pending workflow that names this lock but waits on another one may head this
+			// lock's queue (Argo 3.6 and later take several locks at once): an ordinary wait.
+			if cause == CauseFreeNotGranted && slices.ContainsFunc(declared[wt.lock], func(uid types.UID) bool {
+				return !current[wt.lock][uid]
+			}) {
+				continue
+			}
+			stuck[series{wt.namespace, wt.lock, cause}]++
 			if !w.reported[k] {
 				w.reported[k] = true
 				w.opts.Log.Info("a workflow waits on a lock that Argo's controller keeps for a completed workflow: restart the workflow controller to free it",
@@ -256,36 +274,97 @@ func (w *Watcher) Scan(ctx context.Context) error {
 			}
 		}
 	}
-	return nil
+	// Swapped in at once: a scrape never sees a half-filled scan.
+	w.stuck.Reset()
+	for s, n := range stuck {
+		w.stuck.WithLabelValues(s.namespace, s.lock, s.cause).Set(n)
+	}
+	return errors.Join(errs...)
 }
 
-// runningHolders counts the holds on lock that the Running workflows of namespace declare in
-// their status (status.synchronization.mutex.holding[].mutex, .semaphore.holding[]: one per
-// holder). Read only for a waiter already suspected, so rarely.
-func (w *Watcher) runningHolders(ctx context.Context, namespace, lock string) (int, error) {
+// list reads the workflows of namespace in phase, from the API server's watch cache
+// (resourceVersion 0: no read of etcd; a moment old at most, which a detector of waits of
+// minutes can afford).
+func (w *Watcher) list(ctx context.Context, namespace string, phase argo.Phase) (*unstructured.UnstructuredList, error) {
 	list := &unstructured.UnstructuredList{}
 	list.SetGroupVersionKind(argo.WorkflowGVK.GroupVersion().WithKind(argo.Kind + "List"))
-	if err := w.reader.List(ctx, list, client.InNamespace(namespace), client.MatchingLabels{argo.LabelPhase: string(argo.PhaseRunning)}); err != nil {
-		return 0, err
+	err := w.reader.List(ctx, list, client.InNamespace(namespace), client.MatchingLabels{argo.LabelPhase: string(phase)},
+		&client.ListOptions{Raw: &metav1.ListOptions{ResourceVersion: "0"}})
+	if err != nil {
+		return nil, fmt.Errorf("listing the %s workflows of namespace %q: %w", phase, namespace, err)
 	}
-	n := 0
+	return list, nil
+}
+
+// runningHolds counts, by lock, the holds the Running workflows of namespace declare in their
+// status (status.synchronization.mutex.holding[].mutex, .semaphore.holding[].holders: one per
+// holder). Read only once a waiter has been suspected for StuckAfter, so rarely.
+func (w *Watcher) runningHolds(ctx context.Context, namespace string) (map[string]int, error) {
+	list, err := w.list(ctx, namespace, argo.PhaseRunning)
+	if err != nil {
+		return nil, err
+	}
+	holds := map[string]int{}
 	for _, u := range list.Items {
 		for _, kind := range []string{"mutex", "semaphore"} {
 			entries, _, _ := unstructured.NestedSlice(u.Object, "status", "synchronization", kind, "holding")
 			for _, e := range entries {
 				entry, _ := e.(map[string]any)
-				if entry == nil || entry[kind] != lock {
+				lock, _ := entry[kind].(string)
+				if lock == "" {
 					continue
 				}
 				if hs, ok := entry["holders"].([]any); ok {
-					n += len(hs)
+					holds[lock] += len(hs)
 				} else {
-					n++
+					holds[lock]++
 				}
 			}
 		}
 	}
-	return n, nil
+	return holds, nil
+}
+
+// declaredLocks are the keys of the workflow-level locks u's spec names (mutex, mutexes,
+// semaphore, semaphores), as Argo's controller keys them: <namespace>/Mutex/<name> and
+// <namespace>/ConfigMap/<name>/<key>.
+func declaredLocks(u *unstructured.Unstructured) []string {
+	sync, _, _ := unstructured.NestedMap(u.Object, "spec", "synchronization")
+	var locks []string
+	one := func(m map[string]any, semaphore bool) {
+		ns, _ := m["namespace"].(string)
+		if ns == "" {
+			ns = u.GetNamespace()
+		}
+		if !semaphore {
+			if name, _ := m["name"].(string); name != "" {
+				locks = append(locks, ns+"/Mutex/"+name)
+			}
+			return
+		}
+		ref, _ := m["configMapKeyRef"].(map[string]any)
+		name, _ := ref["name"].(string)
+		key, _ := ref["key"].(string)
+		if name != "" && key != "" {
+			locks = append(locks, ns+"/ConfigMap/"+name+"/"+key)
+		}
+	}
+	for _, kind := range []struct {
+		single, many string
+		semaphore    bool
+	}{{"mutex", "mutexes", false}, {"semaphore", "semaphores", true}} {
+		if m, ok := sync[kind.single].(map[string]any); ok {
+			one(m, kind.semaphore)
+		}
+		if ms, ok := sync[kind.many].([]any); ok {
+			for _, e := range ms {
+				if m, ok := e.(map[string]any); ok {
+					one(m, kind.semaphore)
+				}
+			}
+		}
+	}
+	return locks
 }
 
 // holderCompleted says whether the workflow of holder (namespace/name[/nodeID]) has completed,

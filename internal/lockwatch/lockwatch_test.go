@@ -161,3 +161,107 @@ func equal(a, b map[string]float64) bool {
 	}
 	return true
 }
+
+// scanner is a Watcher of ns on a test clock, and a read of its metric.
+func scanner(t *testing.T, ns string) (w *Watcher, advance func(time.Duration), stuck func() map[string]float64) {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	w, err := New(env.Client, Options{Registerer: reg, StuckAfter: 5 * time.Minute, Log: funcr.New(func(_, _ string) {}, funcr.Options{})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Unix(1_000_000, 0)
+	w.now = func() time.Time { return now }
+	return w, func(d time.Duration) { now = now.Add(d) }, func() map[string]float64 {
+		t.Helper()
+		if err := w.Scan(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		mfs, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := map[string]float64{}
+		for _, mf := range mfs {
+			for _, m := range mf.GetMetric() {
+				if ls := labels(m); strings.Contains(ls, "workflow_namespace="+ns) {
+					got[ls] = m.GetGauge().GetValue()
+				}
+			}
+		}
+		return got
+	}
+}
+
+func namespace(t *testing.T) string {
+	t.Helper()
+	ns := "t-" + rand.String(8)
+	if err := env.Client.Create(t.Context(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
+		t.Fatal(err)
+	}
+	return ns
+}
+
+// Ordinary waits whose status is old news, or whose lock lives elsewhere, are never stuck.
+func TestOrdinaryWaitsAreNotStuck(t *testing.T) {
+	c := env.Client
+	ns, other := namespace(t), namespace(t)
+
+	// A chain of waiters: r held the mutex and completed; x got it; v still says it waits
+	// behind r (the controller woke x alone).
+	r := testenv.CreateWorkflow(t, c, ns, "r", argo.PhaseSucceeded)
+	x := testenv.CreateWorkflow(t, c, ns, "x", argo.PhaseRunning)
+	hold(t, x, ns+"/Mutex/chain")
+	v := testenv.CreateWorkflow(t, c, ns, "v", argo.PhasePending)
+	wait(t, v, ns+"/Mutex/chain", 0, ns+"/"+r.GetName())
+
+	// A lock of another namespace (Argo 3.6: mutex.namespace), held by a workflow there.
+	shared := other + "/Mutex/shared"
+	h := testenv.CreateWorkflow(t, c, other, "h", argo.PhaseRunning)
+	hold(t, h, shared)
+	q := testenv.CreateWorkflow(t, c, ns, "q", argo.PhasePending)
+	wait(t, q, shared, 1, "")
+
+	// Several locks at once (Argo 3.6: mutexes): p heads lock a's queue but waits on lock b,
+	// which a running workflow holds; s, behind p on a, sees a free.
+	b := testenv.CreateWorkflow(t, c, ns, "b-holder", argo.PhaseRunning)
+	hold(t, b, ns+"/Mutex/b")
+	p := testenv.CreateWorkflow(t, c, ns, "p", argo.PhasePending)
+	p.Object["spec"].(map[string]any)["synchronization"] = map[string]any{"mutexes": []any{map[string]any{"name": "a"}, map[string]any{"name": "b"}}}
+	wait(t, p, ns+"/Mutex/b", 0, ns+"/"+b.GetName())
+	s := testenv.CreateWorkflow(t, c, ns, "s", argo.PhasePending)
+	wait(t, s, ns+"/Mutex/a", 1, "")
+
+	_, advance, stuck := scanner(t, ns)
+	for range 3 {
+		if got := stuck(); len(got) != 0 {
+			t.Errorf("ordinary waits reported stuck: %v", got)
+		}
+		advance(4 * time.Minute)
+	}
+}
+
+// A semaphore whose every slot a completed workflow holds: its waiters are stuck, and the
+// holders are read from the semaphore's waiting entry.
+func TestSemaphoreHeldByCompletedWorkflows(t *testing.T) {
+	c := env.Client
+	ns := namespace(t)
+	lock := ns + "/ConfigMap/limits/deploy"
+	d1 := testenv.CreateWorkflow(t, c, ns, "d1", argo.PhaseSucceeded)
+	d2 := testenv.CreateWorkflow(t, c, ns, "d2", argo.PhaseFailed)
+	wt := testenv.CreateWorkflow(t, c, ns, "waiter", argo.PhasePending)
+	status := wt.Object["status"].(map[string]any)
+	status["message"] = "Waiting for " + lock + " lock. Lock status: 0/2"
+	status["synchronization"] = map[string]any{"semaphore": map[string]any{"waiting": []any{map[string]any{
+		"semaphore": lock, "holders": []any{ns + "/" + d1.GetName(), ns + "/" + d2.GetName()}}}}}
+	if err := c.Update(t.Context(), wt); err != nil {
+		t.Fatal(err)
+	}
+	_, advance, stuck := scanner(t, ns)
+	stuck()
+	advance(6 * time.Minute)
+	want := map[string]float64{"cause=held-by-completed,lock=" + lock + ",workflow_namespace=" + ns: 1}
+	if got := stuck(); !equal(got, want) {
+		t.Errorf("%v, want %v", got, want)
+	}
+}
