@@ -24,20 +24,26 @@ func (e *Env) APIServerCounter(ctx context.Context, name string, labels map[stri
 	return SumSeries(mfs, name, labels), nil
 }
 
-// SumSeries sums the series of the counter (or the counts of the histogram) name whose labels
-// include labels.
+// SumSeries sums the series of the counter or gauge (or the counts of the histogram) name that
+// carry every label of labels with its value.
 func SumSeries(mfs map[string]*dto.MetricFamily, name string, labels map[string]string) float64 {
 	var sum float64
-series:
 	for _, m := range mfs[name].GetMetric() {
+		matched := 0
 		for _, lp := range m.GetLabel() {
-			if v, ok := labels[lp.GetName()]; ok && v != lp.GetValue() {
-				continue series
+			if v, ok := labels[lp.GetName()]; ok && v == lp.GetValue() {
+				matched++
 			}
 		}
-		if h := m.GetHistogram(); h != nil {
-			sum += float64(h.GetSampleCount())
-		} else {
+		if matched != len(labels) {
+			continue
+		}
+		switch {
+		case m.GetHistogram() != nil:
+			sum += float64(m.GetHistogram().GetSampleCount())
+		case m.GetGauge() != nil:
+			sum += m.GetGauge().GetValue()
+		default:
 			sum += m.GetCounter().GetValue()
 		}
 	}

@@ -240,11 +240,23 @@ func runScenario(t *testing.T, sc scenario) []outcome {
 			t.Fatalf("%v\n%s", err, guardOut.String())
 		}
 		defer func() { _ = g.Stop() }()
+		if dir := os.Getenv("E2E_LOG_DIR"); dir != "" {
+			// The guard's log beside the controllers', once it has stopped.
+			defer func() {
+				_ = g.Stop()
+				name := fmt.Sprintf("guard-%s-%d-%d.log", sc.version, mode, time.Now().Unix())
+				if err := os.WriteFile(filepath.Join(dir, name), []byte(guardOut.String()), 0o600); err != nil {
+					t.Errorf("keeping the guard's log: %v", err)
+				}
+			}()
+		}
 	}
 
 	logDir := os.Getenv("E2E_LOG_DIR") // keep the controllers' and agents' logs there
 	if logDir == "" {
 		logDir = t.TempDir()
+	} else if err := os.MkdirAll(logDir, 0o750); err != nil {
+		t.Fatal(err)
 	}
 	k := newKubelet(c, namespace)
 	var notify *notifier
