@@ -74,11 +74,20 @@ test-unit: $(HELM) ## Run the tests that need no API server, in seconds (-short:
 SOAK_HISTORIES ?= 100000
 
 .PHONY: soak
-soak: ## The randomized simulation at length (SOAK_HISTORIES histories) and the fault tests; writes docs/reliability-simulation.md.
+soak: $(HELM) ## The randomized simulation at length (SOAK_HISTORIES histories) and the fault tests; writes docs/reliability-simulation.md.
 	@assets=$$(hack/envtest-binaries.sh ensure) && \
 	  $(GO) test -count=1 -timeout 3h -run '^TestSimulation$$' -v ./webhook \
 	    -args -sim.histories=$(SOAK_HISTORIES) -sim.report=$(CURDIR)/docs/reliability-simulation.md && \
-	  KUBEBUILDER_ASSETS="$$assets" $(GO) test -tags envtest -count=3 -timeout 1h -v ./test/faults
+	  KUBEBUILDER_ASSETS="$$assets" HELM="$(HELM)" $(GO) test -tags envtest -count=3 -timeout 1h -v ./test/faults
+
+# Decisions per run of make overload (make test runs 400).
+OVERLOAD_DECISIONS ?= 5000
+
+.PHONY: overload
+overload: $(HELM) ## The guard's live reads beside a flood that API Priority and Fairness queues past their budget, without and with the chart's FlowSchema (OVERLOAD_DECISIONS per run).
+	@assets=$$(hack/envtest-binaries.sh ensure) && \
+	  KUBEBUILDER_ASSETS="$$assets" HELM="$(HELM)" OVERLOAD_DECISIONS=$(OVERLOAD_DECISIONS) \
+	  $(GO) test -tags envtest -count=1 -timeout 3h -v -run '^TestLiveReadsUnderPriorityAndFairness$$' ./test/faults
 
 # How long make fuzz runs each fuzz target.
 FUZZTIME ?= 60s

@@ -114,6 +114,10 @@ type Store struct {
 
 	watchStaleAfter time.Duration
 
+	// informer reads what the Workflow informer holds of a workflow (set by Watch): Recall
+	// asks it when the store has forgotten a workflow.
+	informer func(ctx context.Context, namespace, name string) (Observation, bool)
+
 	mu      sync.RWMutex
 	records map[types.UID]Record
 	// The newest resourceVersion the watch has reached, and when it got there.
@@ -184,7 +188,11 @@ func (s *Store) Observe(o Observation) Result {
 			// The deletion, reported with an older (or the same) copy: the newer state's
 			// resourceVersion and phase stay, as a tombstone.
 			o.ResourceVersion, o.Phase = old.ResourceVersion, old.Phase
-		case cmp < 0, cmp == 0 && !o.Deleted:
+		case cmp < 0:
+			return Stale
+		case cmp == 0 && !o.Deleted && (old.Phase != argo.PhaseUnsettled || o.Phase == argo.PhaseUnsettled):
+			// The same state again; news only when it tells the phase the store could not
+			// (the watch saw the workflow without its status, a live read with it).
 			return Stale
 		}
 		if o.Deleted && (o.Phase == argo.PhaseUnknown || o.Phase == argo.PhaseUnsettled) {
@@ -239,6 +247,23 @@ func (s *Store) Get(uid types.UID) (Record, bool) {
 		return Record{}, false
 	}
 	return r, true
+}
+
+// Recall is Get, and, when the store holds nothing of uid, what the Workflow informer holds of
+// the workflow namespace/name with that UID (when Watch feeds the store), recorded as if the
+// watch had just delivered it. The store forgets a workflow a TTL after its last change; the
+// informer keeps every workflow that exists: a completion older than the TTL is still a
+// completion. A workflow the informer does not hold either is not recalled.
+func (s *Store) Recall(ctx context.Context, uid types.UID, namespace, name string) (Record, bool) {
+	if r, ok := s.Get(uid); ok || s.informer == nil {
+		return r, ok
+	}
+	o, ok := s.informer(ctx, namespace, name)
+	if !ok || o.UID != uid {
+		return Record{}, false
+	}
+	s.Observe(o)
+	return s.Get(uid)
 }
 
 // Len is the number of records held, expired ones not yet swept included.

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	dto "github.com/prometheus/client_model/go"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -99,6 +100,18 @@ func TestObserveKeepsTheNewestStateOfEachUID(t *testing.T) {
 	}, {
 		name:      "a duplicate event is stale",
 		events:    []Observation{obs("a", "20", argo.PhaseSucceeded), obs("a", "20", argo.PhaseSucceeded)},
+		wantPhase: argo.PhaseSucceeded, wantRV: "20",
+		results: []Result{Applied, Stale},
+	}, {
+		// The watch saw the workflow without its status (its labels did not tell the phase);
+		// a live read of the same resourceVersion read the status.
+		name:      "the same resourceVersion with the phase the store could not tell is applied",
+		events:    []Observation{obs("a", "20", argo.PhaseUnsettled), obs("a", "20", argo.PhaseSucceeded)},
+		wantPhase: argo.PhaseSucceeded, wantRV: "20",
+		results: []Result{Applied, Applied},
+	}, {
+		name:      "the same resourceVersion seen again without its status keeps the phase",
+		events:    []Observation{obs("a", "20", argo.PhaseSucceeded), obs("a", "20", argo.PhaseUnsettled)},
 		wantPhase: argo.PhaseSucceeded, wantRV: "20",
 		results: []Result{Applied, Stale},
 	}}
@@ -241,6 +254,28 @@ func TestFeederHandlesTombstonesFromTheInformer(t *testing.T) {
 	r, ok := s.Get("a")
 	if !ok || !r.Deleted || r.Phase != argo.PhaseSucceeded {
 		t.Errorf("record after DeletedFinalStateUnknown = %+v, %v; want a Succeeded tombstone", r, ok)
+	}
+}
+
+func TestFeederCountsCompletionsItSees(t *testing.T) {
+	s, _ := newTestStore(t)
+	f := &feeder{store: s, metrics: newStoreMetrics(s)}
+	wf := func(rv string, phase argo.Phase) *metav1.PartialObjectMetadata {
+		return &metav1.PartialObjectMetadata{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "wf", UID: "a", ResourceVersion: rv,
+			Labels: phaseLabels[phase]}}
+	}
+	f.completed(wf("1", argo.PhasePending), wf("2", argo.PhaseRunning))     // not a completion
+	f.completed(wf("2", argo.PhaseRunning), wf("3", argo.PhaseSucceeded))   // one
+	f.completed(wf("3", argo.PhaseSucceeded), wf("4", argo.PhaseSucceeded)) // already complete
+	f.completed(wf("4", argo.PhaseRunning), wf("5", argo.PhaseError))       // a retried one, again
+	f.completed(wf("5", argo.PhaseUnsettled), wf("6", argo.PhaseFailed))    // from a phase not known
+	f.completed("not a workflow", wf("7", argo.PhaseFailed))
+	m := &dto.Metric{}
+	if err := f.metrics.completions.Write(m); err != nil {
+		t.Fatal(err)
+	}
+	if got := m.GetCounter().GetValue(); got != 2 {
+		t.Errorf("exit_guard_workflow_completions_total = %v, want 2", got)
 	}
 }
 

@@ -113,7 +113,7 @@ func Watch(ctx context.Context, mgr manager.Manager, store *Store, opts WatchOpt
 	h := &feeder{store: store, metrics: m}
 	handle, err := inf.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
 		AddFunc:    func(obj any) { h.observe(obj, false) },
-		UpdateFunc: func(_, obj any) { h.observe(obj, false) },
+		UpdateFunc: func(old, obj any) { h.observe(obj, false); h.completed(old, obj) },
 		DeleteFunc: func(obj any) { h.observe(obj, true) },
 	})
 	if err != nil {
@@ -121,6 +121,20 @@ func Watch(ctx context.Context, mgr manager.Manager, store *Store, opts WatchOpt
 	}
 	if err := mgr.Add(store); err != nil {
 		return nil, fmt.Errorf("completionstore: adding the sweeper: %w", err)
+	}
+	store.informer = func(ctx context.Context, namespace, name string) (Observation, bool) {
+		// From the informer's own cache, never the API server; not before it has synced
+		// (the guard is not ready then), and never waiting for it.
+		if !handle.HasSynced() {
+			return Observation{}, false
+		}
+		ctx, cancel := context.WithTimeout(ctx, informerLookupTimeout)
+		defer cancel()
+		wf := workflowMetadata()
+		if err := mgr.GetCache().Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, wf); err != nil {
+			return Observation{}, false
+		}
+		return ObservationOfMetadata(wf, false), true
 	}
 	if rv, ok := inf.(resourceVersioner); ok {
 		if err := mgr.Add(&progressPoller{store: store, informer: rv, interval: progressPollInterval}); err != nil {
@@ -147,6 +161,10 @@ func Watch(ctx context.Context, mgr manager.Manager, store *Store, opts WatchOpt
 		return nil
 	}, nil
 }
+
+// informerLookupTimeout bounds Recall's read of the informer's cache (an index lookup once
+// the informer has synced).
+const informerLookupTimeout = 100 * time.Millisecond
 
 // progressPollInterval is how often the informer's resourceVersion is read: bookmarks move it
 // without an event, and only the informer sees them.
@@ -205,6 +223,20 @@ func (f *feeder) observe(obj any, deleted bool) {
 	}
 }
 
+// completed counts an update that takes a workflow from a phase that is not terminal to one
+// that is (as its labels tell): the moment its exit handler runs. A workflow listed complete
+// when the watch starts is not counted.
+func (f *feeder) completed(oldObj, obj any) {
+	before, ok1 := oldObj.(*metav1.PartialObjectMetadata)
+	after, ok2 := obj.(*metav1.PartialObjectMetadata)
+	if !ok1 || !ok2 {
+		return
+	}
+	if p := argo.PhaseFromLabels(before.Labels); p != argo.PhaseUnsettled && !p.Terminal() && argo.PhaseFromLabels(after.Labels).Terminal() {
+		f.metrics.completions.Inc()
+	}
+}
+
 // String names a Result, as in metrics.
 func (r Result) String() string {
 	switch r {
@@ -222,6 +254,7 @@ type storeMetrics struct {
 	store         *Store
 	records       *prometheus.Desc
 	observations  *prometheus.CounterVec
+	completions   prometheus.Counter
 	watchRV       *prometheus.Desc
 	watchProgress *prometheus.Desc
 }
@@ -236,6 +269,10 @@ func newStoreMetrics(s *Store) *storeMetrics {
 			Name: "exit_guard_store_observations_total",
 			Help: "Workflow states offered to the completion store, by result (applied, stale, invalid).",
 		}, []string{"result"}),
+		completions: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "exit_guard_workflow_completions_total",
+			Help: "Workflows the watch saw go from a phase that is not terminal to one that is: the moments their exit handlers run. Compared with the admissions the guard receives, it shows a guard that is never called.",
+		}),
 		watchRV: prometheus.NewDesc("exit_guard_watch_resource_version",
 			"The newest resourceVersion the Workflow watch has reached (events and bookmarks), as a number.", nil, nil),
 		watchProgress: prometheus.NewDesc("exit_guard_watch_last_progress_timestamp_seconds",
@@ -249,6 +286,7 @@ func (m *storeMetrics) Describe(ch chan<- *prometheus.Desc) {
 	ch <- m.watchRV
 	ch <- m.watchProgress
 	m.observations.Describe(ch)
+	m.completions.Describe(ch)
 }
 
 // Collect implements prometheus.Collector.
@@ -268,4 +306,5 @@ func (m *storeMetrics) Collect(ch chan<- prometheus.Metric) {
 	}
 	ch <- prometheus.MustNewConstMetric(m.watchProgress, prometheus.GaugeValue, ts)
 	m.observations.Collect(ch)
+	m.completions.Collect(ch)
 }

@@ -157,7 +157,9 @@ func (g *guard) decide(ctx context.Context, f facts) decision {
 	// (strict mode) always go store-first, so that the common case costs no API call.
 	storeFirst := g.opts.StoreFirst || f.role == roleStep
 	if storeFirst && g.store.WatchFresh() {
-		rec, ok := g.store.Get(d.wfUID)
+		// A record the store has forgotten (its TTL) is recalled from the informer, which
+		// holds every workflow that exists.
+		rec, ok := g.store.Recall(ctx, d.wfUID, d.wfNamespace, d.wfName)
 		if !ok {
 			d.reason, d.row, d.source = ReasonNotSeenCompleted, "16", sourceStore
 			return d
@@ -202,7 +204,7 @@ func (g *guard) judgeClaim(ctx context.Context, d decision) decision {
 		return d
 	}
 	d.liveErr = err
-	rec, ok := g.store.Get(d.wfUID)
+	rec, ok := g.store.Recall(ctx, d.wfUID, d.wfNamespace, d.wfName)
 	if !ok {
 		d.reason, d.row = ReasonUnverifiedFailOpen, "E12"
 		return d
@@ -251,7 +253,7 @@ func (g *guard) liveDecide(ctx context.Context, d decision) decision {
 		return d
 	case err != nil:
 		d.liveErr = err
-		rec, ok := g.store.Get(d.wfUID)
+		rec, ok := g.store.Recall(ctx, d.wfUID, d.wfNamespace, d.wfName)
 		if !ok {
 			d.reason, d.row = ReasonUnverifiedFailOpen, "15"
 			return d

@@ -71,11 +71,11 @@ func (g *guard) liveRead(ctx context.Context, namespace, name string, p readPoli
 		panicked any
 	}
 	done := make(chan answer, maxLiveReadAttempts)
-	// whole: a hedge GETs the whole object rather than LIST again: a LIST by name that has
-	// not answered within the attempt timeout is most often one the API server answers 429
-	// while its watch cache (re)initializes, which client-go retries on its own after each
-	// Retry-After; a GET goes to etcd.
-	attempt := func(extra, whole bool) {
+	// whole: the attempt GETs the whole object rather than LIST again. A hedge does (fresh:
+	// on a connection of its own), and so does the retry of a LIST answered 429: the API
+	// server refuses LISTs by name so while its watch cache (re)initializes, and a GET goes
+	// to etcd.
+	attempt := func(extra, whole, fresh bool) {
 		if extra {
 			defer func() { <-g.extraReads }()
 		}
@@ -86,15 +86,21 @@ func (g *guard) liveRead(ctx context.Context, namespace, name string, p readPoli
 				done <- answer{panicked: p}
 			}
 		}()
-		wf, err := g.readWorkflow(ctx, namespace, name, whole, p.refuses)
+		actx := ctx
+		if fresh {
+			// A hedge: not behind whatever holds the attempt it hedges.
+			actx = onFreshConnection(ctx)
+		}
+		wf, err := g.readWorkflow(actx, namespace, name, whole, p.refuses)
 		done <- answer{wf: wf, err: err}
 	}
 	attempts, answered := 1, 0
-	go attempt(false, false)
+	go attempt(false, false, false)
 	next := time.NewTimer(p.attempt)
 	defer next.Stop()
 	delay := firstRetryDelay
 	cause := "hedged" // why the next attempt starts
+	getNext := false  // the next attempt GETs the whole object
 	var a answer
 loop:
 	for {
@@ -115,6 +121,7 @@ loop:
 				next.Reset(min(time.Duration(float64(delay)*(0.8+0.4*rand.Float64())), p.attempt)) //nolint:gosec // G404: jitter, not a secret
 				delay *= 2
 				cause = "error"
+				getNext = getNext || apierrors.IsTooManyRequests(a.err)
 			}
 		case <-next.C:
 			if attempts == maxLiveReadAttempts {
@@ -129,7 +136,7 @@ loop:
 			}
 			g.metrics.liveReadAttempts.WithLabelValues(cause).Inc()
 			attempts++
-			go attempt(true, cause == "hedged")
+			go attempt(true, cause == "hedged" || getNext, cause == "hedged")
 			next.Reset(p.attempt)
 			cause = "hedged"
 		case <-ctx.Done():

@@ -121,8 +121,10 @@ type harnessOptions struct {
 	// noWatch runs the webhook with no Workflow watch: the store knows only what a test puts
 	// in it, as when the guard's own watch lags behind the API server.
 	noWatch bool
-	// reader, when set, replaces the API reader of live reads.
+	// reader, when set, replaces the read path of live reads.
 	reader client.Reader
+	// storeTTL, when set, is the store's TTL.
+	storeTTL time.Duration
 }
 
 func testScheme(t testing.TB) *runtime.Scheme {
@@ -183,7 +185,7 @@ func startGuard(t *testing.T, opts Options, ho harnessOptions) *harness {
 		t.Fatal(err)
 	}
 	h := &harness{registry: prometheus.NewRegistry()}
-	h.store, err = completionstore.New(completionstore.Options{})
+	h.store, err = completionstore.New(completionstore.Options{TTL: ho.storeTTL})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -198,7 +200,10 @@ func startGuard(t *testing.T, opts Options, ho harnessOptions) *harness {
 	opts.Registerer = h.registry
 	reader := ho.reader
 	if reader == nil {
-		reader = mgr.GetAPIReader()
+		// The guard's own read path, as Setup builds it.
+		if reader, err = newReadPath(env.Config, scheme); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if err := setup(mgr, reader, h.store, opts); err != nil {
 		t.Fatal(err)

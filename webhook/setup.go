@@ -38,11 +38,19 @@ type guard struct {
 // Events on it through the events.k8s.io API.
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 
-// Setup registers the guard's admission paths (pods, WorkflowTaskSet writes, Events) on the manager's webhook server. Workflows
-// are read live through the manager's API reader (no cache), so the manager's scheme must know
-// argo.Workflow (argo.AddToScheme).
+// Setup registers the guard's admission paths (pods, WorkflowTaskSet writes, Events) on the
+// manager's webhook server. Workflows are read live on a read path of their own (readPath: no
+// cache, not the manager's connections), so the manager's scheme must know argo.Workflow
+// (argo.AddToScheme).
 func Setup(mgr manager.Manager, store *completionstore.Store, opts Options) error {
-	return setup(mgr, mgr.GetAPIReader(), store, opts)
+	if !mgr.GetScheme().Recognizes(argo.WorkflowGVK) {
+		return errors.New("webhook: the manager's scheme does not know argo.Workflow; call argo.AddToScheme")
+	}
+	reader, err := newReadPath(mgr.GetConfig(), mgr.GetScheme())
+	if err != nil {
+		return err
+	}
+	return setup(mgr, reader, store, opts)
 }
 
 // setup is Setup with the reader of live reads given.

@@ -351,6 +351,36 @@ func TestDryRunRequestIsDecidedWithoutSideEffects(t *testing.T) {
 	}
 }
 
+// The store forgets a workflow a TTL after its last change, but a completion older than that
+// is still a completion: store-first decisions, and step pods under --strict (always
+// store-first), recall it from the informer, which holds every workflow that exists, rather
+// than admit the stale pod with no live read as "not seen completed".
+func TestStoreFirstRecallsACompletionTheStoreHasForgotten(t *testing.T) {
+	const ttl = 2 * time.Second
+	for _, c := range []struct {
+		name string
+		opts Options
+		pod  func(client.Object) *corev1.Pod
+	}{
+		{"store-first exit handler", Options{StoreFirst: true}, fixture.ExitPod},
+		{"strict: a step pod", Options{Strict: true}, fixture.StepPod},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			h := startGuard(t, c.opts, harnessOptions{storeTTL: ttl})
+			ns := newNamespace(t)
+			wf := createWorkflow(t, ns, "forgotten", argo.PhaseSucceeded)
+			waitStore(t, h.store, wf, argo.PhaseSucceeded)
+			if err := wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, 10*ttl, false, func(context.Context) (bool, error) {
+				_, held := h.store.Get(wf.GetUID())
+				return !held, nil
+			}); err != nil {
+				t.Fatalf("the store never forgot the workflow: %v", err)
+			}
+			mustDeny(t, c.pod(wf), ReasonWorkflowCompleted)
+		})
+	}
+}
+
 func TestOutOfOrderEventsNeverBringBackAnOlderState(t *testing.T) {
 	// The watch delivers states in order; an older copy replayed into the store (as a stale
 	// informer would) must not undo a newer one. Checked on real resourceVersions.

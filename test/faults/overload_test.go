@@ -1,0 +1,445 @@
+//go:build envtest
+
+package faults
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	authenticationv1 "k8s.io/api/authentication/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/exit-guard/exit-guard/internal/argo"
+	"github.com/exit-guard/exit-guard/internal/fixture"
+	"github.com/exit-guard/exit-guard/internal/testenv"
+	"github.com/exit-guard/exit-guard/webhook"
+)
+
+// The overload runs: an API server of its own with small seat limits, Priority and Fairness
+// on (its default), the watch cache on (its default), HTTP/2; the guard authenticated with a
+// token of the chart's ServiceAccount, bound to the chart's RBAC (never system:masters, which
+// fairness exempts); noisy ServiceAccounts, each a flow of its own in workload-low, looping
+// LISTs of large workflows, and Argo's controller's ServiceAccount writing.
+const (
+	overloadNamespace = "exit-guard" // the guard's release namespace
+	noisyFlows        = 16           // noisy ServiceAccounts
+	noisyPerFlow      = 14           // LISTs each keeps in flight
+	largeWorkflows    = 150          // workflows each noisy LIST reads
+	largeWorkflowSize = 40 << 10     // bytes of each
+	guardedLabel      = "exit-guard-overload"
+	overloadWorkers   = 4   // exit-handler pods in flight
+	overloadDefault   = 400 // decisions per run in make test; OVERLOAD_DECISIONS for more
+	apiSeatsReadOnly  = "8" // --max-requests-inflight
+	apiSeatsMutating  = "4" // --max-mutating-requests-inflight
+	noisyTimeout      = 60 * time.Second
+)
+
+// overloadDecisions is how many decisions each run makes: OVERLOAD_DECISIONS (make soak sets
+// thousands), else overloadDefault.
+func overloadDecisions(t *testing.T) int {
+	t.Helper()
+	if s := os.Getenv("OVERLOAD_DECISIONS"); s != "" {
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 10 {
+			t.Fatalf("OVERLOAD_DECISIONS=%q: want a number of at least 10", s)
+		}
+		return n
+	}
+	return overloadDefault
+}
+
+// startOverloadedAPIServer starts the API server of the overload runs, with the guard's
+// webhook registered (failing closed, for the guarded namespaces only).
+func startOverloadedAPIServer(t *testing.T) *testenv.Env {
+	t.Helper()
+	vwc, err := testenv.GuardWebhook()
+	if err != nil {
+		t.Fatal(err)
+	}
+	fail := admissionregistrationv1.Fail
+	timeout := int32(10)
+	for i := range vwc.Webhooks {
+		vwc.Webhooks[i].FailurePolicy = &fail
+		vwc.Webhooks[i].TimeoutSeconds = &timeout
+		vwc.Webhooks[i].NamespaceSelector = &metav1.LabelSelector{MatchLabels: map[string]string{guardedLabel: "true"}}
+	}
+	e, err := testenv.Start(testenv.Options{
+		ValidatingWebhooks: []*admissionregistrationv1.ValidatingWebhookConfiguration{vwc},
+		APIServerFlags: map[string]string{
+			"max-requests-inflight":          apiSeatsReadOnly,
+			"max-mutating-requests-inflight": apiSeatsMutating,
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = e.Stop() })
+	return e
+}
+
+// chartObjects renders the chart's ServiceAccount, RBAC and FlowSchema for the release
+// exit-guard in overloadNamespace (certificates from the chart: the test serves the webhook
+// with envtest's certificate, so the guard needs no rights over it).
+func chartObjects(t *testing.T) []*unstructured.Unstructured {
+	t.Helper()
+	helm, err := testenv.HelmBin()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command(helm, "template", "exit-guard", filepath.Join(testenv.RepoRoot(), "charts", "exit-guard"), //nolint:gosec // G204: the repository's pinned helm
+		"--namespace", overloadNamespace, "--kube-version", testenv.KubeVersion(), "--set", "certificates.mode=chart",
+		"--show-only", "templates/serviceaccount.yaml", "--show-only", "templates/rbac.yaml", "--show-only", "templates/flowschema.yaml").Output()
+	if err != nil {
+		t.Fatalf("helm template: %v", err)
+	}
+	dec := utilyaml.NewYAMLOrJSONDecoder(strings.NewReader(string(out)), 4096)
+	var objs []*unstructured.Unstructured
+	for {
+		u := &unstructured.Unstructured{}
+		if err := dec.Decode(&u.Object); err != nil {
+			if errors.Is(err, io.EOF) {
+				return objs
+			}
+			t.Fatal(err)
+		}
+		if len(u.Object) > 0 {
+			objs = append(objs, u)
+		}
+	}
+}
+
+// tokenConfig is a rest config that authenticates with a token of the ServiceAccount
+// namespace/name (TokenRequest), straight to the API server: TLS and HTTP/2.
+func tokenConfig(t *testing.T, e *testenv.Env, namespace, name string) *rest.Config {
+	t.Helper()
+	sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: name}}
+	tr := &authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: ptr.To[int64](3600)}}
+	if err := e.Client.SubResource("token").Create(t.Context(), sa, tr); err != nil {
+		t.Fatalf("a token for %s/%s: %v", namespace, name, err)
+	}
+	return &rest.Config{Host: e.Config.Host, BearerToken: tr.Status.Token,
+		TLSClientConfig: rest.TLSClientConfig{CAData: e.Config.CAData}, QPS: -1}
+}
+
+// kubeconfigOf writes cfg (a token config) as a kubeconfig.
+func kubeconfigOf(t *testing.T, cfg *rest.Config) []byte {
+	t.Helper()
+	kc := clientcmdapi.NewConfig()
+	kc.Clusters["c"] = &clientcmdapi.Cluster{Server: cfg.Host, CertificateAuthorityData: cfg.CAData}
+	kc.AuthInfos["u"] = &clientcmdapi.AuthInfo{Token: cfg.BearerToken}
+	kc.Contexts["c"] = &clientcmdapi.Context{Cluster: "c", AuthInfo: "u"}
+	kc.CurrentContext = "c"
+	out, err := clientcmd.Write(*kc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// createNamespace makes namespace name, with labels.
+func createNamespace(t *testing.T, e *testenv.Env, name string, labels map[string]string) {
+	t.Helper()
+	if err := e.Client.Create(t.Context(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels}}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// noise is the flood: each noisy ServiceAccount keeps noisyPerFlow LISTs of every large
+// workflow in flight, and Argo's controller's ServiceAccount patches them, until stopped. It
+// records how long the LISTs took.
+type noise struct {
+	stop func()
+	wg   sync.WaitGroup
+
+	mu       sync.Mutex
+	lists    []time.Duration
+	failures atomic.Int64
+	firstErr atomic.Value // string
+	writes   atomic.Int64
+}
+
+// startNoise sets up the noisy ServiceAccounts and the large workflows once, and starts the
+// flood.
+func startNoise(t *testing.T, e *testenv.Env) *noise {
+	t.Helper()
+	const ns = "noise"
+	createNamespace(t, e, ns, nil)
+	role := &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: "noise"}, Rules: []rbacv1.PolicyRule{{
+		APIGroups: []string{argo.Group}, Resources: []string{argo.Resource}, Verbs: []string{"get", "list", "watch", "patch"}}}}
+	if err := e.Client.Create(t.Context(), role); err != nil {
+		t.Fatal(err)
+	}
+	binding := &rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "noise"},
+		RoleRef: rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "noise"}}
+	names := []string{"argo-workflows-workflow-controller"}
+	for i := range noisyFlows {
+		names = append(names, fmt.Sprintf("noisy-%02d", i))
+	}
+	for _, name := range names {
+		if err := e.Client.Create(t.Context(), &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}}); err != nil {
+			t.Fatal(err)
+		}
+		binding.Subjects = append(binding.Subjects, rbacv1.Subject{Kind: rbacv1.ServiceAccountKind, Namespace: ns, Name: name})
+	}
+	if err := e.Client.Create(t.Context(), binding); err != nil {
+		t.Fatal(err)
+	}
+	payload := strings.Repeat("x", largeWorkflowSize)
+	for i := range largeWorkflows {
+		wf := fixture.Workflow(ns, fmt.Sprintf("large-%03d", i))
+		fixture.MarkPhase(wf, argo.PhaseRunning)
+		if err := unstructured.SetNestedField(wf.Object, payload, "spec", "payload"); err != nil {
+			t.Fatal(err)
+		}
+		if err := e.Client.Create(t.Context(), wf); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	n := &noise{stop: cancel}
+	list := "/apis/" + argo.Group + "/" + argo.Version + "/namespaces/" + ns + "/" + argo.Resource
+	for _, name := range names[1:] {
+		hc, err := rest.HTTPClientFor(tokenConfig(t, e, ns, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for range noisyPerFlow {
+			n.wg.Go(func() {
+				for ctx.Err() == nil {
+					rctx, rcancel := context.WithTimeout(ctx, noisyTimeout)
+					start := time.Now()
+					err := get(rctx, hc, strings.TrimSuffix(e.Config.Host, "/")+list)
+					rcancel()
+					if ctx.Err() != nil {
+						return
+					}
+					if err != nil {
+						n.failures.Add(1)
+						n.firstErr.CompareAndSwap(nil, err.Error())
+						time.Sleep(50 * time.Millisecond)
+						continue
+					}
+					n.mu.Lock()
+					n.lists = append(n.lists, time.Since(start))
+					n.mu.Unlock()
+				}
+			})
+		}
+	}
+	argoCfg := tokenConfig(t, e, ns, names[0])
+	argoClient, err := client.New(argoCfg, client.Options{Scheme: e.Scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.wg.Go(func() {
+		for i := 0; ctx.Err() == nil; i++ {
+			wf := &unstructured.Unstructured{}
+			wf.SetGroupVersionKind(argo.WorkflowGVK)
+			wf.SetNamespace(ns)
+			wf.SetName(fmt.Sprintf("large-%03d", i%largeWorkflows))
+			patch := client.RawPatch("application/merge-patch+json", []byte(`{"metadata":{"annotations":{"noise":"`+strconv.Itoa(i)+`"}}}`))
+			if argoClient.Patch(ctx, wf, patch) == nil {
+				n.writes.Add(1)
+			}
+		}
+	})
+	t.Cleanup(n.halt)
+	return n
+}
+
+// get reads url whole and discards it.
+func get(ctx context.Context, hc *http.Client, url string) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = resp.Body.Close() }()
+	if _, err := io.Copy(io.Discard, resp.Body); err != nil {
+		return err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("%s", resp.Status)
+	}
+	return nil
+}
+
+func (n *noise) halt() {
+	n.stop()
+	n.wg.Wait()
+}
+
+// since returns the LIST latencies recorded from index from on, and the next index.
+func (n *noise) since(from int) ([]time.Duration, int) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return slices.Clone(n.lists[from:]), len(n.lists)
+}
+
+// quantile of ds (sorted in place).
+func quantile(ds []time.Duration, q float64) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
+	slices.Sort(ds)
+	return ds[min(len(ds)-1, int(q*float64(len(ds))))]
+}
+
+// overloadRun is what one run measured.
+type overloadRun struct {
+	decisions, live, unverified, staleAdmitted, legitRefused, failed int
+	latencies                                                        []time.Duration
+	noisyLists                                                       []time.Duration
+}
+
+// TestLiveReadsUnderPriorityAndFairness floods an API server of small seat limits with
+// noisy flows in workload-low until their LISTs wait longer than the guard's whole live-read
+// budget, and makes exit-handler pods of a Succeeded workflow (to be refused) and of a Running
+// one (to be admitted), without the chart's FlowSchema and with it. It reports the decisions
+// made from a live read, their latency, the unverified admissions, the stale pods admitted and
+// the legitimate pods refused; it fails if a legitimate pod is refused, or if the flood did not
+// make the noisy LISTs wait past the budget (then the run proves nothing).
+func TestLiveReadsUnderPriorityAndFairness(t *testing.T) {
+	decisions := overloadDecisions(t)
+	e := startOverloadedAPIServer(t)
+	createNamespace(t, e, overloadNamespace, nil)
+	var flowSchema *unstructured.Unstructured
+	for _, o := range chartObjects(t) {
+		if o.GetKind() == "FlowSchema" {
+			flowSchema = o
+			continue
+		}
+		if err := e.Client.Create(t.Context(), o); err != nil {
+			t.Fatalf("creating the chart's %s %s: %v", o.GetKind(), o.GetName(), err)
+		}
+	}
+	if flowSchema == nil {
+		t.Fatal("the chart rendered no FlowSchema")
+	}
+	const guarded = "guarded"
+	createNamespace(t, e, guarded, map[string]string{guardedLabel: "true"})
+	succeeded := testenv.CreateWorkflow(t, e.Client, guarded, "notify-succeeded", argo.PhaseSucceeded)
+	running := testenv.CreateWorkflow(t, e.Client, guarded, "notify-running", argo.PhaseRunning)
+
+	guardCfg := tokenConfig(t, e, overloadNamespace, "exit-guard")
+	out := &testenv.Output{}
+	g, err := testenv.StartGuard(t.Context(), guardBin, kubeconfigOf(t, guardCfg),
+		[]string{"--webhook-port=" + strconv.Itoa(e.WebhookPort), "--webhook-cert-path=" + e.WebhookCertDir, "--lock-check-interval=0s"}, out)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	t.Cleanup(func() { _ = g.Kill() })
+
+	n := startNoise(t, e)
+	mark := 0
+	budget := 4 * time.Second // the guard's default --live-read-budget
+	results := map[bool]overloadRun{}
+	for _, with := range []bool{false, true} {
+		what := map[bool]string{false: "without the FlowSchema", true: "with the chart's FlowSchema"}[with]
+		if with {
+			if err := e.Client.Create(t.Context(), flowSchema); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(2 * time.Second) // fairness takes up a new schema from its informer
+		}
+		before, err := g.Metrics(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, mark = n.since(mark)
+		r := overloadRun{}
+		var mu sync.Mutex
+		var next atomic.Int64
+		var wg sync.WaitGroup
+		for range overloadWorkers {
+			wg.Go(func() {
+				for {
+					i := next.Add(1)
+					if i > int64(decisions) {
+						return
+					}
+					wf, stale := running, false
+					if i%2 == 0 {
+						wf, stale = succeeded, true
+					}
+					start := time.Now()
+					ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+					err := e.Client.Create(ctx, fixture.ExitPod(wf), client.DryRunAll)
+					cancel()
+					took := time.Since(start)
+					mu.Lock()
+					r.latencies = append(r.latencies, took)
+					switch {
+					case err == nil && stale:
+						r.staleAdmitted++
+					case webhook.IsRefusal(err) && !stale:
+						r.legitRefused++
+					case err != nil && !webhook.IsRefusal(err):
+						r.failed++
+					}
+					mu.Unlock()
+				}
+			})
+		}
+		wg.Wait()
+		after, err := g.Metrics(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		delta := func(name string, labels map[string]string) int {
+			return int(testenv.SumSeries(after, name, labels) - testenv.SumSeries(before, name, labels))
+		}
+		r.decisions = decisions
+		r.live = delta("exit_guard_live_read_duration_seconds", map[string]string{"result": "found"}) +
+			delta("exit_guard_live_read_duration_seconds", map[string]string{"result": "not-found"})
+		r.unverified = delta("exit_guard_decisions_total", map[string]string{"reason": string(webhook.ReasonUnverifiedFailOpen)}) +
+			delta("exit_guard_decisions_total", map[string]string{"reason": string(webhook.ReasonUnconfirmedCompletion)})
+		r.noisyLists, mark = n.since(mark)
+		results[with] = r
+		lat := slices.Clone(r.latencies)
+		t.Logf("RESULT %s: %d decisions, %d from a live read (%.2f%%), %d unverified, %d stale pods admitted, %d legitimate pods refused, %d failed; "+
+			"decision latency p50 %s p99 %s; noisy LISTs %d, p50 %s p90 %s (%d failed); Argo's writes %d",
+			what, r.decisions, r.live, 100*float64(r.live)/float64(r.decisions), r.unverified, r.staleAdmitted, r.legitRefused, r.failed,
+			quantile(lat, .5).Round(time.Millisecond), quantile(lat, .99).Round(time.Millisecond),
+			len(r.noisyLists), quantile(r.noisyLists, .5).Round(time.Millisecond), quantile(r.noisyLists, .9).Round(time.Millisecond),
+			n.failures.Load(), n.writes.Load())
+		if e, ok := n.firstErr.Load().(string); ok {
+			t.Logf("the first failed noisy LIST: %s", e)
+		}
+		if r.legitRefused > 0 {
+			t.Errorf("%s: %d exit handlers of a running workflow were refused", what, r.legitRefused)
+		}
+		if p50 := quantile(r.noisyLists, .5); p50 < budget {
+			t.Errorf("%s: the noisy LISTs waited %s at the median, less than the guard's budget of %s: the flood is too weak for this run to prove anything", what, p50, budget)
+		}
+	}
+	if testing.Verbose() {
+		t.Logf("guard output:\n%s", strings.Join(out.Lines("live read"), "\n"))
+	}
+}

@@ -1,0 +1,185 @@
+package webhook
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/serializer"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/exit-guard/exit-guard/internal/argo"
+)
+
+// The read path's connection settings. A live read has an attempt timeout of about a second
+// and a budget of a few: a connection that stops answering must be given up within the
+// budget, not after client-go's HTTP/2 health check (30 s of silence, then a 15 s ping).
+const (
+	// readPathPingAfter: a connection that has received nothing for this long is pinged.
+	// The API server answers pings whatever its load (they do not pass through fairness).
+	readPathPingAfter = 2 * time.Second
+	// readPathPingTimeout: a ping unanswered for this long closes the connection, failing the
+	// requests on it at once (the live read retries on a new one).
+	readPathPingTimeout = time.Second
+	// readPathDialTimeout bounds a dial and a TLS handshake.
+	readPathDialTimeout = 2 * time.Second
+)
+
+// readPath is how the guard reads workflows live, on connections of its own: not the watch's
+// (the manager's client and cache share one HTTP/2 connection from one rest config: were it
+// blackholed, every live read would wait with it).
+//
+//   - First attempts and retries share a pool whose HTTP/2 connections are pinged after 2 s of
+//     silence and closed after a 1 s unanswered ping.
+//   - A hedge (an attempt started because the one before it has not answered) dials a
+//     connection of its own, used once: whatever hangs the pool's connection, the hedge does
+//     not wait behind it. Hedges are bounded by maxExtraLiveReads.
+//   - client-go's own retries are off (MaxRetries(0)): it would wait at least a second, inside
+//     one attempt, after a 429 or a 5xx with Retry-After and after a reset connection. The
+//     live read's own pauses (50 ms, doubling) and hedges take their place.
+//
+// It is a client.Reader of Workflows (Get) and of their metadata by name (List into a
+// metav1.PartialObjectMetadataList), which is all that liveRead asks of it.
+type readPath struct {
+	cfg   *rest.Config
+	codec runtime.NegotiatedSerializer
+	pool  *rest.RESTClient
+}
+
+var _ client.Reader = (*readPath)(nil)
+
+// newReadPath builds the read path from the manager's rest config; scheme must know
+// argo.Workflow.
+func newReadPath(cfg *rest.Config, scheme *runtime.Scheme) (*readPath, error) {
+	cfg = rest.CopyConfig(cfg)
+	gv := argo.WorkflowGVK.GroupVersion()
+	cfg.GroupVersion = &gv
+	cfg.APIPath = "/apis"
+	cfg.ContentType = runtime.ContentTypeJSON
+	p := &readPath{cfg: cfg, codec: serializer.NewCodecFactory(scheme).WithoutConversion()}
+	cfg.NegotiatedSerializer = p.codec
+	pool, _, err := p.client()
+	if err != nil {
+		return nil, fmt.Errorf("webhook: building the live read path: %w", err)
+	}
+	p.pool = pool
+	return p, nil
+}
+
+// client builds a REST client on a transport of its own, and returns the transport, whose
+// idle connections the caller closes when it is done with a client used once.
+func (p *readPath) client() (*rest.RESTClient, *http.Transport, error) {
+	tlsConfig, err := rest.TLSConfigFor(p.cfg)
+	if err != nil {
+		return nil, nil, err
+	}
+	dial := (&net.Dialer{Timeout: readPathDialTimeout, KeepAlive: 30 * time.Second}).DialContext
+	if p.cfg.Dial != nil {
+		dial = p.cfg.Dial
+	}
+	proxy := http.ProxyFromEnvironment
+	if p.cfg.Proxy != nil {
+		proxy = p.cfg.Proxy
+	}
+	t := &http.Transport{
+		Proxy:               proxy,
+		DialContext:         dial,
+		TLSClientConfig:     tlsConfig,
+		TLSHandshakeTimeout: readPathDialTimeout,
+		ForceAttemptHTTP2:   true,
+		MaxIdleConnsPerHost: maxExtraLiveReads,
+		IdleConnTimeout:     90 * time.Second,
+		HTTP2: &http.HTTP2Config{
+			SendPingTimeout:  readPathPingAfter,
+			PingTimeout:      readPathPingTimeout,
+			WriteByteTimeout: readPathPingAfter,
+		},
+	}
+	rt, err := rest.HTTPWrappersForConfig(p.cfg, t)
+	if err != nil {
+		return nil, nil, err
+	}
+	rc, err := rest.RESTClientForConfigAndClient(p.cfg, &http.Client{Transport: rt})
+	if err != nil {
+		return nil, nil, err
+	}
+	return rc, t, nil
+}
+
+// freshConnectionKey marks the context of an attempt that must not share a connection.
+type freshConnectionKey struct{}
+
+// onFreshConnection marks ctx: the read path serves it on a connection dialled for it alone.
+func onFreshConnection(ctx context.Context) context.Context {
+	return context.WithValue(ctx, freshConnectionKey{}, true)
+}
+
+// request starts a GET of the workflows of namespace on the pool, or, for a context marked by
+// onFreshConnection, on a connection of its own; done releases that connection.
+func (p *readPath) request(ctx context.Context, namespace string) (r *rest.Request, done func(), err error) {
+	rc, done := p.pool, func() {}
+	if fresh, _ := ctx.Value(freshConnectionKey{}).(bool); fresh {
+		var t *http.Transport
+		if rc, t, err = p.client(); err != nil {
+			return nil, nil, err
+		}
+		done = t.CloseIdleConnections
+	}
+	return rc.Get().MaxRetries(0).Namespace(namespace).Resource(argo.Resource), done, nil
+}
+
+// Get reads a whole Workflow.
+func (p *readPath) Get(ctx context.Context, key client.ObjectKey, obj client.Object, _ ...client.GetOption) error {
+	wf, ok := obj.(*argo.Workflow)
+	if !ok {
+		return fmt.Errorf("webhook: the live read path reads Workflows, not %T", obj)
+	}
+	r, done, err := p.request(ctx, key.Namespace)
+	if err != nil {
+		return err
+	}
+	defer done()
+	return r.Name(key.Name).Do(ctx).Into(wf)
+}
+
+// partialObjectMetadataList is the Accept header of a LIST of metadata only.
+const partialObjectMetadataList = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"
+
+// List reads the metadata of the Workflows of a namespace that match a field selector.
+func (p *readPath) List(ctx context.Context, list client.ObjectList, opts ...client.ListOption) error {
+	l, ok := list.(*metav1.PartialObjectMetadataList)
+	if !ok {
+		return fmt.Errorf("webhook: the live read path lists Workflow metadata, not %T", list)
+	}
+	lo := (&client.ListOptions{}).ApplyOptions(opts)
+	if lo.LabelSelector != nil || lo.Limit != 0 || lo.Continue != "" || lo.Raw != nil {
+		return errors.New("webhook: the live read path lists by field selector only")
+	}
+	r, done, err := p.request(ctx, lo.Namespace)
+	if err != nil {
+		return err
+	}
+	defer done()
+	r = r.SetHeader("Accept", partialObjectMetadataList)
+	if lo.FieldSelector != nil {
+		r = r.Param("fieldSelector", lo.FieldSelector.String())
+	}
+	raw, err := r.Do(ctx).Raw()
+	if err != nil {
+		return err
+	}
+	if err := json.Unmarshal(raw, l); err != nil {
+		return fmt.Errorf("webhook: decoding the list of workflows: %w", err)
+	}
+	if l.Kind != "PartialObjectMetadataList" {
+		return fmt.Errorf("webhook: the API server answered a list of metadata with %q", l.Kind)
+	}
+	return nil
+}
