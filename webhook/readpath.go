@@ -65,7 +65,7 @@ func newReadPath(cfg *rest.Config, scheme *runtime.Scheme) (*readPath, error) {
 	cfg.ContentType = runtime.ContentTypeJSON
 	p := &readPath{cfg: cfg, codec: serializer.NewCodecFactory(scheme).WithoutConversion()}
 	cfg.NegotiatedSerializer = p.codec
-	pool, _, err := p.client()
+	pool, _, err := p.client(false)
 	if err != nil {
 		return nil, fmt.Errorf("webhook: building the live read path: %w", err)
 	}
@@ -74,8 +74,11 @@ func newReadPath(cfg *rest.Config, scheme *runtime.Scheme) (*readPath, error) {
 }
 
 // client builds a REST client on a transport of its own, and returns the transport, whose
-// idle connections the caller closes when it is done with a client used once.
-func (p *readPath) client() (*rest.RESTClient, *http.Transport, error) {
+// idle connections the caller closes when it is done with a client used once (once: its
+// connection is not kept alive, so that a hedge cancelled in flight, whose HTTP/2 stream ends
+// after the caller is done, still closes its connection rather than leave it open, and pinged,
+// until the idle timeout).
+func (p *readPath) client(once bool) (*rest.RESTClient, *http.Transport, error) {
 	tlsConfig, err := rest.TLSConfigFor(p.cfg)
 	if err != nil {
 		return nil, nil, err
@@ -96,6 +99,7 @@ func (p *readPath) client() (*rest.RESTClient, *http.Transport, error) {
 		ForceAttemptHTTP2:   true,
 		MaxIdleConnsPerHost: maxExtraLiveReads,
 		IdleConnTimeout:     90 * time.Second,
+		DisableKeepAlives:   once,
 		HTTP2: &http.HTTP2Config{
 			SendPingTimeout:  readPathPingAfter,
 			PingTimeout:      readPathPingTimeout,
@@ -127,7 +131,7 @@ func (p *readPath) request(ctx context.Context, namespace string) (r *rest.Reque
 	rc, done := p.pool, func() {}
 	if fresh, _ := ctx.Value(freshConnectionKey{}).(bool); fresh {
 		var t *http.Transport
-		if rc, t, err = p.client(); err != nil {
+		if rc, t, err = p.client(true); err != nil {
 			return nil, nil, err
 		}
 		done = t.CloseIdleConnections
