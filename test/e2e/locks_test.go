@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/exit-guard/exit-guard/internal/argo"
@@ -58,18 +59,18 @@ const (
 // waitFor polls wf until it ends Succeeded or limit passes; seen gets its first waiting status.
 func waitFor(ctx context.Context, c client.Client, wf *unstructured.Unstructured, limit time.Duration, seen *string) (time.Duration, bool) {
 	start := time.Now()
-	for time.Since(start) < limit && ctx.Err() == nil {
-		if p := phase(ctx, c, wf); p == argo.PhaseSucceeded {
-			return time.Since(start), true
-		} else if p.Terminal() {
-			return time.Since(start), false
+	succeeded := false
+	_ = wait.PollUntilContextTimeout(ctx, time.Second, limit, true, func(ctx context.Context) (bool, error) {
+		if p := phase(ctx, c, wf); p.Terminal() {
+			succeeded = p == argo.PhaseSucceeded
+			return true, nil
 		}
 		if s := waitingOn(ctx, c, wf); *seen == "" && time.Since(start) > 10*time.Second {
 			*seen = s
 		}
-		time.Sleep(time.Second)
-	}
-	return time.Since(start), false
+		return false, nil
+	})
+	return time.Since(start), succeeded
 }
 
 // Held locks: the reference workflows on one workflow-level mutex, then a follower on it. A

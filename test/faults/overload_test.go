@@ -25,6 +25,7 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/util/wait"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -63,8 +64,10 @@ func overloadDecisions(t *testing.T) int {
 	t.Helper()
 	if s := os.Getenv("OVERLOAD_DECISIONS"); s != "" {
 		n, err := strconv.Atoi(s)
-		if err != nil || n < 10 {
-			t.Fatalf("OVERLOAD_DECISIONS=%q: want a number of at least 10", s)
+		if err != nil || n < 200 {
+			// Fewer end a run with the FlowSchema in a few seconds: too short to say how long
+			// the flood's LISTs waited meanwhile.
+			t.Fatalf("OVERLOAD_DECISIONS=%q: want a number of at least 200", s)
 		}
 		return n
 	}
@@ -239,7 +242,11 @@ func startNoise(t *testing.T, e *testenv.Env) *noise {
 					if err != nil {
 						n.failures.Add(1)
 						n.firstErr.CompareAndSwap(nil, err.Error())
-						time.Sleep(50 * time.Millisecond)
+						select { // a pause before the next try, not past the end
+						case <-ctx.Done():
+							return
+						case <-time.After(50 * time.Millisecond):
+						}
 						continue
 					}
 					n.mu.Lock()
@@ -311,6 +318,32 @@ func quantile(ds []time.Duration, q float64) time.Duration {
 	return ds[min(len(ds)-1, int(q*float64(len(ds))))]
 }
 
+// waitClassifiedBy polls until a read of Workflows as cfg's user is classified by the
+// FlowSchema fs.
+func waitClassifiedBy(t *testing.T, cfg *rest.Config, fs *unstructured.Unstructured) {
+	t.Helper()
+	hc, err := rest.HTTPClientFor(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	url := strings.TrimSuffix(cfg.Host, "/") + "/apis/" + argo.Group + "/" + argo.Version + "/namespaces/" + overloadNamespace + "/" + argo.Resource
+	if err := wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+		if err != nil {
+			return false, err
+		}
+		resp, err := hc.Do(req)
+		if err != nil {
+			return false, nil
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		_ = resp.Body.Close()
+		return resp.Header.Get("X-Kubernetes-PF-FlowSchema-UID") == string(fs.GetUID()), nil
+	}); err != nil {
+		t.Fatalf("the guard's reads were never classified by the FlowSchema %s: %v", fs.GetName(), err)
+	}
+}
+
 // overloadRun is what one run measured.
 type overloadRun struct {
 	decisions, live, unverified, staleAdmitted, legitRefused, failed int
@@ -357,7 +390,15 @@ func TestLiveReadsUnderPriorityAndFairness(t *testing.T) {
 	t.Cleanup(func() { _ = g.Kill() })
 
 	n := startNoise(t, e)
+	// The flood takes a while to fill the queues: measure only once it waits past the budget.
 	mark := 0
+	if err := wait.PollUntilContextTimeout(t.Context(), 2*time.Second, 3*time.Minute, false, func(context.Context) (bool, error) {
+		var recent []time.Duration
+		recent, mark = n.since(mark)
+		return len(recent) >= noisyFlows && quantile(recent, .5) >= 4*time.Second, nil
+	}); err != nil {
+		t.Fatalf("the noisy LISTs never waited past the guard's budget at the median: the flood is too weak for this machine: %v", err)
+	}
 	budget := 4 * time.Second // the guard's default --live-read-budget
 	results := map[bool]overloadRun{}
 	for _, with := range []bool{false, true} {
@@ -366,7 +407,9 @@ func TestLiveReadsUnderPriorityAndFairness(t *testing.T) {
 			if err := e.Client.Create(t.Context(), flowSchema); err != nil {
 				t.Fatal(err)
 			}
-			time.Sleep(2 * time.Second) // fairness takes up a new schema from its informer
+			// Fairness takes up a new schema from its informer: wait until the guard's reads
+			// are classified by it (the API server names the schema in every response).
+			waitClassifiedBy(t, guardCfg, flowSchema)
 		}
 		before, err := g.Metrics(t.Context())
 		if err != nil {
