@@ -2,17 +2,22 @@ package webhook
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
 	"net/http"
+	"sync"
 	"time"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/serializer"
 	"k8s.io/client-go/rest"
+	"k8s.io/utils/clock"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/exit-guard/exit-guard/internal/argo"
@@ -30,6 +35,10 @@ const (
 	readPathPingTimeout = time.Second
 	// readPathDialTimeout bounds a dial and a TLS handshake.
 	readPathDialTimeout = 2 * time.Second
+	// readPathRebuildAfter: the pool is built anew this often, reading the rest config's
+	// files again (the CA bundle, a client certificate), so that a rotated CA or certificate
+	// is taken up without a restart; a failed verification or a 401 rebuilds it at once.
+	readPathRebuildAfter = 5 * time.Minute
 )
 
 // readPath is how the guard reads workflows live, on connections of its own: not the watch's
@@ -50,7 +59,15 @@ const (
 type readPath struct {
 	cfg   *rest.Config
 	codec runtime.NegotiatedSerializer
-	pool  *rest.RESTClient
+	clock clock.Clock
+
+	mu sync.Mutex
+	// pool serves first attempts and retries; poolT is its transport, built at builtAt;
+	// rebuild: the next request builds it anew (a failed TLS verification or a 401 on it).
+	pool    *rest.RESTClient
+	poolT   *http.Transport
+	builtAt time.Time
+	rebuild bool
 }
 
 var _ client.Reader = (*readPath)(nil)
@@ -63,14 +80,47 @@ func newReadPath(cfg *rest.Config, scheme *runtime.Scheme) (*readPath, error) {
 	cfg.GroupVersion = &gv
 	cfg.APIPath = "/apis"
 	cfg.ContentType = runtime.ContentTypeJSON
-	p := &readPath{cfg: cfg, codec: serializer.NewCodecFactory(scheme).WithoutConversion()}
+	p := &readPath{cfg: cfg, codec: serializer.NewCodecFactory(scheme).WithoutConversion(), clock: clock.RealClock{}}
 	cfg.NegotiatedSerializer = p.codec
-	pool, _, err := p.client(false)
+	pool, t, err := p.client(false)
 	if err != nil {
 		return nil, fmt.Errorf("webhook: building the live read path: %w", err)
 	}
-	p.pool = pool
+	p.pool, p.poolT, p.builtAt = pool, t, p.clock.Now()
 	return p, nil
+}
+
+// pooled returns the pool, built anew when it is older than readPathRebuildAfter or a
+// request on it failed as a rotation would make it fail. The old transport's idle
+// connections are closed; requests in flight on it finish. Should the rebuild fail (a file
+// unreadable mid-rotation), the old pool serves and the next request tries again.
+func (p *readPath) pooled() *rest.RESTClient {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.rebuild && p.clock.Since(p.builtAt) < readPathRebuildAfter {
+		return p.pool
+	}
+	pool, t, err := p.client(false)
+	if err != nil {
+		return p.pool
+	}
+	old := p.poolT
+	p.pool, p.poolT, p.builtAt, p.rebuild = pool, t, p.clock.Now(), false
+	old.CloseIdleConnections()
+	return p.pool
+}
+
+// noteFailure marks the pool for a rebuild when err says its credentials or its trust are
+// out of date: the server's certificate not verified (a rotated CA), or 401 (a rotated client
+// certificate; a rotated token file is read again by client-go itself).
+func (p *readPath) noteFailure(err error) {
+	var verify *tls.CertificateVerificationError
+	var unknownCA x509.UnknownAuthorityError
+	if errors.As(err, &verify) || errors.As(err, &unknownCA) || apierrors.IsUnauthorized(err) {
+		p.mu.Lock()
+		p.rebuild = true
+		p.mu.Unlock()
+	}
 }
 
 // client builds a REST client on a transport of its own, and returns the transport, whose
@@ -127,14 +177,18 @@ func onFreshConnection(ctx context.Context) context.Context {
 
 // request starts a GET of the workflows of namespace on the pool, or, for a context marked by
 // onFreshConnection, on a connection of its own; done releases that connection.
-func (p *readPath) request(ctx context.Context, namespace string) (r *rest.Request, done func(), err error) {
-	rc, done := p.pool, func() {}
-	if fresh, _ := ctx.Value(freshConnectionKey{}).(bool); fresh {
-		var t *http.Transport
-		if rc, t, err = p.client(true); err != nil {
-			return nil, nil, err
-		}
-		done = t.CloseIdleConnections
+func (p *readPath) request(ctx context.Context, namespace string) (r *rest.Request, done func(error), err error) {
+	fresh, _ := ctx.Value(freshConnectionKey{}).(bool)
+	if !fresh {
+		return p.pooled().Get().MaxRetries(0).Namespace(namespace).Resource(argo.Resource), p.noteFailure, nil
+	}
+	rc, t, err := p.client(true)
+	if err != nil {
+		return nil, nil, err
+	}
+	done = func(err error) {
+		t.CloseIdleConnections()
+		p.noteFailure(err)
 	}
 	return rc.Get().MaxRetries(0).Namespace(namespace).Resource(argo.Resource), done, nil
 }
@@ -149,8 +203,9 @@ func (p *readPath) Get(ctx context.Context, key client.ObjectKey, obj client.Obj
 	if err != nil {
 		return err
 	}
-	defer done()
-	return r.Name(key.Name).Do(ctx).Into(wf)
+	err = r.Name(key.Name).Do(ctx).Into(wf)
+	done(err)
+	return err
 }
 
 // partialObjectMetadataList is the Accept header of a LIST of metadata only.
@@ -170,12 +225,12 @@ func (p *readPath) List(ctx context.Context, list client.ObjectList, opts ...cli
 	if err != nil {
 		return err
 	}
-	defer done()
 	r = r.SetHeader("Accept", partialObjectMetadataList)
 	if lo.FieldSelector != nil {
 		r = r.Param("fieldSelector", lo.FieldSelector.String())
 	}
 	raw, err := r.Do(ctx).Raw()
+	done(err)
 	if err != nil {
 		return err
 	}

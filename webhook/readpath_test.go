@@ -5,13 +5,17 @@ package webhook
 import (
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httptrace"
-	"sync"
+	"net/http/httputil"
+	"net/url"
+	"os"
+	"path/filepath"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -19,90 +23,13 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
+	certutil "k8s.io/client-go/util/cert"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/exit-guard/exit-guard/internal/argo"
 	"github.com/exit-guard/exit-guard/internal/fixture"
+	"github.com/exit-guard/exit-guard/internal/testenv"
 )
-
-// relay is a TCP relay on loopback in front of the test API server: TLS and HTTP/2 pass
-// through it untouched. blackhole makes every connection it relays at that moment stop
-// relaying, both ways, without closing: what is sent is dropped, as a killed API-server
-// instance, a load balancer or a conntrack drop leaves an established connection. Connections
-// accepted later relay again.
-type relay struct {
-	ln       net.Listener
-	target   string
-	accepted atomic.Int32
-
-	mu    sync.Mutex
-	conns []*atomic.Bool // each relayed connection's "dead" flag
-}
-
-func startRelay(t *testing.T, target string) *relay {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := &relay{ln: ln, target: target}
-	var wg sync.WaitGroup
-	var open sync.Map
-	t.Cleanup(func() {
-		_ = ln.Close()
-		open.Range(func(c, _ any) bool { _ = c.(net.Conn).Close(); return true })
-		wg.Wait()
-	})
-	wg.Go(func() {
-		for {
-			in, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			r.accepted.Add(1)
-			out, err := net.Dial("tcp", target)
-			if err != nil {
-				_ = in.Close()
-				continue
-			}
-			open.Store(in, true)
-			open.Store(out, true)
-			dead := &atomic.Bool{}
-			r.mu.Lock()
-			r.conns = append(r.conns, dead)
-			r.mu.Unlock()
-			pipe := func(dst, src net.Conn) {
-				defer func() { _ = dst.Close(); _ = src.Close() }()
-				buf := make([]byte, 32<<10)
-				for {
-					n, err := src.Read(buf)
-					if n > 0 && !dead.Load() {
-						if _, werr := dst.Write(buf[:n]); werr != nil {
-							return
-						}
-					}
-					if err != nil {
-						return
-					}
-				}
-			}
-			wg.Go(func() { pipe(out, in) })
-			wg.Go(func() { pipe(in, out) })
-		}
-	})
-	return r
-}
-
-func (r *relay) addr() string { return r.ln.Addr().String() }
-
-// blackhole drops, from now on, everything sent on the connections relayed so far.
-func (r *relay) blackhole() {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	for _, dead := range r.conns {
-		dead.Store(true)
-	}
-}
 
 // The live read survives a blackholed established connection: its hedge dials a connection
 // of its own, and the pool's dead HTTP/2 connection is given up after an unanswered ping. The
@@ -138,9 +65,9 @@ func TestHedgeGetsPastABlackholedConnection(t *testing.T) {
 		{name: "control: the manager's client", reader: managers, decisions: 3, control: true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			r := startRelay(t, hostPort(t, env.Config.Host))
+			r := testenv.StartRelay(t, hostPort(t, env.Config.Host))
 			cfg := rest.CopyConfig(env.Config)
-			cfg.Host = "https://" + r.addr()
+			cfg.Host = "https://" + r.Addr()
 			reader := c.reader(cfg)
 			g, err := newGuard(reader, storeFor(t, wf, storeSucceeded, false),
 				Options{LiveReadTimeout: 300 * time.Millisecond, LiveReadBudget: 2 * time.Second})
@@ -160,8 +87,8 @@ func TestHedgeGetsPastABlackholedConnection(t *testing.T) {
 			if proto != "h2" {
 				t.Fatalf("the live read negotiated %q, want h2: the fault below is about an HTTP/2 connection", proto)
 			}
-			before := r.accepted.Load()
-			r.blackhole()
+			before := r.Accepted()
+			r.Blackhole()
 			live := 0
 			for range c.decisions {
 				d := g.decide(t.Context(), podFacts(t, pod))
@@ -170,7 +97,7 @@ func TestHedgeGetsPastABlackholedConnection(t *testing.T) {
 				}
 			}
 			t.Logf("%s: %d of %d decisions after the blackhole made from a live read; %d connections dialled after it",
-				c.name, live, c.decisions, r.accepted.Load()-before)
+				c.name, live, c.decisions, r.Accepted()-before)
 			switch {
 			case c.control && live > 0:
 				t.Fatalf("the blackhole did not stop the manager's client (%d of %d live): this test proves nothing", live, c.decisions)
@@ -229,5 +156,71 @@ func TestReadPathDoesNotRetryOnItsOwn(t *testing.T) {
 				t.Errorf("the server was sent %d requests for one List and one Get, want 2: the read path retried on its own", n)
 			}
 		})
+	}
+}
+
+// TestReadPathTakesUpARotatedCA: the API server's serving certificate is replaced by one of a
+// new CA, and the CA file of the guard's rest config (in a cluster, the ServiceAccount's
+// projected ca.crt) is rewritten with it. The pool's first read after the rotation fails its
+// verification; the next is made on a pool built anew from the file, and answers. Here a TLS
+// front on loopback plays the API server's endpoint (it passes every request on to the test
+// API server), so that its certificate can change.
+func TestReadPathTakesUpARotatedCA(t *testing.T) {
+	wf := createWorkflow(t, newNamespace(t), "rotated", argo.PhaseSucceeded)
+	upstream, err := url.Parse(env.Config.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	upstreamRT, err := rest.TransportFor(env.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := httputil.NewSingleHostReverseProxy(upstream)
+	proxy.Transport = upstreamRT
+	var serving atomic.Pointer[tls.Certificate]
+	caFile := filepath.Join(t.TempDir(), "ca.crt")
+	rotate := func() {
+		certPEM, keyPEM, err := certutil.GenerateSelfSignedCertKey("127.0.0.1", []net.IP{net.ParseIP("127.0.0.1")}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pair, err := tls.X509KeyPair(certPEM, keyPEM)
+		if err != nil {
+			t.Fatal(err)
+		}
+		serving.Store(&pair)
+		if err := os.WriteFile(caFile, certPEM, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rotate()
+	front := httptest.NewUnstartedServer(proxy)
+	front.TLS = &tls.Config{GetConfigForClient: func(*tls.ClientHelloInfo) (*tls.Config, error) {
+		return &tls.Config{Certificates: []tls.Certificate{*serving.Load()}}, nil
+	}}
+	front.StartTLS()
+	t.Cleanup(front.Close)
+
+	p, err := newReadPath(&rest.Config{Host: front.URL, TLSClientConfig: rest.TLSClientConfig{CAFile: caFile}}, testScheme(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	read := func() error {
+		ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+		defer cancel()
+		return p.Get(ctx, client.ObjectKeyFromObject(wf), &argo.Workflow{})
+	}
+	if err := read(); err != nil {
+		t.Fatalf("before the rotation: %v", err)
+	}
+	rotate()
+	front.CloseClientConnections() // the next read needs a new handshake
+	err = read()
+	var unknownCA x509.UnknownAuthorityError
+	if !errors.As(err, &unknownCA) {
+		t.Fatalf("the first read after the rotation: %v; want it to fail verification against the old CA (the test proves nothing otherwise)", err)
+	}
+	if err := read(); err != nil {
+		t.Errorf("the read after a failed verification, with the rotated CA in the file: %v; want an answer from a pool built anew", err)
 	}
 }

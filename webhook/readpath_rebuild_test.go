@@ -1,0 +1,49 @@
+package webhook
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/client-go/rest"
+	clocktesting "k8s.io/utils/clock/testing"
+
+	"github.com/exit-guard/exit-guard/internal/argo"
+)
+
+// TestReadPathPoolIsBuiltAnew: the pool is kept while it is young and nothing failed as a
+// rotation makes requests fail; it is built anew once older than readPathRebuildAfter, and at
+// once after a 401. Other failures (a timeout, a 503) keep it.
+func TestReadPathPoolIsBuiltAnew(t *testing.T) {
+	scheme, err := argo.NewScheme()
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := newReadPath(&rest.Config{Host: "https://127.0.0.1:1"}, scheme)
+	if err != nil {
+		t.Fatal(err)
+	}
+	clk := clocktesting.NewFakeClock(time.Now())
+	p.clock, p.builtAt = clk, clk.Now()
+	first := p.pooled()
+	for _, err := range []error{errors.New("timeout"), apierrors.NewServiceUnavailable("busy")} {
+		p.noteFailure(err)
+		if p.pooled() != first {
+			t.Errorf("the pool was built anew after %v", err)
+		}
+	}
+	clk.Step(readPathRebuildAfter - time.Second)
+	if p.pooled() != first {
+		t.Error("the pool was built anew before readPathRebuildAfter")
+	}
+	clk.Step(time.Second)
+	second := p.pooled()
+	if second == first {
+		t.Error("the pool was kept past readPathRebuildAfter")
+	}
+	p.noteFailure(apierrors.NewUnauthorized("expired"))
+	if p.pooled() == second {
+		t.Error("the pool was kept after a 401")
+	}
+}
