@@ -44,6 +44,7 @@ type flags struct {
 	eventTimeout    time.Duration
 	eventBudget     time.Duration
 	storeFallback   string
+	storeFreshFor   time.Duration
 	namespaces      string
 	completionTTL   time.Duration
 	sweepInterval   time.Duration
@@ -176,6 +177,7 @@ func (f *flags) guardOptions() (completionstore.Options, webhook.Options, error)
 			EventReadTimeout: f.eventTimeout,
 			EventReadBudget:  f.eventBudget,
 			StoreFallback:    fallback,
+			StoreFreshFor:    f.storeFreshFor,
 			Namespaces:       namespaces,
 		}, nil
 }
@@ -232,8 +234,10 @@ func parseFlags(args []string) (*flags, error) {
 		"For an Event that says a workflow failed: how long one attempt of the live read of its workflow may take before another starts beside it.")
 	fs.DurationVar(&f.eventBudget, "event-read-budget", time.Second,
 		"For an Event that says a workflow failed: how long the live read may take in all; past it the store decides. Short: Argo sends a namespace's Events one at a time. Keep it at least a second below the Event webhook's timeoutSeconds.")
-	fs.StringVar(&f.storeFallback, "store-fallback", string(webhook.FallbackTombstone),
-		"What the store alone may refuse when no live read answers within the budget: tombstone (only workflows seen deleted) or completion (also workflows seen completed; a workflow retried in that moment is then refused too).")
+	fs.StringVar(&f.storeFallback, "store-fallback", string(webhook.FallbackFresh),
+		"What the store alone may refuse when no live read answers within the budget: tombstone (only workflows seen deleted), fresh (also workflows seen completed, while the watch advanced within --store-fresh-for) or completion (also workflows seen completed, however quiet the watch; a workflow retried in that moment is then refused too).")
+	fs.DurationVar(&f.storeFreshFor, "store-fresh-for", 15*time.Second,
+		"With --store-fallback=fresh: how recently the Workflow watch must have advanced (an event of any workflow, or a bookmark) for the store's completion to refuse when no live read answers. Longer stops more stale pods while the API server hangs, and refuses more retried workflows whose retry the watch has not delivered.")
 	fs.StringVar(&f.namespaces, "namespaces", "", "Comma-separated namespaces to watch and guard; empty means all.")
 	fs.DurationVar(&f.completionTTL, "completion-ttl", 10*time.Minute, "How long the store remembers a workflow after its last change.")
 	fs.DurationVar(&f.sweepInterval, "sweep-interval", 30*time.Second, "How often expired records are removed from the store.")

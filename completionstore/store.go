@@ -238,6 +238,18 @@ func (s *Store) WatchFresh() bool {
 	return !at.IsZero() && s.clock.Since(at) < s.watchStaleAfter
 }
 
+// WatchAge says how long ago the watch last advanced (an event or a bookmark); false when it
+// has never advanced. A watch that advanced d ago has delivered, since, every change the API
+// server committed before its last event or bookmark: a change the store lacks is newer than
+// that, or the watch stopped after it.
+func (s *Store) WatchAge() (time.Duration, bool) {
+	_, at := s.LastProgress()
+	if at.IsZero() {
+		return 0, false
+	}
+	return s.clock.Since(at), true
+}
+
 // Get returns the record of uid, if the store holds one that has not expired.
 func (s *Store) Get(uid types.UID) (Record, bool) {
 	s.mu.RLock()

@@ -326,6 +326,9 @@ func TestWatchProgressOnlyMovesForwardAndGoesStale(t *testing.T) {
 	if s.WatchFresh() {
 		t.Error("a watch that never advanced is fresh")
 	}
+	if age, ok := s.WatchAge(); ok {
+		t.Errorf("a watch that never advanced has an age, %s", age)
+	}
 	for _, step := range []struct {
 		rv       string
 		advanced bool
@@ -337,6 +340,9 @@ func TestWatchProgressOnlyMovesForwardAndGoesStale(t *testing.T) {
 	}
 	if rv, at := s.LastProgress(); rv != "11" || !at.Equal(t0.Add(6*time.Second)) {
 		t.Errorf("LastProgress = %q at %v, want 11 at %v", rv, at, t0.Add(6*time.Second))
+	}
+	if age, ok := s.WatchAge(); !ok || age != time.Second {
+		t.Errorf("WatchAge = %s, %v; want 1s, true (one second since it reached 11)", age, ok)
 	}
 	clk.Step(defaultWatchStaleAfter - 2*time.Second)
 	if !s.WatchFresh() {

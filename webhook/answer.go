@@ -109,6 +109,13 @@ func IsRefusal(err error) bool {
 
 // denialMessage says what happened, which workflow and phase, and where to look.
 func denialMessage(f facts, d decision) string {
+	if d.reason == ReasonTaskSetOwnerGone {
+		return fmt.Sprintf("exit-guard refused %s: %s, as seen by %s, and the agent of a workflow of that name would run its tasks. "+
+			"If this workflow reused the name, nothing is lost: Argo's controller writes again on its next pass and creates the "+
+			"WorkflowTaskSet anew once the garbage collector has deleted the old one (kubectl -n %s get workflowtaskset %s -o jsonpath='{.metadata.ownerReferences}'); "+
+			"a stale copy of the deleted workflow gets no further",
+			f.object.refused(), workflowText(d), d.source, d.wfNamespace, d.wfName)
+	}
 	return fmt.Sprintf("exit-guard refused %s: %s, as seen by %s; "+
 		"a stale copy of a completed workflow tried to %s. "+
 		"See the workflow's events: kubectl -n %s get events --field-selector involvedObject.name=%s",
@@ -122,6 +129,8 @@ func workflowText(d decision) string {
 		return fmt.Sprintf("workflow %s/%s (uid %s) no longer exists", d.wfNamespace, d.wfName, d.wfUID)
 	case ReasonWorkflowReplaced:
 		return fmt.Sprintf("workflow %s/%s (uid %s) was deleted; that name now belongs to another workflow", d.wfNamespace, d.wfName, d.wfUID)
+	case ReasonTaskSetOwnerGone:
+		return fmt.Sprintf("it still belongs to workflow %s/%s (uid %s), which was deleted", d.wfNamespace, d.wfName, d.wfUID)
 	default:
 		return fmt.Sprintf("workflow %s/%s (uid %s) already reached %s (resourceVersion %s)", d.wfNamespace, d.wfName, d.wfUID, d.phase, d.resourceVersion)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
@@ -17,6 +18,10 @@ const (
 	EventReasonDenied = "ExitHandlerDenied"
 	// EventReasonWarned: an object of the workflow would have been refused (warn mode).
 	EventReasonWarned = "ExitHandlerWouldBeDenied"
+	// EventReasonTaskSetOwnerGone: an update of a WorkflowTaskSet that still belongs to a
+	// deleted workflow of this name was refused (Normal: perhaps this workflow's own write,
+	// which waits for the garbage collector; not a stale exit handler).
+	EventReasonTaskSetOwnerGone = "TaskSetOwnerGone"
 )
 
 // audit records a decision with its verdict: a metric always; a log line (V(1) for
@@ -61,7 +66,11 @@ func (g *guard) audit(ctx context.Context, req admission.Request, f facts, d dec
 		return
 	}
 	dryRunRequest := req.DryRun != nil && *req.DryRun
-	log.Info(msgs.refused, "dryRunRequest", dryRunRequest)
+	refusedMsg := msgs.refused
+	if d.reason == ReasonTaskSetOwnerGone {
+		refusedMsg = "WorkflowTaskSet update refused: it still belongs to a deleted workflow (perhaps the write of a workflow that reused the name, which waits for the garbage collector)"
+	}
+	log.Info(refusedMsg, "dryRunRequest", dryRunRequest)
 	if spec.staleFailure && !dryRunRequest {
 		// In every mode: warn and dry-run admit the Event, but the stale pass has counted the
 		// workflow's metrics all the same.
@@ -72,6 +81,9 @@ func (g *guard) audit(ctx context.Context, req admission.Request, f facts, d dec
 		return
 	}
 	eventType, reason := spec.auditEvent(verdict)
+	if d.reason == ReasonTaskSetOwnerGone {
+		eventType, reason = corev1.EventTypeNormal, EventReasonTaskSetOwnerGone
+	}
 	regarding := &argo.Workflow{
 		TypeMeta:   metav1.TypeMeta{APIVersion: argo.GroupVersion.String(), Kind: argo.Kind},
 		ObjectMeta: metav1.ObjectMeta{Namespace: d.wfNamespace, Name: d.wfName, UID: d.wfUID},
@@ -87,6 +99,8 @@ func phaseOrGone(d decision) string {
 		return "deleted"
 	case ReasonWorkflowReplaced:
 		return "deleted (name reused by another workflow)"
+	case ReasonTaskSetOwnerGone:
+		return "deleted (the WorkflowTaskSet still names it as its owner)"
 	}
 	return string(d.phase)
 }

@@ -51,10 +51,19 @@ const (
 	// ReasonWorkflowSucceeded refuses an Event that says the workflow failed, when the
 	// workflow, by UID, Succeeded.
 	ReasonWorkflowSucceeded Reason = "workflow-succeeded"
+	// ReasonTaskSetOwnerGone refuses an update of a WorkflowTaskSet whose owner was deleted
+	// (another workflow now holds its name, or the store keeps a tombstone and no live read
+	// answered). The agent of the workflow that holds the name runs every task of the TaskSet
+	// named like it, so the write must not land; but it may be that new workflow's own write
+	// (Argo patches on AlreadyExists, and the patched object keeps the old owner), which the
+	// guard cannot tell from a stale copy's. Not a stale exit handler: counted apart, never
+	// alerted as one. Argo's controller writes again on its next pass and creates the TaskSet
+	// anew once the garbage collector has deleted the old one.
+	ReasonTaskSetOwnerGone Reason = "taskset-owner-gone"
 )
 
 // refusalReasons are the reasons a refusal carries (kindSpec.refusals, those of each kind).
-var refusalReasons = []Reason{ReasonWorkflowCompleted, ReasonWorkflowDeleted, ReasonWorkflowReplaced, ReasonWorkflowSucceeded}
+var refusalReasons = []Reason{ReasonWorkflowCompleted, ReasonWorkflowDeleted, ReasonWorkflowReplaced, ReasonWorkflowSucceeded, ReasonTaskSetOwnerGone}
 
 // source says how the guard knew the workflow's state.
 type source string
@@ -108,6 +117,9 @@ type facts struct {
 	// work (adds a task or sets the completed label back), an Event that says the workflow
 	// failed. Pods always start work.
 	startsWork bool
+	// update: the request changes an object that exists (its owner references are those it
+	// already had), rather than creating one.
+	update bool
 }
 
 // decision is the guard's verdict on one object, before the mode is applied.
@@ -170,7 +182,14 @@ func (g *guard) decide(ctx context.Context, f facts) decision {
 		// Row 18: the store says refuse, or cannot tell: be sure first.
 	}
 	// Row 19 (store-first with a stale watch) and every other covered object: read live.
-	return g.liveDecide(ctx, d)
+	d = g.liveDecide(ctx, d)
+	if f.role == roleTaskWrite && f.update && d.deny &&
+		(d.reason == ReasonWorkflowReplaced || d.reason == ReasonWorkflowDeleted && d.source == sourceStore) {
+		// Row T5: an update of a TaskSet whose owner is gone, perhaps by the workflow that
+		// reused its name (a live 404 stays row 8: no workflow holds the name to write).
+		d.reason, d.row = ReasonTaskSetOwnerGone, "T5"
+	}
+	return d
 }
 
 // judgeClaim decides an Event that says its workflow failed (rows E4 to E12). It refuses
@@ -216,7 +235,7 @@ func (g *guard) judgeClaim(ctx context.Context, d decision) decision {
 	case !rec.Deleted && rec.Phase == argo.PhaseSucceeded:
 		// The store's completion may be a retry not yet delivered, as for pods.
 		d.reason, d.row = ReasonUnconfirmedCompletion, "E10"
-		if g.opts.StoreFallback == FallbackCompletion {
+		if g.storeCompletionRefuses() {
 			d.deny, d.reason = true, ReasonWorkflowSucceeded
 		}
 	case rec.Deleted:
@@ -229,6 +248,21 @@ func (g *guard) judgeClaim(ctx context.Context, d decision) decision {
 		d.reason, d.row = ReasonClaimMatchesPhase, "E11"
 	}
 	return d
+}
+
+// storeCompletionRefuses says whether a completion that only the store holds (no live read
+// answered) may refuse, as --store-fallback says: never (tombstone), always (completion), or
+// when the watch advanced within --store-fresh-for (fresh), so that a retry committed before
+// would have reached the store.
+func (g *guard) storeCompletionRefuses() bool {
+	switch g.opts.StoreFallback {
+	case FallbackCompletion:
+		return true
+	case FallbackFresh:
+		age, ok := g.store.WatchAge()
+		return ok && age < g.opts.StoreFreshFor
+	}
+	return false
 }
 
 // covered says whether the policy concerns objects of role r.
@@ -259,7 +293,7 @@ func (g *guard) liveDecide(ctx context.Context, d decision) decision {
 			return d
 		}
 		d = g.fromRecord(d, rec, "")
-		if d.deny && d.reason == ReasonWorkflowCompleted && g.opts.StoreFallback != FallbackCompletion {
+		if d.deny && d.reason == ReasonWorkflowCompleted && !g.storeCompletionRefuses() {
 			// The store's completion may be a retry not yet delivered: not sure enough.
 			d.deny, d.reason = false, ReasonUnconfirmedCompletion
 		}

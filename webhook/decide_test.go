@@ -151,7 +151,8 @@ type decisionCase struct {
 	opts      Options
 	live      liveAnswer
 	store     storeState
-	// staleWatch: the guard's watch has not advanced for longer than WatchStaleAfter.
+	// staleWatch: the guard's watch has not advanced for longer than WatchStaleAfter (and
+	// than StoreFreshFor).
 	staleWatch bool
 	// The decision wanted; wantRow is the row that answers (row, unless the case's row sends
 	// the object on to another).
@@ -204,6 +205,7 @@ func decisionCases() []decisionCase {
 	watchOnly := Options{Namespaces: []string{"argo"}}
 	storeFirst := Options{StoreFirst: true}
 	completion := Options{StoreFallback: FallbackCompletion}
+	tombstone := Options{StoreFallback: FallbackTombstone}
 
 	return []decisionCase{
 		{row: "1", name: "a plain pod", facts: pod(plain), reason: ReasonNotOwnedByWorkflow},
@@ -226,11 +228,13 @@ func decisionCases() []decisionCase {
 		{row: "8", name: "agent pod, live 404", facts: agent, live: live404, deny: true, reason: ReasonWorkflowDeleted, source: sourceLive},
 		{row: "9", name: "live other UID", facts: exit, live: liveOtherUID, deny: true, reason: ReasonWorkflowReplaced, source: sourceLive},
 		{row: "10", name: "read fails, store tombstone", facts: exit, live: liveFails, store: storeTombstone, deny: true, reason: ReasonWorkflowDeleted, source: sourceStore},
-		{row: "11", name: "read fails, store Succeeded, default fallback", facts: exit, live: liveFails, store: storeSucceeded, reason: ReasonUnconfirmedCompletion, source: sourceStore},
-		{row: "11", name: "read times out, store Succeeded, default fallback", facts: exit, live: liveTimesOut, store: storeSucceeded, reason: ReasonUnconfirmedCompletion, source: sourceStore},
-		{row: "11", name: "agent pod, read fails, store Succeeded, default fallback", facts: agent, live: liveFails, store: storeSucceeded, reason: ReasonUnconfirmedCompletion, source: sourceStore},
+		{row: "11", name: "read fails, store Succeeded, watch fresh (default fallback)", facts: exit, live: liveFails, store: storeSucceeded, deny: true, reason: ReasonWorkflowCompleted, source: sourceStore},
+		{row: "11", name: "read times out, store Succeeded, watch fresh (default fallback)", facts: exit, live: liveTimesOut, store: storeSucceeded, deny: true, reason: ReasonWorkflowCompleted, source: sourceStore},
+		{row: "11", name: "agent pod, read fails, store Succeeded, watch fresh (default fallback)", facts: agent, live: liveFails, store: storeSucceeded, deny: true, reason: ReasonWorkflowCompleted, source: sourceStore},
+		{row: "11", name: "read times out, store Succeeded, watch quiet past fresh-for (default fallback)", facts: exit, live: liveTimesOut, store: storeSucceeded, staleWatch: true, reason: ReasonUnconfirmedCompletion, source: sourceStore},
+		{row: "11", name: "read fails, store Succeeded, tombstone fallback", facts: exit, opts: tombstone, live: liveFails, store: storeSucceeded, reason: ReasonUnconfirmedCompletion, source: sourceStore},
 		{row: "11", name: "read fails, store Succeeded, completion fallback", facts: exit, opts: completion, live: liveFails, store: storeSucceeded, deny: true, reason: ReasonWorkflowCompleted, source: sourceStore},
-		{row: "11", name: "read times out, store Succeeded, completion fallback", facts: exit, opts: completion, live: liveTimesOut, store: storeSucceeded, deny: true, reason: ReasonWorkflowCompleted, source: sourceStore},
+		{row: "11", name: "read times out, store Succeeded, watch quiet, completion fallback", facts: exit, opts: completion, live: liveTimesOut, store: storeSucceeded, staleWatch: true, deny: true, reason: ReasonWorkflowCompleted, source: sourceStore},
 		{row: "12", name: "read fails, store Failed", facts: exit, live: liveFails, store: storeFailed, reason: ReasonPhaseNotDenied, source: sourceStore},
 		{row: "13", name: "read fails, store Running", facts: exit, live: liveFails, store: storeRunning, reason: ReasonWorkflowNotTerminal, source: sourceStore},
 		{row: "14", name: "read fails, store unsettled, completion fallback", facts: exit, opts: completion, live: liveFails, store: storeUnsettled, reason: ReasonUnverifiedFailOpen, source: sourceStore},
@@ -246,7 +250,8 @@ func decisionCases() []decisionCase {
 		{row: "18", name: "store-first, store tombstone, live 404", facts: exit, opts: storeFirst, store: storeTombstone, live: live404, deny: true, reason: ReasonWorkflowDeleted, source: sourceLive, wantRow: "8"},
 		{row: "18", name: "store-first, store unsettled, live Succeeded", facts: exit, opts: storeFirst, store: storeUnsettled, live: liveSucceeded, deny: true, reason: ReasonWorkflowCompleted, source: sourceLive, wantRow: "6"},
 		{row: "18", name: "store-first, store unsettled, live says not terminal", facts: exit, opts: storeFirst, store: storeUnsettled, live: liveUnknown, reason: ReasonWorkflowNotTerminal, source: sourceLive, wantRow: "5"},
-		{row: "18", name: "strict step pod, store Succeeded, read fails, default fallback", facts: step, opts: Options{Strict: true}, store: storeSucceeded, live: liveFails, reason: ReasonUnconfirmedCompletion, source: sourceStore, wantRow: "11"},
+		{row: "18", name: "strict step pod, store Succeeded, read fails, default fallback", facts: step, opts: Options{Strict: true}, store: storeSucceeded, live: liveFails, deny: true, reason: ReasonWorkflowCompleted, source: sourceStore, wantRow: "11"},
+		{row: "18", name: "strict step pod, store Succeeded, read fails, tombstone fallback", facts: step, opts: Options{Strict: true, StoreFallback: FallbackTombstone}, store: storeSucceeded, live: liveFails, reason: ReasonUnconfirmedCompletion, source: sourceStore, wantRow: "11"},
 		{row: "18", name: "strict step pod, store Succeeded, read fails, completion fallback", facts: step, opts: Options{Strict: true, StoreFallback: FallbackCompletion}, store: storeSucceeded, live: liveFails, deny: true, reason: ReasonWorkflowCompleted, source: sourceStore, wantRow: "11"},
 		{row: "19", name: "store-first, watch stale, live Succeeded", facts: exit, opts: storeFirst, staleWatch: true, live: liveSucceeded, deny: true, reason: ReasonWorkflowCompleted, source: sourceLive, wantRow: "6"},
 		{row: "19", name: "strict step pod, watch stale, live Succeeded", facts: step, opts: Options{Strict: true}, staleWatch: true, live: liveSucceeded, deny: true, reason: ReasonWorkflowCompleted, source: sourceLive, wantRow: "6"},
@@ -260,14 +265,19 @@ func decisionCases() []decisionCase {
 		{row: "T4", name: "as 6: TaskSet created, live Succeeded", facts: created, live: liveSucceeded, deny: true, reason: ReasonWorkflowCompleted, source: sourceLive, wantRow: "6"},
 		{row: "T4", name: "as 7: task added, live Failed, default policy", facts: stale, live: liveFailed, reason: ReasonPhaseNotDenied, source: sourceLive, wantRow: "7"},
 		{row: "T4", name: "as 8: TaskSet created, live 404", facts: created, live: live404, deny: true, reason: ReasonWorkflowDeleted, source: sourceLive, wantRow: "8"},
-		{row: "T4", name: "as 9: task added, live other UID", facts: stale, live: liveOtherUID, deny: true, reason: ReasonWorkflowReplaced, source: sourceLive, wantRow: "9"},
-		{row: "T4", name: "as 10: task added, read fails, store tombstone", facts: stale, live: liveFails, store: storeTombstone, deny: true, reason: ReasonWorkflowDeleted, source: sourceStore, wantRow: "10"},
-		{row: "T4", name: "as 11: task added, read times out, store Succeeded", facts: stale, live: liveTimesOut, store: storeSucceeded, reason: ReasonUnconfirmedCompletion, source: sourceStore, wantRow: "11"},
+		{row: "T4", name: "as 8: task added by an update, live 404", facts: stale, live: live404, deny: true, reason: ReasonWorkflowDeleted, source: sourceLive, wantRow: "8"},
+		{row: "T4", name: "as 9: TaskSet created, live other UID", facts: created, live: liveOtherUID, deny: true, reason: ReasonWorkflowReplaced, source: sourceLive, wantRow: "9"},
+		{row: "T4", name: "as 10: TaskSet created, read fails, store tombstone", facts: created, live: liveFails, store: storeTombstone, deny: true, reason: ReasonWorkflowDeleted, source: sourceStore, wantRow: "10"},
+		{row: "T4", name: "as 11: task added, read times out, store Succeeded, watch fresh", facts: stale, live: liveTimesOut, store: storeSucceeded, deny: true, reason: ReasonWorkflowCompleted, source: sourceStore, wantRow: "11"},
+		{row: "T4", name: "as 11: task added, read times out, store Succeeded, tombstone fallback", facts: stale, opts: tombstone, live: liveTimesOut, store: storeSucceeded, reason: ReasonUnconfirmedCompletion, source: sourceStore, wantRow: "11"},
 		{row: "T4", name: "as 11: task added, read fails, store Succeeded, completion fallback", facts: stale, opts: completion, live: liveFails, store: storeSucceeded, deny: true, reason: ReasonWorkflowCompleted, source: sourceStore, wantRow: "11"},
 		{row: "T4", name: "as 15: task added, read fails, store empty", facts: stale, live: liveFails, reason: ReasonUnverifiedFailOpen, wantRow: "15"},
 		{row: "T4", name: "as 16: task added, store-first, store empty", facts: stale, opts: storeFirst, reason: ReasonNotSeenCompleted, source: sourceStore, wantRow: "16"},
 		{row: "T4", name: "as 18: task added, store-first, store Succeeded, live confirms", facts: stale, opts: storeFirst, store: storeSucceeded, live: liveSucceeded, deny: true, reason: ReasonWorkflowCompleted, source: sourceLive, wantRow: "6"},
 		{row: "T4", name: "as 19: task added, store-first, watch stale, live Succeeded", facts: stale, opts: storeFirst, staleWatch: true, live: liveSucceeded, deny: true, reason: ReasonWorkflowCompleted, source: sourceLive, wantRow: "6"},
+		{row: "T5", name: "update of a TaskSet whose owner's name another workflow holds", facts: stale, live: liveOtherUID, deny: true, reason: ReasonTaskSetOwnerGone, source: sourceLive},
+		{row: "T5", name: "update that only sets completed back, owner's name held by another", facts: reopenOnly, live: liveOtherUID, deny: true, reason: ReasonTaskSetOwnerGone, source: sourceLive},
+		{row: "T5", name: "update of a TaskSet whose owner the store saw deleted, read fails", facts: stale, live: liveFails, store: storeTombstone, deny: true, reason: ReasonTaskSetOwnerGone, source: sourceStore},
 		{row: "E1", name: "an Event about a pod", facts: podEvent, reason: ReasonNotOwnedByWorkflow},
 		{row: "E2", name: "an Event in a namespace not guarded", facts: elsewhereEvent, opts: watchOnly, reason: ReasonNamespaceNotWatched},
 		{row: "E3", name: "WorkflowRunning", facts: event("WorkflowRunning"), reason: ReasonNotAFailureClaim},
@@ -286,7 +296,9 @@ func decisionCases() []decisionCase {
 		{row: "E8", name: "WorkflowFailed, live 404, store Succeeded but no tombstone", facts: failed, live: live404, store: storeSucceeded, reason: ReasonWorkflowGone, source: sourceLive},
 		{row: "E8", name: "WorkflowFailed, live other UID, tombstone of a running workflow", facts: failed, live: liveOtherUID, store: storeTombstone, reason: ReasonWorkflowGone, source: sourceLive},
 		{row: "E9", name: "WorkflowFailed, read fails, tombstone Succeeded", facts: failed, live: liveFails, store: storeSucceededTombstone, deny: true, reason: ReasonWorkflowSucceeded, source: sourceStore},
-		{row: "E10", name: "WorkflowFailed, read times out, store Succeeded, default fallback", facts: failed, live: liveTimesOut, store: storeSucceeded, reason: ReasonUnconfirmedCompletion, source: sourceStore},
+		{row: "E10", name: "WorkflowFailed, read times out, store Succeeded, watch fresh (default fallback)", facts: failed, live: liveTimesOut, store: storeSucceeded, deny: true, reason: ReasonWorkflowSucceeded, source: sourceStore},
+		{row: "E10", name: "WorkflowFailed, read times out, store Succeeded, watch quiet past fresh-for", facts: failed, live: liveTimesOut, store: storeSucceeded, staleWatch: true, reason: ReasonUnconfirmedCompletion, source: sourceStore},
+		{row: "E10", name: "WorkflowFailed, read fails, store Succeeded, tombstone fallback", facts: failed, opts: tombstone, live: liveFails, store: storeSucceeded, reason: ReasonUnconfirmedCompletion, source: sourceStore},
 		{row: "E10", name: "WorkflowFailed, read fails, store Succeeded, completion fallback", facts: failed, opts: completion, live: liveFails, store: storeSucceeded, deny: true, reason: ReasonWorkflowSucceeded, source: sourceStore},
 		{row: "E11", name: "WorkflowFailed, read fails, store Running", facts: failed, live: liveFails, store: storeRunning, reason: ReasonWorkflowNotTerminal, source: sourceStore},
 		{row: "E11", name: "WorkflowFailed, read fails, store Failed", facts: failed, live: liveFails, store: storeFailed, reason: ReasonClaimMatchesPhase, source: sourceStore},
@@ -409,5 +421,55 @@ func TestClassify(t *testing.T) {
 				t.Errorf("classify = role %s owned %v, want %s %v", f.role, f.owner != nil, tt.wantRole, tt.wantOwned)
 			}
 		})
+	}
+}
+
+// TestFreshFallbackCountsFromTheWatchsLastAdvance: with --store-fallback=fresh, a completion
+// only the store holds refuses while the watch advanced within --store-fresh-for, and admits
+// (unconfirmed-completion) once it has been quiet longer; an event or a bookmark makes it
+// fresh again.
+func TestFreshFallbackCountsFromTheWatchsLastAdvance(t *testing.T) {
+	clk := clocktesting.NewFakeClock(time.Now())
+	store, err := completionstore.New(completionstore.Options{Clock: clk})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wf := tableWorkflow
+	g, err := newGuard(nil, store, Options{StoreFreshFor: 30 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	calls := 0
+	g.readLive = cannedRead(liveTimesOut, &calls)
+	exit := podFacts(t, fixture.ExitPod(wf))
+	decideNow := func() decision { return g.decide(t.Context(), exit) }
+	store.Observe(completionstore.Observation{UID: wf.GetUID(), Namespace: wf.GetNamespace(), Name: wf.GetName(), ResourceVersion: "5", Phase: argo.PhaseSucceeded})
+	if d := decideNow(); d.deny || d.reason != ReasonUnconfirmedCompletion {
+		t.Errorf("a watch that never advanced: deny %v reason %s, want admitted as %s", d.deny, d.reason, ReasonUnconfirmedCompletion)
+	}
+	for _, step := range []struct {
+		progress string
+		wait     time.Duration
+		deny     bool
+	}{
+		{progress: "5", wait: 29 * time.Second, deny: true},
+		{wait: time.Second, deny: false}, // 30 s: no longer within fresh-for
+		{progress: "6", wait: 0, deny: true},
+		{progress: "6", wait: 31 * time.Second, deny: false}, // the same resourceVersion again is no advance
+		{progress: "7", wait: 10 * time.Second, deny: true},
+	} {
+		if step.progress != "" {
+			store.Progress(step.progress)
+		}
+		clk.Step(step.wait)
+		age, _ := store.WatchAge()
+		d := decideNow()
+		want := ReasonUnconfirmedCompletion
+		if step.deny {
+			want = ReasonWorkflowCompleted
+		}
+		if d.deny != step.deny || d.reason != want || d.source != sourceStore || d.row != "11" {
+			t.Errorf("watch advanced %s ago: deny %v reason %s source %s row %s, want deny %v reason %s from the store, row 11", age, d.deny, d.reason, d.source, d.row, step.deny, want)
+		}
 	}
 }

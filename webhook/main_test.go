@@ -22,6 +22,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/rand"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -125,6 +126,8 @@ type harnessOptions struct {
 	reader client.Reader
 	// storeTTL, when set, is the store's TTL.
 	storeTTL time.Duration
+	// storeClock, when set, is the store's clock.
+	storeClock clock.WithTicker
 }
 
 func testScheme(t testing.TB) *runtime.Scheme {
@@ -185,7 +188,7 @@ func startGuard(t *testing.T, opts Options, ho harnessOptions) *harness {
 		t.Fatal(err)
 	}
 	h := &harness{registry: prometheus.NewRegistry()}
-	h.store, err = completionstore.New(completionstore.Options{TTL: ho.storeTTL})
+	h.store, err = completionstore.New(completionstore.Options{TTL: ho.storeTTL, Clock: ho.storeClock})
 	if err != nil {
 		t.Fatal(err)
 	}

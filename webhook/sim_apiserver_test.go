@@ -67,7 +67,7 @@ func planned(t *testing.T, plan *attemptPlan) client.Reader {
 // as soon as the one before it is done, so the watch lags as little as it does.
 func TestSimulationThroughTheAPIServer(t *testing.T) {
 	const histories = 40
-	for _, s := range []setting{simSettings[0], simSettings[2]} {
+	for _, s := range []setting{simSettings[0], settingNamed(t, "--strict")} {
 		t.Run(s.name, func(t *testing.T) {
 			plan := &attemptPlan{}
 			opts := s.opts

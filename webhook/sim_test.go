@@ -75,11 +75,13 @@ type setting struct {
 
 var simSettings = []setting{
 	{"default", Options{}},
+	{"--store-fresh-for=30s", Options{StoreFreshFor: 30 * time.Second}},
+	{"--store-fresh-for=90s", Options{StoreFreshFor: 90 * time.Second}},
+	{"--store-fallback=tombstone", Options{StoreFallback: FallbackTombstone}},
+	{"--store-fallback=completion", Options{StoreFallback: FallbackCompletion}},
 	{"--store-first", Options{StoreFirst: true}},
 	{"--strict", Options{Strict: true}},
 	{"--cover-hooks", Options{Hooks: true}},
-	{"--store-fallback=completion", Options{StoreFallback: FallbackCompletion}},
-	{"--strict --store-fallback=completion", Options{Strict: true, StoreFallback: FallbackCompletion}},
 	{"--deny-phases=Succeeded,Failed,Error", Options{DenyPhases: []argo.Phase{argo.PhaseSucceeded, argo.PhaseFailed, argo.PhaseError}}},
 }
 
@@ -87,9 +89,18 @@ var simSettings = []setting{
 type tallies struct {
 	legit, stale int
 	// legitDenied counts the pods of the real controller refused, by reason;
-	// legitDeniedWrongly those not explained by --store-fallback=completion (goal 0).
+	// legitDeniedWrongly those that are neither the price of a store fallback that refuses
+	// from a completion (fresh, completion: storePrice) nor refused by design (goal 0).
 	legitDenied        map[string]int
 	legitDeniedWrongly int
+	storePrice         int
+	// priceSeeds are the seeds of the histories where the store fallback refused one.
+	priceSeeds []uint64
+	// byDesign are the TaskSet writes of a workflow that reused the name, refused while the
+	// deleted workflow's TaskSet waited for the garbage collector (taskset-owner-gone), and
+	// byDesignDelay the time they waited in all.
+	byDesign      int
+	byDesignDelay time.Duration
 	// staleStopped, by reason; staleMissedKnown is the goal-0 count: a stale pod the policy
 	// covers, of a workflow that had completed in a deny phase (or was gone), admitted
 	// although the live read answered.
@@ -180,9 +191,16 @@ func simulate(h *history, s setting, t *tallies, log func(string, ...any)) error
 			// stale copy. Argo always creates the TaskSet first and patches it only on
 			// AlreadyExists; the API server calls validating webhooks before it looks for an
 			// existing object, so the guard judges the create, which carries the writer's
-			// own owner reference, even when the name now belongs to another workflow.
-			d = g.decide(ctx, facts{namespace: simNamespace, role: roleTaskWrite, startsWork: true,
-				owner: &metav1.OwnerReference{APIVersion: argo.GroupVersion.String(), Kind: argo.Kind, Name: simName, UID: p.uid},
+			// own owner reference, even when the name now belongs to another workflow. The
+			// create of a workflow that reused the name, while the old TaskSet is still
+			// there, is admitted and fails with AlreadyExists: the guard then judges the
+			// patch, an update of the old object, which keeps the old owner.
+			owner := p.uid
+			if p.gcOwner != "" {
+				owner = p.gcOwner
+			}
+			d = g.decide(ctx, facts{namespace: simNamespace, role: roleTaskWrite, startsWork: true, update: p.gcOwner != "",
+				owner: &metav1.OwnerReference{APIVersion: argo.GroupVersion.String(), Kind: argo.Kind, Name: simName, UID: owner},
 				object: &taskSetObject{namespace: simNamespace, name: simName, workflow: simName,
 					tasks: []string{fmt.Sprintf("%s-%d", simName, pi)}, reopened: p.stale}})
 		} else {
@@ -209,12 +227,26 @@ func simulate(h *history, s setting, t *tallies, log func(string, ...any)) error
 		case !p.stale:
 			t.legit++
 			if d.deny {
-				t.legitDenied[string(d.reason)+" from "+string(d.source)]++
-				what = "LEGIT DENIED"
-				// The measured price of --store-fallback=completion, and nothing else.
-				if s.opts.StoreFallback != FallbackCompletion || d.source != sourceStore {
+				switch {
+				case p.gcOwner != "" && d.reason == ReasonTaskSetOwnerGone:
+					// By design (docs/decisions.md, row T5): Argo writes again once the
+					// garbage collector has deleted the old TaskSet.
+					t.byDesign++
+					t.byDesignDelay += p.gcAt - p.at
+					what = "legit, refused by design (taskset-owner-gone)"
+				case s.opts.StoreFallback != FallbackTombstone && d.source == sourceStore &&
+					(d.reason == ReasonWorkflowCompleted || d.reason == ReasonWorkflowSucceeded):
+					// The measured price of a store fallback that refuses from a completion
+					// (fresh, the default, and completion): a retry the watch had not
+					// delivered, with no live answer.
+					t.legitDenied[string(d.reason)+" from "+string(d.source)]++
+					t.storePrice++
+					t.priceSeeds = append(t.priceSeeds, h.seed)
+					what = "LEGIT DENIED (the store fallback's price)"
+				default:
+					t.legitDenied[string(d.reason)+" from "+string(d.source)]++
 					t.legitDeniedWrongly++
-					broke = true
+					what, broke = "LEGIT DENIED", true
 				}
 			}
 		case !oracleCovers(s.opts, p.kind):
@@ -297,7 +329,7 @@ func windowName(d decision, l loadLevel) string {
 	case ReasonUnverifiedFailOpen:
 		w = "no live answer; the store had not seen the workflow (watch lag, restart or TTL)"
 	case ReasonUnconfirmedCompletion:
-		w = "no live answer; only the store saw the completion (--store-fallback=tombstone)"
+		w = "no live answer; only the store saw the completion, which the fallback may not refuse (tombstone, or the watch quiet past --store-fresh-for)"
 	case ReasonNotSeenCompleted:
 		w = "store-first: the store had not seen the completion (watch lag)"
 	case ReasonWorkflowNotTerminal:
@@ -326,9 +358,13 @@ func TestSimulation(t *testing.T) {
 		}
 		return
 	}
-	results := make([]*tallies, len(simSettings))
+	levels := loadLevelNames()
+	// results[setting][level]
+	results := make([][]*tallies, len(simSettings))
 	for i := range results {
-		results[i] = newTallies()
+		for range levels {
+			results[i] = append(results[i], newTallies())
+		}
 	}
 	loads := map[string]int{}
 	start := time.Now()
@@ -341,8 +377,9 @@ func TestSimulation(t *testing.T) {
 	for i := range histories {
 		h := generate(*simSeed + uint64(i))
 		loads[h.load.name]++
+		li := slices.Index(levels, h.load.name)
 		for si, s := range simSettings {
-			if err := simulate(h, s, results[si], nil); err != nil {
+			if err := simulate(h, s, results[si][li], nil); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -355,7 +392,7 @@ func TestSimulation(t *testing.T) {
 		}
 	}
 	for si, s := range simSettings {
-		r := results[si]
+		r := total(results[si])
 		if len(r.staleMissedKnown) > 0 {
 			t.Errorf("%s: stale pods admitted although the live read answered, or without a look: %v; replay with -sim.replay=%d", s.name, r.staleMissedKnown, r.failures[0])
 		}
@@ -366,39 +403,114 @@ func TestSimulation(t *testing.T) {
 			t.Errorf("%s: %d legitimate and %d stale pods: the simulation made nothing to judge", s.name, r.legit, r.stale)
 		}
 	}
+	// The worlds must make what the report measures, or its figures say nothing.
+	if d := total(results[0]); d.byDesign == 0 || d.taskSetLegit == 0 {
+		t.Errorf("no TaskSet write of a workflow that reused the name met the old TaskSet (%d refused by design): the world lacks the case", d.byDesign)
+	}
+	for li, l := range levels {
+		if r := results[0][li]; r.staleStopped == 0 {
+			t.Errorf("level %q: no stale pod stopped by the default: the level makes nothing to judge", l)
+		}
+	}
 }
 
-func simulationReport(n int, seed uint64, loads map[string]int, results []*tallies, took time.Duration) string {
+// total sums one setting's tallies over the load levels.
+func total(per []*tallies) *tallies {
+	out := newTallies()
+	add := func(dst, src map[string]int) {
+		for k, v := range src {
+			dst[k] += v
+		}
+	}
+	for _, r := range per {
+		out.legit += r.legit
+		out.stale += r.stale
+		add(out.legitDenied, r.legitDenied)
+		out.legitDeniedWrongly += r.legitDeniedWrongly
+		out.storePrice += r.storePrice
+		out.priceSeeds = append(out.priceSeeds, r.priceSeeds...)
+		out.byDesign += r.byDesign
+		out.byDesignDelay += r.byDesignDelay
+		out.staleStopped += r.staleStopped
+		add(out.staleMissedKnown, r.staleMissedKnown)
+		add(out.windows, r.windows)
+		add(out.notCovered, r.notCovered)
+		out.deniedNotDue += r.deniedNotDue
+		out.taskSetLegit += r.taskSetLegit
+		out.taskSetLegitDenied += r.taskSetLegitDenied
+		out.taskSetStale += r.taskSetStale
+		out.taskSetStopped += r.taskSetStopped
+		out.failures = append(out.failures, r.failures...)
+	}
+	return out
+}
+
+func sum(m map[string]int) int {
+	s := 0
+	for _, v := range m {
+		s += v
+	}
+	return s
+}
+
+func pct(n, of int) string { return fmt.Sprintf("%.3f%%", 100*float64(n)/float64(max(of, 1))) }
+
+func simulationReport(n int, seed uint64, loads map[string]int, results [][]*tallies, took time.Duration) string {
 	var b strings.Builder
+	levels := loadLevelNames()
 	b.WriteString("# The simulation at length\n\nWritten by `make soak` (`go test ./webhook -run TestSimulation -args -sim.histories=N -sim.report=FILE`);\n" +
 		"docs/reliability.md says what it models and what the figures mean.\n\n")
-	fmt.Fprintf(&b, "%d histories from seed %d (load: %d idle, %d loaded, %d overloaded), %s\n\n",
-		n, seed, loads["idle"], loads["loaded"], loads["overloaded"], took.Round(time.Second))
-	b.WriteString("Pods and WorkflowTaskSet writes that add a task are counted together; each setting's lines below give the TaskSet writes apart.\n\n")
-	b.WriteString("| setting | legitimate pods and writes | denied (goal 0) | stale ones | stopped | admitted on a live answer (goal 0) | admitted in a window | not covered by the setting |\n|---|---|---|---|---|---|---|---|\n")
-	sum := func(m map[string]int) int {
-		s := 0
-		for _, v := range m {
-			s += v
+	fmt.Fprintf(&b, "%d histories from seed %d, %s; Succeeded runs retried (--restart-successful): %.1f%%. Load levels:", n, seed, took.Round(time.Second), 100**simSucceededRetries)
+	for i, l := range levels {
+		sep := ","
+		if i == len(levels)-1 {
+			sep = "."
 		}
-		return s
+		fmt.Fprintf(&b, " %s %d%s", l, loads[l], sep)
+	}
+	b.WriteString("\n\nPods and WorkflowTaskSet writes that add a task are counted together; each setting's lines below give the TaskSet writes apart. " +
+		"\"Due\" stale ones are those the setting covers, of a workflow completed in a deny phase (or deleted) at that moment.\n\n")
+	b.WriteString("| setting | legitimate | refused: store fallback's price | refused: other (goal 0) | refused by design (T5) | stale | due | stopped | admitted on a live answer (goal 0) | admitted in a window |\n|---|---|---|---|---|---|---|---|---|---|\n")
+	for i, s := range simSettings {
+		r := total(results[i])
+		due := r.staleStopped + sum(r.windows) + sum(r.staleMissedKnown)
+		fmt.Fprintf(&b, "| `%s` | %d | %d | %d | %d | %d | %d | %d | %d | %d (%s) |\n", s.name, r.legit, r.storePrice, r.legitDeniedWrongly, r.byDesign,
+			r.stale, due, r.staleStopped, sum(r.staleMissedKnown), sum(r.windows), pct(sum(r.windows), due))
+	}
+	b.WriteString("\n## Per load level\n\nStale ones admitted in a window, of those due; legitimate ones refused as the store fallback's price, of the legitimate.\n\n| setting |")
+	for _, l := range levels {
+		fmt.Fprintf(&b, " %s: windows | %s: price |", l, l)
+	}
+	b.WriteString("\n|---|" + strings.Repeat("---|---|", len(levels)) + "\n")
+	for i, s := range simSettings {
+		fmt.Fprintf(&b, "| `%s` |", s.name)
+		for li := range levels {
+			r := results[i][li]
+			due := r.staleStopped + sum(r.windows) + sum(r.staleMissedKnown)
+			fmt.Fprintf(&b, " %d of %d (%s) | %d of %d |", sum(r.windows), due, pct(sum(r.windows), due), r.storePrice, r.legit)
+		}
+		b.WriteString("\n")
 	}
 	for i, s := range simSettings {
-		r := results[i]
-		fmt.Fprintf(&b, "| `%s` | %d | %d | %d | %d | %d | %d | %d |\n", s.name, r.legit, sum(r.legitDenied), r.stale,
-			r.staleStopped, sum(r.staleMissedKnown), sum(r.windows), sum(r.notCovered))
-	}
-	for i, s := range simSettings {
-		r := results[i]
+		r := total(results[i])
 		fmt.Fprintf(&b, "\n`%s`:\n", s.name)
-		fmt.Fprintf(&b, "- WorkflowTaskSet writes: %d legitimate (%d denied), %d stale (%d stopped)\n",
-			r.taskSetLegit, r.taskSetLegitDenied, r.taskSetStale, r.taskSetStopped)
+		fmt.Fprintf(&b, "- WorkflowTaskSet writes: %d legitimate (%d refused, %d of them by design), %d stale (%d stopped)\n",
+			r.taskSetLegit, r.taskSetLegitDenied, r.byDesign, r.taskSetStale, r.taskSetStopped)
+		if r.byDesign > 0 {
+			fmt.Fprintf(&b, "- refused by design: %d writes of a workflow that reused the name waited %s on average for the garbage collector\n",
+				r.byDesign, (r.byDesignDelay / time.Duration(r.byDesign)).Round(100*time.Millisecond))
+		}
 		due := r.staleStopped + sum(r.windows) + sum(r.staleMissedKnown)
 		for _, k := range sortedKeys(r.windows) {
-			fmt.Fprintf(&b, "- window: %s: %d stale pods or writes (%.3f%% of the %d the setting should stop)\n", k, r.windows[k], 100*float64(r.windows[k])/float64(max(due, 1)), due)
+			fmt.Fprintf(&b, "- window: %s: %d stale pods or writes (%s of the %d the setting should stop)\n", k, r.windows[k], pct(r.windows[k], due), due)
 		}
 		for _, k := range sortedKeys(r.legitDenied) {
-			fmt.Fprintf(&b, "- legitimate pods denied: %s: %d (%.3f%% of %d)\n", k, r.legitDenied[k], 100*float64(r.legitDenied[k])/float64(max(r.legit, 1)), r.legit)
+			fmt.Fprintf(&b, "- legitimate pods denied: %s: %d (%s of %d)\n", k, r.legitDenied[k], pct(r.legitDenied[k], r.legit), r.legit)
+		}
+		if len(r.priceSeeds) > 0 {
+			slices.Sort(r.priceSeeds)
+			seeds := slices.Compact(r.priceSeeds)
+			fmt.Fprintf(&b, "- the store fallback's price came in the histories of seeds %v (`-sim.replay=N`)\n", seeds[:min(len(seeds), 10)])
 		}
 		for _, k := range sortedKeys(r.notCovered) {
 			fmt.Fprintf(&b, "- admitted by policy: %s: %d\n", k, r.notCovered[k])
@@ -417,4 +529,16 @@ func flagSet(name string) bool {
 	set := false
 	flag.Visit(func(f *flag.Flag) { set = set || f.Name == name })
 	return set
+}
+
+// settingNamed is the simulated setting of that name.
+func settingNamed(t *testing.T, name string) setting {
+	t.Helper()
+	for _, s := range simSettings {
+		if s.name == name {
+			return s
+		}
+	}
+	t.Fatalf("no simulated setting %q", name)
+	return setting{}
 }

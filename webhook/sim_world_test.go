@@ -26,6 +26,10 @@ var (
 	simSeed      = flag.Uint64("sim.seed", 1, "simulation: the seed of the first history; history i uses seed+i")
 	simReplay    = flag.Int64("sim.replay", -1, "simulation: replay only the history of this seed, printing every step")
 	simReport    = flag.String("sim.report", "", "simulation: write the report, as Markdown, to this file")
+	// simSucceededRetries: Argo retries a Succeeded workflow only with --restart-successful and
+	// a node selector (FormulateRetryWorkflow refuses it otherwise), which teams use to re-run
+	// a step by hand or from automation: rare. The default assumes 1 in 100 Succeeded runs.
+	simSucceededRetries = flag.Float64("sim.succeeded-retries", 0.01, "simulation: the chance that a Succeeded run is retried (argo retry --restart-successful)")
 )
 
 // simT0 is the virtual clock's origin.
@@ -52,31 +56,62 @@ type podEvent struct {
 	uid   types.UID
 	kind  role
 	stale bool
+	// For a TaskSet write of a workflow that reused the name while the deleted workflow's
+	// TaskSet was still there (the garbage collector not done yet): Argo's create fails
+	// with AlreadyExists and its patch, an update, keeps the old owner, gcOwner, until
+	// gcAt.
+	gcOwner types.UID
+	gcAt    time.Duration
 }
 
 // loadLevel is how loaded the API server is during a history: how late the guard's watch
-// delivers, and how often the guard's live reads fail.
+// delivers, how often the guard's live reads fail, and how often a stale copy comes back.
 type loadLevel struct {
 	name string
 	// lagMean is the mean watch delay (exponential).
 	lagMean time.Duration
+	// busy: other workflows' events move the watch every 0.2 to 2 s; otherwise only this
+	// history's events and the API server's bookmarks (about every minute) do.
+	busy bool
 	// stallProb is the chance that the watch stalls once, for stall.
 	stallProb float64
 	stall     time.Duration
 	// attemptFail is the chance that one live-read attempt fails; outage the chance that
-	// every attempt of a decision fails (the API server cannot answer at all).
+	// every attempt of a decision fails (no live answer within the budget).
 	attemptFail, outage float64
+	// cutOff: once, near a completion, the guard loses the API server for 30 s to 5 min:
+	// every live read fails and its watch delivers nothing (no event, no bookmark), while
+	// Argo's controller and argo retry go on writing (the worst case for a store fallback).
+	cutOff bool
+	// staleProb is the chance that a completion's stale copy comes back: stale copies come
+	// with load.
+	staleProb float64
 }
 
-// The load levels and their shares. These are assumptions, stated in docs/reliability.md: the
-// figures scale with them.
+// The load levels and their shares. The shares are assumptions (the report gives every
+// level apart, so they weigh only the totals); the busy levels' read failures are measured:
+// TestLiveReadsUnderPriorityAndFairness (docs/reliability.md, "Under load") had no live
+// answer for 6 of 800 decisions without the chart's FlowSchema and for 0 of 800 with it.
 var loadLevels = []struct {
 	share float64
 	level loadLevel
 }{
-	{0.70, loadLevel{name: "idle", lagMean: 20 * time.Millisecond, attemptFail: 0.001}},
-	{0.25, loadLevel{name: "loaded", lagMean: 2 * time.Second, stallProb: 0.1, stall: 30 * time.Second, attemptFail: 0.2, outage: 0.05}},
-	{0.05, loadLevel{name: "overloaded", lagMean: 15 * time.Second, stallProb: 0.5, stall: 5 * time.Minute, attemptFail: 0.5, outage: 0.3}},
+	{0.55, loadLevel{name: "idle", lagMean: 20 * time.Millisecond, attemptFail: 0.001, staleProb: 0.02}},
+	{0.15, loadLevel{name: "busy, FlowSchema", lagMean: 2 * time.Second, busy: true, stallProb: 0.1, stall: 30 * time.Second,
+		attemptFail: 0.05, outage: 0, staleProb: 0.5}},
+	{0.15, loadLevel{name: "busy, no FlowSchema", lagMean: 2 * time.Second, busy: true, stallProb: 0.1, stall: 30 * time.Second,
+		attemptFail: 0.05, outage: 6.0 / 800, staleProb: 0.5}},
+	{0.15, loadLevel{name: "guard cut off", lagMean: 2 * time.Second, busy: true, attemptFail: 0.05, outage: 6.0 / 800,
+		cutOff: true, staleProb: 0.5}},
+}
+
+// loadLevelNames are the levels' names, in order.
+func loadLevelNames() []string {
+	var out []string
+	for _, l := range loadLevels {
+		out = append(out, l.level.name)
+	}
+	return out
 }
 
 // watchAction is something the guard's watch does to its store at a moment.
@@ -99,7 +134,12 @@ type history struct {
 	watch  []watchAction
 	// plans says, per pod event, which live-read attempts fail.
 	plans [][]bool
+	// The guard is cut off from the API server from cutFrom to cutTo (cutTo 0: never).
+	cutFrom, cutTo time.Duration
 }
+
+// cut says whether the guard is cut off from the API server at t.
+func (h *history) cut(t time.Duration) bool { return h.cutTo > 0 && t >= h.cutFrom && t < h.cutTo }
 
 const (
 	simNamespace = "sim"
@@ -125,28 +165,38 @@ func generate(seed uint64) *history {
 	if h.load.name == "" {
 		h.load = loadLevels[len(loadLevels)-1].level
 	}
-	var rv int64 = 100
 	put := func(at time.Duration, s wfState) {
-		rv++
-		s.rv = rv
 		h.writes = append(h.writes, write{at: at, state: s})
 	}
 	pod := func(at time.Duration, uid types.UID, kind role, stale bool) {
 		h.pods = append(h.pods, podEvent{at: at, uid: uid, kind: kind, stale: stale})
 	}
+	// taskWrites are the TaskSet writes of each workflow, by index in h.pods, for the name
+	// reuse below.
+	taskWrites := map[types.UID][]int{}
+	taskWrite := func(at time.Duration, uid types.UID) {
+		pod(at, uid, roleTaskWrite, false)
+		taskWrites[uid] = append(taskWrites[uid], len(h.pods)-1)
+	}
+	// A pod runs for at least a second from its creation to the controller seeing it done
+	// (scheduling, start, the kubelet's status, the pod informer).
+	stepTime := func() time.Duration { return dur(r, time.Second, 10*time.Second) }
 	// lifecycle runs one workflow from its creation to its last completion and returns when
-	// it ended, and the moments it completed.
-	lifecycle := func(uid types.UID, t time.Duration) (time.Duration, []time.Duration) {
+	// it ended, the moments it completed, and whether it has HTTP templates.
+	lifecycle := func(uid types.UID, t time.Duration) (time.Duration, []time.Duration, bool) {
 		http := r.Float64() < 0.3
 		put(t, wfState{uid: uid})
 		var completions []time.Duration
+		var end argo.Phase
 		run := func(t time.Duration, phase argo.Phase) time.Duration {
 			put(t, wfState{uid: uid, phase: phase})
-			// A retry (or a start) creates the step pods first, at once; a workflow with
-			// HTTP or plugin templates its agent pod.
+			// A run (a first run or a retry) creates its step pods first: a retry re-runs
+			// the nodes it reset (for a Succeeded workflow, those the node selector picked)
+			// before its exit handler; a workflow with HTTP or plugin templates writes its
+			// TaskSet and creates its agent pod.
 			t += dur(r, 50*time.Millisecond, time.Second)
 			if http {
-				pod(t, uid, roleTaskWrite, false)
+				taskWrite(t, uid)
 				pod(t, uid, roleAgent, false)
 			}
 			for range 1 + r.IntN(3) {
@@ -154,25 +204,34 @@ func generate(seed uint64) *history {
 				if r.Float64() < 0.3 {
 					pod(t+time.Millisecond, uid, roleHook, false)
 				}
-				t += dur(r, 100*time.Millisecond, 5*time.Second)
+				t += stepTime()
 			}
 			if r.Float64() < 0.9 {
 				pod(t, uid, roleExitHandler, false)
 				if http {
 					// The exit handler's HTTP task.
-					pod(t, uid, roleTaskWrite, false)
+					taskWrite(t, uid)
 				}
 				t += dur(r, 100*time.Millisecond, 3*time.Second)
 			}
-			end := []argo.Phase{argo.PhaseSucceeded, argo.PhaseSucceeded, argo.PhaseSucceeded, argo.PhaseSucceeded,
+			end = []argo.Phase{argo.PhaseSucceeded, argo.PhaseSucceeded, argo.PhaseSucceeded, argo.PhaseSucceeded,
 				argo.PhaseSucceeded, argo.PhaseSucceeded, argo.PhaseSucceeded, argo.PhaseFailed, argo.PhaseFailed, argo.PhaseError}[r.IntN(10)]
 			put(t, wfState{uid: uid, phase: end})
 			completions = append(completions, t)
 			return t
 		}
 		t = run(t+dur(r, 50*time.Millisecond, 500*time.Millisecond), argo.PhaseRunning)
-		for r.Float64() < 0.2 {
-			// argo retry: automation retries within seconds, people within minutes.
+		for {
+			// argo retry: a Failed or Error workflow often; a Succeeded one only with
+			// --restart-successful (rare, -sim.succeeded-retries).
+			p := 0.2
+			if end == argo.PhaseSucceeded {
+				p = *simSucceededRetries
+			}
+			if r.Float64() >= p {
+				break
+			}
+			// Automation retries within seconds, people within minutes.
 			if r.Float64() < 0.4 {
 				t += dur(r, 500*time.Millisecond, 5*time.Second)
 			} else {
@@ -184,11 +243,13 @@ func generate(seed uint64) *history {
 			}
 			t = run(t, retried)
 		}
-		return t, completions
+		return t, completions, http
 	}
+	var all []time.Duration // every completion, for the cut-off below
 	stale := func(uid types.UID, completions []time.Duration) {
+		all = append(all, completions...)
 		for _, c := range completions {
-			if r.Float64() >= 0.5 {
+			if r.Float64() >= h.load.staleProb {
 				continue
 			}
 			// A stale copy comes back soon after the completion, as a rule.
@@ -212,7 +273,7 @@ func generate(seed uint64) *history {
 		}
 	}
 	uid1 := types.UID(fmt.Sprintf("uid-%d-1", seed))
-	end, completions := lifecycle(uid1, 0)
+	end, completions, http1 := lifecycle(uid1, 0)
 	stale(uid1, completions)
 	if r.Float64() < 0.4 {
 		// ttlStrategy deletes it; the name may be used again.
@@ -220,24 +281,46 @@ func generate(seed uint64) *history {
 		put(del, wfState{uid: uid1, phase: h.writes[len(h.writes)-1].state.phase, deleted: true})
 		if r.Float64() < 0.5 {
 			uid2 := types.UID(fmt.Sprintf("uid-%d-2", seed))
-			_, c2 := lifecycle(uid2, del+dur(r, 100*time.Millisecond, 30*time.Second))
+			_, c2, _ := lifecycle(uid2, del+dur(r, 100*time.Millisecond, 30*time.Second))
 			stale(uid2, c2)
+			if http1 {
+				// The garbage collector deletes the first workflow's TaskSet some time after
+				// the workflow (seconds idle, longer under load). Until then each TaskSet
+				// write of the second is a create that fails with AlreadyExists, then a
+				// patch of the old TaskSet, which keeps the old owner reference.
+				gc := del + dur(r, time.Second, 10*time.Second)
+				if h.load.busy {
+					gc = del + dur(r, 5*time.Second, 2*time.Minute)
+				}
+				for _, i := range taskWrites[uid2] {
+					if h.pods[i].at < gc {
+						h.pods[i].gcOwner, h.pods[i].gcAt = uid1, gc
+					}
+				}
+			}
 		}
 		if r.Float64() < 0.3 {
 			pod(del+dur(r, 10*time.Millisecond, 10*time.Second), uid1, roleExitHandler, true)
 		}
 	}
 	// The second lifecycle's writes were appended after the deletion; keep time order (each
-	// lifecycle's writes are in order; the stale pods are sorted below).
+	// lifecycle's writes are in order; the stale pods are sorted below). ResourceVersions
+	// leave room between writes for the events of other workflows (busy levels).
 	slices.SortStableFunc(h.writes, func(a, b write) int { return cmp.Compare(a.at, b.at) })
 	for i := range h.writes {
-		h.writes[i].state.rv = 101 + int64(i)
+		h.writes[i].state.rv = rvStep * (101 + int64(i))
 	}
 	slices.SortStableFunc(h.pods, func(a, b podEvent) int { return cmp.Compare(a.at, b.at) })
+	if h.load.cutOff && len(all) > 0 {
+		// The guard loses the API server close to a completion, before or after it.
+		c := all[r.IntN(len(all))]
+		h.cutFrom = max(0, c+dur(r, -10*time.Second, 20*time.Second))
+		h.cutTo = h.cutFrom + dur(r, 30*time.Second, 5*time.Minute)
+	}
 	h.watch = h.generateWatch(r)
-	for range h.pods {
+	for _, p := range h.pods {
 		plan := make([]bool, maxLiveReadAttempts)
-		outage := r.Float64() < h.load.outage
+		outage := h.cut(p.at) || r.Float64() < h.load.outage
 		for k := range plan {
 			plan[k] = outage || r.Float64() < h.load.attemptFail
 		}
@@ -246,8 +329,13 @@ func generate(seed uint64) *history {
 	return h
 }
 
+// rvStep is the spacing of a history's resourceVersions: the events of other workflows fall
+// between them.
+const rvStep = 1000
+
 // generateWatch makes what the guard's watch delivers: every write, late by a random lag, in
-// order; perhaps a stall, a replayed older event, a relist, a restart of the guard.
+// order; bookmarks, and on busy levels other workflows' events; perhaps a stall or the guard
+// cut off, a replayed older event, a relist, a restart of the guard.
 func (h *history) generateWatch(r *rand.Rand) []watchAction {
 	var out []watchAction
 	lag := func() time.Duration {
@@ -255,7 +343,10 @@ func (h *history) generateWatch(r *rand.Rand) []watchAction {
 	}
 	last := h.writes[len(h.writes)-1].at
 	var stallFrom, stallTo time.Duration = -1, -1
-	if r.Float64() < h.load.stallProb {
+	switch {
+	case h.cutTo > 0:
+		stallFrom, stallTo = h.cutFrom, h.cutTo
+	case r.Float64() < h.load.stallProb:
 		stallFrom = dur(r, 0, last)
 		stallTo = stallFrom + h.load.stall
 	}
@@ -271,6 +362,25 @@ func (h *history) generateWatch(r *rand.Rand) []watchAction {
 		}
 		prev = at
 		out = append(out, watchAction{at: at, obs: obsOf(w.state), what: "event"})
+	}
+	if h.load.busy {
+		// Other workflows' events: the watch advances past this history's last delivered
+		// write, between its resourceVersions.
+		events := slices.Clone(out)
+		var rv, k int64
+		ei := 0
+		for t := dur(r, 0, 2*time.Second); t < last+15*time.Minute; t += dur(r, 200*time.Millisecond, 2*time.Second) {
+			for ; ei < len(events) && events[ei].at <= t; ei++ {
+				if n, _ := strconv.ParseInt(events[ei].obs.ResourceVersion, 10, 64); n > rv {
+					rv, k = n, 0
+				}
+			}
+			if (t >= stallFrom && t < stallTo) || k >= rvStep-1 {
+				continue
+			}
+			k++
+			out = append(out, watchAction{at: t, bookmark: max(rv, rvStep) + k, what: "another workflow's event"})
+		}
 	}
 	// Bookmarks about every minute while the watch is not stalled.
 	for b := time.Minute; b < last+15*time.Minute; b += time.Minute {

@@ -103,6 +103,7 @@ func readTaskSet(req admission.Request) (facts, *admission.Response) {
 	ts.reopened = req.Operation == admissionv1.Update &&
 		old.Metadata.Labels[argo.LabelCompleted] == "true" && obj.Metadata.Labels[argo.LabelCompleted] != "true"
 	f.startsWork = len(ts.tasks) > 0 || ts.reopened
+	f.update = req.Operation == admissionv1.Update
 	return f, nil
 }
 
@@ -174,7 +175,7 @@ var taskSetSpec = &kindSpec{
 	},
 	eventType: corev1.EventTypeWarning, eventDenied: EventReasonDenied, eventWarned: EventReasonWarned,
 	rowNotOwned: "T1", rowNotWatched: "T2", rowIdle: "T3", idleReason: ReasonNoNewTask,
-	refusals: []Reason{ReasonWorkflowCompleted, ReasonWorkflowDeleted, ReasonWorkflowReplaced},
+	refusals: []Reason{ReasonWorkflowCompleted, ReasonWorkflowDeleted, ReasonWorkflowReplaced, ReasonTaskSetOwnerGone},
 }
 
 func (ts *taskSetObject) spec() *kindSpec { return taskSetSpec }

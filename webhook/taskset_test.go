@@ -228,6 +228,43 @@ func TestTaskSetWrites(t *testing.T) {
 		wantRefused(t, err, ReasonWorkflowDeleted)
 	})
 
+	t.Run("name reused while the old TaskSet waits for the garbage collector: the new workflow's create admitted, its patch refused as taskset-owner-gone", func(t *testing.T) {
+		h := startGuard(t, Options{}, harnessOptions{})
+		ns := newNamespace(t)
+		old, ts, step := runningTaskSet(t, ns, "reused")
+		complete(t, old, ts, step)
+		if err := env.Client.Delete(t.Context(), old); err != nil {
+			t.Fatal(err)
+		}
+		// No garbage collector runs here: the old TaskSet stays, owned by the deleted UID.
+		wf := createWorkflow(t, ns, "reused", argo.PhaseRunning)
+		key, tmpl := fixture.OnExitTask(wf)
+		// Argo creates first (the create names the new workflow: admitted, then AlreadyExists)...
+		err := env.Client.Create(t.Context(), fixture.TaskSet(wf, map[string]any{key: tmpl}))
+		if !apierrors.IsAlreadyExists(err) {
+			t.Fatalf("the new workflow's create: %v, want AlreadyExists (admitted by the guard)", err)
+		}
+		// ...then patches the old object, which keeps the old owner reference.
+		err = env.Client.Patch(t.Context(), ts, fixture.TaskSetPatch(false, map[string]any{key: tmpl}))
+		wantRefused(t, err, ReasonTaskSetOwnerGone)
+		for _, s := range []string{"still belongs to workflow " + ns + "/reused (uid " + string(old.GetUID()) + "), which was deleted",
+			"writes again on its next pass", "garbage collector"} {
+			if !strings.Contains(err.Error(), s) {
+				t.Errorf("the refusal %q does not say %q", err, s)
+			}
+		}
+		ev := waitEvent(t, ns, old, EventReasonTaskSetOwnerGone)
+		if ev.Type != "Normal" {
+			t.Errorf("the Event about it is %s, want Normal (not a stale exit handler)", ev.Type)
+		}
+		if got := h.counter(t, "exit_guard_decisions_total", map[string]string{"verdict": "denied", "reason": string(ReasonTaskSetOwnerGone), "kind": argo.TaskSetKind}); got != 1 {
+			t.Errorf("taskset-owner-gone refusals counted = %v, want 1", got)
+		}
+		if got := h.counter(t, "exit_guard_decisions_total", map[string]string{"verdict": "denied", "reason": string(ReasonWorkflowReplaced), "kind": argo.TaskSetKind}); got != 0 {
+			t.Errorf("workflow-replaced refusals counted = %v, want 0: the write is not a stale exit handler", got)
+		}
+	})
+
 	t.Run("warn mode: admitted with a warning and an Event", func(t *testing.T) {
 		h := startGuard(t, Options{Mode: ModeWarn}, harnessOptions{})
 		ns := newNamespace(t)

@@ -3,6 +3,7 @@
 package webhook
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"strings"
@@ -15,6 +16,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/util/wait"
+	clocktesting "k8s.io/utils/clock/testing"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -474,16 +476,26 @@ func retry(t *testing.T, wf *unstructured.Unstructured, phase argo.Phase) {
 // A workflow Succeeded and the guard saw it; it was retried, the guard's watch has not
 // delivered the retry, and the API server answers the live read only on the third attempt
 // (the first hangs past its attempt timeout, the second fails at once). The whole budget is
-// used, and the retried workflow's exit handler runs, even with the store fallback that would
-// refuse it.
+// used, and the retried workflow's exit handler runs, with the default store fallback (fresh,
+// the watch having just advanced) that would refuse it had no read answered, and with
+// completion.
 func TestRetriedWorkflowIsAdmittedWhileLiveReadsFailAtFirst(t *testing.T) {
+	for _, fallback := range []StoreFallback{"", FallbackCompletion} {
+		t.Run("fallback "+cmp.Or(string(fallback), "default"), func(t *testing.T) {
+			retriedWorkflowAdmittedOnALateAnswer(t, fallback)
+		})
+	}
+}
+
+func retriedWorkflowAdmittedOnALateAnswer(t *testing.T, fallback StoreFallback) {
 	fault, calls := flaky(2, true)
-	h := startGuard(t, Options{LiveReadTimeout: 300 * time.Millisecond, LiveReadBudget: 3 * time.Second, StoreFallback: FallbackCompletion},
+	h := startGuard(t, Options{LiveReadTimeout: 300 * time.Millisecond, LiveReadBudget: 3 * time.Second, StoreFallback: fallback},
 		harnessOptions{noWatch: true, reader: faultyReader(t, fault, fault)})
 	ns := newNamespace(t)
 	wf := createWorkflow(t, ns, "retried", argo.PhaseSucceeded)
 	h.store.Observe(completionstore.Observation{UID: wf.GetUID(), Namespace: ns, Name: wf.GetName(),
 		ResourceVersion: wf.GetResourceVersion(), Phase: argo.PhaseSucceeded})
+	h.store.Progress(wf.GetResourceVersion())
 	retry(t, wf, argo.PhaseRunning)
 
 	mustAdmit(t, fixture.ExitPod(wf))
@@ -498,26 +510,39 @@ func TestRetriedWorkflowIsAdmittedWhileLiveReadsFailAtFirst(t *testing.T) {
 }
 
 // When no live read answers within the budget, the store alone decides, as --store-fallback
-// says: by default a completion it holds does not refuse (it may be a retry the watch has not
-// delivered); with "completion" it does, and that retried workflow's exit handler is refused:
-// the window docs/reliability.md measures. A tombstone refuses in both.
+// says. Here the workflow was retried and the guard's watch never delivered the retry: the
+// worst case of a store fallback. With tombstone a completion only the store holds never
+// refuses; with fresh (the default) it refuses while the watch advanced within
+// --store-fresh-for, and that retried workflow's exit handler is refused (the window
+// docs/reliability.md measures), and admits once the watch has been quiet longer; with
+// completion it always refuses. A tombstone refuses in every case.
 func TestStoreFallbackWhenNoLiveReadAnswers(t *testing.T) {
 	for _, tc := range []struct {
 		name     string
 		fallback StoreFallback
-		denied   bool
+		// quiet is how long ago the watch last advanced; 0 means it never did.
+		quiet  time.Duration
+		denied bool
 	}{
-		{name: "default: a completion only the store holds admits", denied: false},
-		{name: "completion: it refuses", fallback: FallbackCompletion, denied: true},
+		{name: "tombstone: a completion only the store holds admits", fallback: FallbackTombstone, quiet: time.Second, denied: false},
+		{name: "default, the watch advanced a second ago: it refuses", quiet: time.Second, denied: true},
+		{name: "default, the watch quiet for two minutes: it admits", quiet: 2 * time.Minute, denied: false},
+		{name: "default, the watch never advanced: it admits", denied: false},
+		{name: "completion, the watch quiet for two minutes: it refuses", fallback: FallbackCompletion, quiet: 2 * time.Minute, denied: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			fault, calls := flaky(-1, false)
+			clk := clocktesting.NewFakeClock(time.Now())
 			h := startGuard(t, Options{StoreFallback: tc.fallback, LiveReadTimeout: 100 * time.Millisecond, LiveReadBudget: 500 * time.Millisecond},
-				harnessOptions{noWatch: true, reader: faultyReader(t, fault, fault)})
+				harnessOptions{noWatch: true, reader: faultyReader(t, fault, fault), storeClock: clk})
 			ns := newNamespace(t)
 			wf := createWorkflow(t, ns, "retried", argo.PhaseSucceeded)
 			h.store.Observe(completionstore.Observation{UID: wf.GetUID(), Namespace: ns, Name: wf.GetName(),
 				ResourceVersion: wf.GetResourceVersion(), Phase: argo.PhaseSucceeded})
+			if tc.quiet > 0 {
+				h.store.Progress(wf.GetResourceVersion())
+				clk.Step(tc.quiet)
+			}
 			retry(t, wf, argo.PhaseUnknown)
 			if tc.denied {
 				mustDeny(t, fixture.ExitPod(wf), ReasonWorkflowCompleted)

@@ -118,32 +118,54 @@ func TestListsRefusedWhileTheWatchCacheInitializesAreDecidedByAGet(t *testing.T)
 	}
 }
 
-// TestLiveReadsThatHangAreDecidedInsideTheDeadline: every live read hangs; the guard answers
-// inside the webhook's timeout, from its store (here with --store-fallback=completion, so that
-// the store's every state shows in the answer).
+// TestLiveReadsThatHangAreDecidedInsideTheDeadline: the guard's store saw a workflow succeed
+// and another deleted through a watch that was delivering; then the API server stops
+// answering (every live read hangs, the watch stream holds every event and bookmark back).
+// With the default flags (--store-fallback=fresh) the guard answers inside the webhook's
+// timeout, from its store: while the watch advanced less than --store-fresh-for (15 s) ago,
+// the stale exit handlers of the completed and the deleted workflows are refused and the
+// running workflow's admitted; once the watch has been quiet longer, the completed
+// workflow's is admitted, counted as unconfirmed-completion (a retry the watch never
+// delivered may be behind it), and the deleted workflow's is still refused.
 func TestLiveReadsThatHangAreDecidedInsideTheDeadline(t *testing.T) {
 	b := newService(t)
 	p := startAPIProxy(t, env.Config)
-	r := startReplicaWith(t, b, "a", p.kubeconfig(t), "--live-read-timeout=300ms", "--live-read-budget=1s", "--store-fallback=completion")
+	r := startReplicaWith(t, b, "a", p.kubeconfig(t), "--live-read-timeout=300ms", "--live-read-budget=1s")
 
 	running, succeeded, deleted := threeWorkflows(t)
 	waitFor(t, "the guard's store to hold the deletion and the completion", func() bool {
 		return r.metric(t, `exit_guard_store_records{state="deleted"}`) >= 1 && r.metric(t, `exit_guard_store_records{state="terminal"}`) >= 1
 	})
 
+	p.stall.Store(true)
 	p.hangReads.Store(true)
+	quiet := time.Now() // the watch advances no more from here
 	c := &tally{}
-	start := time.Now()
-	for range 5 {
+	for range 2 {
 		decideAll(t, c, map[*unstructured.Unstructured]bool{running: false, succeeded: true, deleted: true})
 	}
-	took := time.Since(start)
-	t.Logf("live reads hanging: %s; %d reads held until the guard gave up; %s per decision", c, p.hung.Load(), took/time.Duration(c.sent.Load()))
+	took := time.Since(quiet)
+	t.Logf("live reads hanging, watch stalled for %s: %s; %d reads held until the guard gave up; %s per decision",
+		took.Round(time.Millisecond), c, p.hung.Load(), took/time.Duration(c.sent.Load()))
 	if p.hung.Load() == 0 {
 		t.Error("no live read reached the hanging proxy: the test proved nothing")
 	}
-	if got := r.metric(t, `exit_guard_live_read_failures_total{kind="timeout"}`); got < float64(c.sent.Load()) {
-		t.Errorf("%v live reads counted as timed out, want %d", got, c.sent.Load())
+	if took > 14*time.Second {
+		t.Fatalf("the decisions inside the fresh window took %s: this machine is too slow for the test to mean anything", took)
+	}
+	if got := r.metric(t, `exit_guard_decisions_total{kind="Pod",reason="workflow-completed",verdict="denied"}`); got != 2 {
+		t.Errorf("%v refusals of the completed workflow's exit handler (workflow-completed), want 2: the store's fresh completion refuses by default", got)
+	}
+
+	time.Sleep(time.Until(quiet.Add(16 * time.Second)))
+	late := &tally{}
+	decideAll(t, late, map[*unstructured.Unstructured]bool{running: false, succeeded: false, deleted: true})
+	t.Logf("the watch quiet for more than 15 s: %s", late)
+	if got := r.metric(t, `exit_guard_decisions_total{kind="Pod",reason="unconfirmed-completion",verdict="allowed"}`); got != 1 {
+		t.Errorf("%v admissions as unconfirmed-completion once the watch was quiet past --store-fresh-for, want 1", got)
+	}
+	if sent := c.sent.Load() + late.sent.Load(); r.metric(t, `exit_guard_live_read_failures_total{kind="timeout"}`) < float64(sent) {
+		t.Errorf("%v live reads counted as timed out, want %d", r.metric(t, `exit_guard_live_read_failures_total{kind="timeout"}`), sent)
 	}
 }
 

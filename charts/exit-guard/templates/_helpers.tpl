@@ -93,6 +93,7 @@ annotations:
 - --event-read-timeout={{ .Values.guard.eventReadTimeout }}
 - --event-read-budget={{ .Values.guard.eventReadBudget }}
 - --store-fallback={{ .Values.guard.storeFallback }}
+- --store-fresh-for={{ .Values.guard.storeFreshFor }}
 - --namespaces={{ join "," .Values.guard.namespaces }}
 - --completion-ttl={{ .Values.guard.completionTTL }}
 - --lock-check-interval={{ .Values.guard.lockCheckInterval }}
