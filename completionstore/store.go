@@ -123,6 +123,10 @@ type Store struct {
 	// The newest resourceVersion the watch has reached, and when it got there.
 	progressRV string
 	progressAt time.Time
+	// The watch's latest lag sample: how long after its write a workflow's change reached the
+	// store, and when that sample was taken.
+	lag   time.Duration
+	lagAt time.Time
 }
 
 // New returns an empty Store.
@@ -248,6 +252,32 @@ func (s *Store) WatchAge() (time.Duration, bool) {
 		return 0, false
 	}
 	return s.clock.Since(at), true
+}
+
+// NoteLag records that a change written lag ago has just reached the store through the watch:
+// a sample of how far behind the API server the store is.
+func (s *Store) NoteLag(lag time.Duration) {
+	now := s.clock.Now()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.lag, s.lagAt = max(lag, 0), now
+}
+
+// LastLag returns the latest lag sample and when it was taken (a zero time when none was).
+func (s *Store) LastLag() (lag time.Duration, at time.Time) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.lag, s.lagAt
+}
+
+// WatchCurrent says whether the store is known to be close behind the API server: its watch
+// advanced within within, and its latest lag sample, taken within within too, is at most
+// maxLag. A change the store lacks then was written less than about maxLag ago, or after the
+// watch's last advance.
+func (s *Store) WatchCurrent(within, maxLag time.Duration) bool {
+	age, ok := s.WatchAge()
+	lag, at := s.LastLag()
+	return ok && age < within && !at.IsZero() && s.clock.Since(at) < within && lag <= maxLag
 }
 
 // Get returns the record of uid, if the store holds one that has not expired.

@@ -6,11 +6,13 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	toolscache "k8s.io/client-go/tools/cache"
+	"k8s.io/utils/clock"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
@@ -53,7 +55,7 @@ func stripWorkflow(obj any) (any, error) {
 	if !ok {
 		return obj, nil
 	}
-	return &metav1.PartialObjectMetadata{
+	out := &metav1.PartialObjectMetadata{
 		TypeMeta: wf.TypeMeta,
 		ObjectMeta: metav1.ObjectMeta{
 			Namespace:         wf.Namespace,
@@ -63,7 +65,24 @@ func stripWorkflow(obj any) (any, error) {
 			DeletionTimestamp: wf.DeletionTimestamp,
 			Labels:            phaseLabels[argo.PhaseFromLabels(wf.Labels)],
 		},
-	}, nil
+	}
+	if t := lastWrite(wf); !t.IsZero() {
+		// Only the time of the newest write (the feeder's lag sample), not the fields.
+		out.ManagedFields = []metav1.ManagedFieldsEntry{{Time: &metav1.Time{Time: t}}}
+	}
+	return out, nil
+}
+
+// lastWrite is the time of the newest write to wf that its managed fields record (to the
+// second), or the zero time.
+func lastWrite(wf metav1.Object) time.Time {
+	var newest time.Time
+	for _, e := range wf.GetManagedFields() {
+		if e.Time != nil && e.Time.After(newest) {
+			newest = e.Time.Time
+		}
+	}
+	return newest
 }
 
 // phaseLabels holds, for each phase the labels can settle, the labels Argo writes with it; an
@@ -110,15 +129,32 @@ func Watch(ctx context.Context, mgr manager.Manager, store *Store, opts WatchOpt
 	if err != nil {
 		return nil, fmt.Errorf("completionstore: getting the Workflow informer: %w", err)
 	}
-	h := &feeder{store: store, metrics: m}
+	h := &feeder{store: store, metrics: m, clock: store.clock}
+	// The registration, for the handler to ask whether the initial list is done: set once
+	// AddEventHandler returns, while events may already be coming.
+	var registered atomic.Pointer[toolscache.ResourceEventHandlerRegistration]
 	handle, err := inf.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
-		AddFunc:    func(obj any) { h.observe(obj, false) },
-		UpdateFunc: func(old, obj any) { h.observe(obj, false); h.completed(old, obj) },
+		AddFunc: func(obj any) {
+			h.observe(obj, false)
+			if r := registered.Load(); r != nil && (*r).HasSynced() {
+				// A workflow created now; not one of the initial list.
+				h.sampleLag(obj)
+			}
+		},
+		UpdateFunc: func(old, obj any) {
+			h.observe(obj, false)
+			h.completed(old, obj)
+			if o, ok := old.(metav1.Object); ok && o.GetResourceVersion() != obj.(metav1.Object).GetResourceVersion() {
+				// A change (a resync repeats the same object, written long ago).
+				h.sampleLag(obj)
+			}
+		},
 		DeleteFunc: func(obj any) { h.observe(obj, true) },
 	})
 	if err != nil {
 		return nil, fmt.Errorf("completionstore: watching Workflows: %w", err)
 	}
+	registered.Store(&handle)
 	if err := mgr.Add(store); err != nil {
 		return nil, fmt.Errorf("completionstore: adding the sweeper: %w", err)
 	}
@@ -204,6 +240,18 @@ func (p *progressPoller) NeedLeaderElection() bool { return false }
 type feeder struct {
 	store   *Store
 	metrics *storeMetrics
+	clock   clock.PassiveClock
+}
+
+// sampleLag tells the store how long after its write the change in obj reached it.
+func (f *feeder) sampleLag(obj any) {
+	wf, ok := obj.(*metav1.PartialObjectMetadata)
+	if !ok {
+		return
+	}
+	if t := lastWrite(wf); !t.IsZero() {
+		f.store.NoteLag(f.clock.Since(t))
+	}
 }
 
 func (f *feeder) observe(obj any, deleted bool) {
@@ -257,6 +305,7 @@ type storeMetrics struct {
 	completions   prometheus.Counter
 	watchRV       *prometheus.Desc
 	watchProgress *prometheus.Desc
+	watchLag      *prometheus.Desc
 }
 
 func newStoreMetrics(s *Store) *storeMetrics {
@@ -277,6 +326,8 @@ func newStoreMetrics(s *Store) *storeMetrics {
 			"The newest resourceVersion the Workflow watch has reached (events and bookmarks), as a number.", nil, nil),
 		watchProgress: prometheus.NewDesc("exit_guard_watch_last_progress_timestamp_seconds",
 			"When the Workflow watch last advanced (an event or a bookmark; the API server sends one about every minute), in Unix seconds; 0 before it ever has.", nil, nil),
+		watchLag: prometheus.NewDesc("exit_guard_watch_lag_seconds",
+			"The Workflow watch's latest lag sample: how long after its write (its managed fields' time, to the second) a workflow's change reached the store.", nil, nil),
 	}
 }
 
@@ -285,6 +336,7 @@ func (m *storeMetrics) Describe(ch chan<- *prometheus.Desc) {
 	ch <- m.records
 	ch <- m.watchRV
 	ch <- m.watchProgress
+	ch <- m.watchLag
 	m.observations.Describe(ch)
 	m.completions.Describe(ch)
 }
@@ -305,6 +357,8 @@ func (m *storeMetrics) Collect(ch chan<- prometheus.Metric) {
 		ts = float64(at.UnixNano()) / 1e9
 	}
 	ch <- prometheus.MustNewConstMetric(m.watchProgress, prometheus.GaugeValue, ts)
+	lag, _ := m.store.LastLag()
+	ch <- prometheus.MustNewConstMetric(m.watchLag, prometheus.GaugeValue, lag.Seconds())
 	m.observations.Collect(ch)
 	m.completions.Collect(ch)
 }

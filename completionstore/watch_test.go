@@ -124,6 +124,11 @@ func TestWatchFeedsTheStoreFromTheAPIServer(t *testing.T) {
 		t.Errorf("after sync the store holds %+v, %v for a workflow completed before the start", r, ok)
 	}
 
+	// The initial list's workflows were written before the watch began: no lag sample.
+	if lag, at := store.LastLag(); !at.IsZero() {
+		t.Errorf("a lag sample (%s) from the initial list, want none", lag)
+	}
+
 	wf := newWorkflow(t, ns, "live-"+rand.String(5), 0)
 	fixture.MarkPhase(wf, argo.PhaseSucceeded)
 	if err := env.Client.Update(t.Context(), wf); err != nil {
@@ -139,6 +144,12 @@ func TestWatchFeedsTheStoreFromTheAPIServer(t *testing.T) {
 		cmp, err := resourceversion.CompareResourceVersion(rv, wf.GetResourceVersion())
 		return err == nil && cmp >= 0 && store.WatchFresh()
 	})
+	// The update's managed fields tell when it was written (to the second): the store took a
+	// lag sample of it, of less than the second's rounding and this machine's delay.
+	lag, lagAt := store.LastLag()
+	if lagAt.IsZero() || lag > 3*time.Second {
+		t.Errorf("lag sample after a live update: %s at %v, want one, of at most a few seconds", lag, lagAt)
+	}
 	rv, at := store.LastProgress()
 	gauges := map[string]float64{}
 	mfs, err := reg.Gather()
@@ -152,6 +163,9 @@ func TestWatchFeedsTheStoreFromTheAPIServer(t *testing.T) {
 	}
 	if want, _ := strconv.ParseFloat(rv, 64); gauges["exit_guard_watch_resource_version"] != want {
 		t.Errorf("exit_guard_watch_resource_version = %v, want %v", gauges["exit_guard_watch_resource_version"], want)
+	}
+	if got := gauges["exit_guard_watch_lag_seconds"]; got != lag.Seconds() {
+		t.Errorf("exit_guard_watch_lag_seconds = %v, want %v", got, lag.Seconds())
 	}
 	if got := gauges["exit_guard_watch_last_progress_timestamp_seconds"]; got != float64(at.UnixNano())/1e9 {
 		t.Errorf("exit_guard_watch_last_progress_timestamp_seconds = %v, want %v", got, float64(at.UnixNano())/1e9)

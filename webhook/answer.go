@@ -111,7 +111,7 @@ func IsRefusal(err error) bool {
 func denialMessage(f facts, d decision) string {
 	if d.reason == ReasonTaskSetOwnerGone {
 		return fmt.Sprintf("exit-guard refused %s: %s, as seen by %s, and the agent of a workflow of that name would run its tasks. "+
-			"If this workflow reused the name, nothing is lost: Argo's controller writes again on its next pass and creates the "+
+			"If this workflow reused the name, its task waits: Argo's controller writes again on a later pass of the workflow and creates the "+
 			"WorkflowTaskSet anew once the garbage collector has deleted the old one (kubectl -n %s get workflowtaskset %s -o jsonpath='{.metadata.ownerReferences}'); "+
 			"a stale copy of the deleted workflow gets no further",
 			f.object.refused(), workflowText(d), d.source, d.wfNamespace, d.wfName)

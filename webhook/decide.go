@@ -2,6 +2,7 @@ package webhook
 
 import (
 	"context"
+	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -57,7 +58,7 @@ const (
 	// named like it, so the write must not land; but it may be that new workflow's own write
 	// (Argo patches on AlreadyExists, and the patched object keeps the old owner), which the
 	// guard cannot tell from a stale copy's. Not a stale exit handler: counted apart, never
-	// alerted as one. Argo's controller writes again on its next pass and creates the TaskSet
+	// alerted as one. Argo's controller writes again on a later pass and creates the TaskSet
 	// anew once the garbage collector has deleted the old one.
 	ReasonTaskSetOwnerGone Reason = "taskset-owner-gone"
 )
@@ -160,7 +161,7 @@ func (g *guard) decide(ctx context.Context, f facts) decision {
 		return d
 	case f.role == roleFailureClaim:
 		// Rows E4 to E12.
-		return g.judgeClaim(ctx, d)
+		return g.judgeClaim(ctx, f, d)
 	case !g.covered(f.role):
 		d.reason, d.row = ReasonNotCoveredByPolicy, "4"
 		return d
@@ -182,7 +183,7 @@ func (g *guard) decide(ctx context.Context, f facts) decision {
 		// Row 18: the store says refuse, or cannot tell: be sure first.
 	}
 	// Row 19 (store-first with a stale watch) and every other covered object: read live.
-	d = g.liveDecide(ctx, d)
+	d = g.liveDecide(ctx, f, d)
 	if f.role == roleTaskWrite && f.update && d.deny &&
 		(d.reason == ReasonWorkflowReplaced || d.reason == ReasonWorkflowDeleted && d.source == sourceStore) {
 		// Row T5: an update of a TaskSet whose owner is gone, perhaps by the workflow that
@@ -197,7 +198,7 @@ func (g *guard) decide(ctx context.Context, f facts) decision {
 // answer, as the store knows it. A workflow that is running (a real failure's Event can reach
 // the API server before the write that marks it), that failed, that cannot be read, or that is
 // gone without a tombstone of a Succeeded workflow, keeps its Event.
-func (g *guard) judgeClaim(ctx context.Context, d decision) decision {
+func (g *guard) judgeClaim(ctx context.Context, f facts, d decision) decision {
 	wf, err := g.readLive(ctx, d.wfNamespace, d.wfName, g.eventRead)
 	switch {
 	case err == nil && wf.UID == d.wfUID:
@@ -235,7 +236,7 @@ func (g *guard) judgeClaim(ctx context.Context, d decision) decision {
 	case !rec.Deleted && rec.Phase == argo.PhaseSucceeded:
 		// The store's completion may be a retry not yet delivered, as for pods.
 		d.reason, d.row = ReasonUnconfirmedCompletion, "E10"
-		if g.storeCompletionRefuses() {
+		if g.storeCompletionRefuses(f) {
 			d.deny, d.reason = true, ReasonWorkflowSucceeded
 		}
 	case rec.Deleted:
@@ -250,17 +251,39 @@ func (g *guard) judgeClaim(ctx context.Context, d decision) decision {
 	return d
 }
 
+// freshMaxLag is the most the store may be behind the API server, by its latest lag sample,
+// for --store-fallback=fresh to refuse from it: a retry re-runs at least one node, a pod
+// that takes seconds, before its exit handler, so a store this close behind has seen it.
+// Managed fields tell a write's time to the second: a sample of 2 s is a lag of 1 to 2 s.
+const freshMaxLag = 2 * time.Second
+
 // storeCompletionRefuses says whether a completion that only the store holds (no live read
-// answered) may refuse, as --store-fallback says: never (tombstone), always (completion), or
-// when the watch advanced within --store-fresh-for (fresh), so that a retry committed before
-// would have reached the store.
-func (g *guard) storeCompletionRefuses() bool {
+// answered) may refuse the object of f, as --store-fallback says: never (tombstone), always
+// (completion), or (fresh) for an object a retry sends only after re-running nodes (an
+// exit-handler pod, a WorkflowFailed Event, a TaskSet write that adds only the workflow's
+// exit-handler task) while the store is close behind the API server: its watch advanced within
+// --store-fresh-for and its latest lag sample is at most freshMaxLag. A retry's agent pod,
+// its TaskSet writes of other nodes, its hook and step pods come at once, before any watch
+// could have delivered the retry: those the store alone never refuses.
+func (g *guard) storeCompletionRefuses(f facts) bool {
 	switch g.opts.StoreFallback {
 	case FallbackCompletion:
 		return true
 	case FallbackFresh:
-		age, ok := g.store.WatchAge()
-		return ok && age < g.opts.StoreFreshFor
+		return comesAfterReRunNodes(f) && g.store.WatchCurrent(g.opts.StoreFreshFor, freshMaxLag)
+	}
+	return false
+}
+
+// comesAfterReRunNodes says whether a retried workflow sends the object of f only after its
+// re-run nodes are done.
+func comesAfterReRunNodes(f facts) bool {
+	switch f.role {
+	case roleExitHandler, roleFailureClaim:
+		return true
+	case roleTaskWrite:
+		ts, ok := f.object.(*taskSetObject)
+		return ok && ts.onlyExitHandlerTask()
 	}
 	return false
 }
@@ -279,7 +302,7 @@ func (g *guard) covered(r role) bool {
 
 // liveDecide reads the owner from the API server and decides from what it says (rows 5 to 9),
 // or from the store when the read fails or runs out of time (rows 10 to 15).
-func (g *guard) liveDecide(ctx context.Context, d decision) decision {
+func (g *guard) liveDecide(ctx context.Context, f facts, d decision) decision {
 	wf, err := g.readLive(ctx, d.wfNamespace, d.wfName, g.podRead)
 	switch {
 	case apierrors.IsNotFound(err):
@@ -293,7 +316,7 @@ func (g *guard) liveDecide(ctx context.Context, d decision) decision {
 			return d
 		}
 		d = g.fromRecord(d, rec, "")
-		if d.deny && d.reason == ReasonWorkflowCompleted && !g.storeCompletionRefuses() {
+		if d.deny && d.reason == ReasonWorkflowCompleted && !g.storeCompletionRefuses(f) {
 			// The store's completion may be a retry not yet delivered: not sure enough.
 			d.deny, d.reason = false, ReasonUnconfirmedCompletion
 		}

@@ -182,6 +182,7 @@ func decisionCases() []decisionCase {
 		return func(t *testing.T) facts { return taskSetFacts(t, wf, oldTasks, oldCompleted, newTasks, newCompleted) }
 	}
 	stale := write([]string{}, "true", []string{onExit}, "false")
+	stepWrite := write([]string{}, "true", []string{argo.NodeID(wf.GetName(), wf.GetName()+"[0].call")}, "false")
 	cleanup := write([]string{onExit}, "false", nil, "true")
 	reopenOnly := write([]string{}, "true", nil, "false")
 	created := write(nil, "", []string{onExit}, "false")
@@ -230,7 +231,8 @@ func decisionCases() []decisionCase {
 		{row: "10", name: "read fails, store tombstone", facts: exit, live: liveFails, store: storeTombstone, deny: true, reason: ReasonWorkflowDeleted, source: sourceStore},
 		{row: "11", name: "read fails, store Succeeded, watch fresh (default fallback)", facts: exit, live: liveFails, store: storeSucceeded, deny: true, reason: ReasonWorkflowCompleted, source: sourceStore},
 		{row: "11", name: "read times out, store Succeeded, watch fresh (default fallback)", facts: exit, live: liveTimesOut, store: storeSucceeded, deny: true, reason: ReasonWorkflowCompleted, source: sourceStore},
-		{row: "11", name: "agent pod, read fails, store Succeeded, watch fresh (default fallback)", facts: agent, live: liveFails, store: storeSucceeded, deny: true, reason: ReasonWorkflowCompleted, source: sourceStore},
+		{row: "11", name: "agent pod, read fails, store Succeeded, watch fresh: a retry's agent pod comes at once, never refused from the store", facts: agent, live: liveFails, store: storeSucceeded, reason: ReasonUnconfirmedCompletion, source: sourceStore},
+		{row: "11", name: "agent pod, read fails, store Succeeded, completion fallback", facts: agent, opts: completion, live: liveFails, store: storeSucceeded, deny: true, reason: ReasonWorkflowCompleted, source: sourceStore},
 		{row: "11", name: "read times out, store Succeeded, watch quiet past fresh-for (default fallback)", facts: exit, live: liveTimesOut, store: storeSucceeded, staleWatch: true, reason: ReasonUnconfirmedCompletion, source: sourceStore},
 		{row: "11", name: "read fails, store Succeeded, tombstone fallback", facts: exit, opts: tombstone, live: liveFails, store: storeSucceeded, reason: ReasonUnconfirmedCompletion, source: sourceStore},
 		{row: "11", name: "read fails, store Succeeded, completion fallback", facts: exit, opts: completion, live: liveFails, store: storeSucceeded, deny: true, reason: ReasonWorkflowCompleted, source: sourceStore},
@@ -250,7 +252,7 @@ func decisionCases() []decisionCase {
 		{row: "18", name: "store-first, store tombstone, live 404", facts: exit, opts: storeFirst, store: storeTombstone, live: live404, deny: true, reason: ReasonWorkflowDeleted, source: sourceLive, wantRow: "8"},
 		{row: "18", name: "store-first, store unsettled, live Succeeded", facts: exit, opts: storeFirst, store: storeUnsettled, live: liveSucceeded, deny: true, reason: ReasonWorkflowCompleted, source: sourceLive, wantRow: "6"},
 		{row: "18", name: "store-first, store unsettled, live says not terminal", facts: exit, opts: storeFirst, store: storeUnsettled, live: liveUnknown, reason: ReasonWorkflowNotTerminal, source: sourceLive, wantRow: "5"},
-		{row: "18", name: "strict step pod, store Succeeded, read fails, default fallback", facts: step, opts: Options{Strict: true}, store: storeSucceeded, live: liveFails, deny: true, reason: ReasonWorkflowCompleted, source: sourceStore, wantRow: "11"},
+		{row: "18", name: "strict step pod, store Succeeded, read fails, default fallback: a retry's steps come at once", facts: step, opts: Options{Strict: true}, store: storeSucceeded, live: liveFails, reason: ReasonUnconfirmedCompletion, source: sourceStore, wantRow: "11"},
 		{row: "18", name: "strict step pod, store Succeeded, read fails, tombstone fallback", facts: step, opts: Options{Strict: true, StoreFallback: FallbackTombstone}, store: storeSucceeded, live: liveFails, reason: ReasonUnconfirmedCompletion, source: sourceStore, wantRow: "11"},
 		{row: "18", name: "strict step pod, store Succeeded, read fails, completion fallback", facts: step, opts: Options{Strict: true, StoreFallback: FallbackCompletion}, store: storeSucceeded, live: liveFails, deny: true, reason: ReasonWorkflowCompleted, source: sourceStore, wantRow: "11"},
 		{row: "19", name: "store-first, watch stale, live Succeeded", facts: exit, opts: storeFirst, staleWatch: true, live: liveSucceeded, deny: true, reason: ReasonWorkflowCompleted, source: sourceLive, wantRow: "6"},
@@ -268,7 +270,8 @@ func decisionCases() []decisionCase {
 		{row: "T4", name: "as 8: task added by an update, live 404", facts: stale, live: live404, deny: true, reason: ReasonWorkflowDeleted, source: sourceLive, wantRow: "8"},
 		{row: "T4", name: "as 9: TaskSet created, live other UID", facts: created, live: liveOtherUID, deny: true, reason: ReasonWorkflowReplaced, source: sourceLive, wantRow: "9"},
 		{row: "T4", name: "as 10: TaskSet created, read fails, store tombstone", facts: created, live: liveFails, store: storeTombstone, deny: true, reason: ReasonWorkflowDeleted, source: sourceStore, wantRow: "10"},
-		{row: "T4", name: "as 11: task added, read times out, store Succeeded, watch fresh", facts: stale, live: liveTimesOut, store: storeSucceeded, deny: true, reason: ReasonWorkflowCompleted, source: sourceStore, wantRow: "11"},
+		{row: "T4", name: "as 11: the exit handler's task added, read times out, store Succeeded, watch fresh", facts: stale, live: liveTimesOut, store: storeSucceeded, deny: true, reason: ReasonWorkflowCompleted, source: sourceStore, wantRow: "11"},
+		{row: "T4", name: "as 11: another node's task added, read times out, store Succeeded, watch fresh: a retry's comes at once", facts: stepWrite, live: liveTimesOut, store: storeSucceeded, reason: ReasonUnconfirmedCompletion, source: sourceStore, wantRow: "11"},
 		{row: "T4", name: "as 11: task added, read times out, store Succeeded, tombstone fallback", facts: stale, opts: tombstone, live: liveTimesOut, store: storeSucceeded, reason: ReasonUnconfirmedCompletion, source: sourceStore, wantRow: "11"},
 		{row: "T4", name: "as 11: task added, read fails, store Succeeded, completion fallback", facts: stale, opts: completion, live: liveFails, store: storeSucceeded, deny: true, reason: ReasonWorkflowCompleted, source: sourceStore, wantRow: "11"},
 		{row: "T4", name: "as 15: task added, read fails, store empty", facts: stale, live: liveFails, reason: ReasonUnverifiedFailOpen, wantRow: "15"},
@@ -317,6 +320,7 @@ func storeFor(t *testing.T, wf client.Object, state storeState, staleWatch bool)
 		t.Fatal(err)
 	}
 	store.Progress("1")
+	store.NoteLag(0)
 	if staleWatch {
 		clk.Step(time.Hour)
 	}
@@ -425,9 +429,10 @@ func TestClassify(t *testing.T) {
 }
 
 // TestFreshFallbackCountsFromTheWatchsLastAdvance: with --store-fallback=fresh, a completion
-// only the store holds refuses while the watch advanced within --store-fresh-for, and admits
-// (unconfirmed-completion) once it has been quiet longer; an event or a bookmark makes it
-// fresh again.
+// only the store holds refuses an exit handler while the watch advanced within
+// --store-fresh-for and its latest lag sample (taken within it too) is at most 2 s; it admits
+// (unconfirmed-completion) once the watch has been quiet longer, with no lag sample, or with a
+// lag of more; an event or a bookmark makes it fresh again.
 func TestFreshFallbackCountsFromTheWatchsLastAdvance(t *testing.T) {
 	clk := clocktesting.NewFakeClock(time.Now())
 	store, err := completionstore.New(completionstore.Options{Clock: clk})
@@ -448,28 +453,35 @@ func TestFreshFallbackCountsFromTheWatchsLastAdvance(t *testing.T) {
 		t.Errorf("a watch that never advanced: deny %v reason %s, want admitted as %s", d.deny, d.reason, ReasonUnconfirmedCompletion)
 	}
 	for _, step := range []struct {
+		what     string
 		progress string
+		lag      time.Duration // a lag sample with the progress, when not 0
 		wait     time.Duration
 		deny     bool
 	}{
-		{progress: "5", wait: 29 * time.Second, deny: true},
-		{wait: time.Second, deny: false}, // 30 s: no longer within fresh-for
-		{progress: "6", wait: 0, deny: true},
-		{progress: "6", wait: 31 * time.Second, deny: false}, // the same resourceVersion again is no advance
-		{progress: "7", wait: 10 * time.Second, deny: true},
+		{what: "advanced, no lag sample yet", progress: "5", wait: time.Second, deny: false},
+		{what: "a lag sample of 1 s", progress: "6", lag: time.Second, wait: 29 * time.Second, deny: true},
+		{what: "30 s since: no longer within fresh-for", wait: time.Second, deny: false},
+		{what: "a bookmark: advanced, the lag sample too old", progress: "7", deny: false},
+		{what: "an event, 2 s behind", progress: "8", lag: 2 * time.Second, deny: true},
+		{what: "an event, 3 s behind: the store too far behind", progress: "9", lag: 3 * time.Second, deny: false},
+		{what: "an event, at once", progress: "10", lag: time.Millisecond, wait: 10 * time.Second, deny: true},
+		{what: "the same resourceVersion again is no advance", progress: "10", wait: 21 * time.Second, deny: false},
 	} {
 		if step.progress != "" {
 			store.Progress(step.progress)
 		}
+		if step.lag > 0 {
+			store.NoteLag(step.lag)
+		}
 		clk.Step(step.wait)
-		age, _ := store.WatchAge()
 		d := decideNow()
 		want := ReasonUnconfirmedCompletion
 		if step.deny {
 			want = ReasonWorkflowCompleted
 		}
 		if d.deny != step.deny || d.reason != want || d.source != sourceStore || d.row != "11" {
-			t.Errorf("watch advanced %s ago: deny %v reason %s source %s row %s, want deny %v reason %s from the store, row 11", age, d.deny, d.reason, d.source, d.row, step.deny, want)
+			t.Errorf("%s: deny %v reason %s source %s row %s, want deny %v reason %s from the store, row 11", step.what, d.deny, d.reason, d.source, d.row, step.deny, want)
 		}
 	}
 }

@@ -45,13 +45,16 @@ const (
 	// the guard's watch has not delivered yet, and the guard cannot tell them apart.
 	FallbackTombstone StoreFallback = "tombstone"
 	// FallbackFresh also refuses for a completion (in a deny phase) that only the store holds,
-	// when the guard's watch advanced (an event or a bookmark) within StoreFreshFor: a watch
-	// that is delivering would have brought a retry, and Argo retries a Succeeded workflow
-	// only with --restart-successful, re-running nodes before its exit handler. When the watch
-	// has been quiet longer, the store may lack the retry, and the pod is admitted as
-	// unconfirmed-completion. A retry can still be refused when the guard alone lost the API
-	// server (its watch stopped and its reads fail, while Argo's work goes on) less than
-	// StoreFreshFor before: docs/reliability.md measures how often.
+	// an object that a retry sends only after re-running nodes (an exit-handler pod, a
+	// WorkflowFailed Event, a TaskSet write that adds only the workflow-level exit handler's
+	// task), while the store is close behind the API server: its watch advanced (an event or a
+	// bookmark) within StoreFreshFor and its latest lag sample is at most 2 s. Argo retries a
+	// Succeeded workflow only with --restart-successful, re-running nodes (pods: seconds)
+	// before its exit handler, so such a store has seen the retry. Otherwise (the watch quiet
+	// or behind, or an agent, step or hook pod, which a retry sends at once) the object is
+	// admitted as unconfirmed-completion. A retry can still be refused when the guard alone
+	// lost the API server (its watch stopped and its reads fail, while Argo's work goes on)
+	// less than StoreFreshFor before: docs/reliability.md measures how often.
 	FallbackFresh StoreFallback = "fresh"
 	// FallbackCompletion refuses for a completion that only the store holds however long ago
 	// the watch advanced: more stale pods stopped while the API server cannot answer, at the

@@ -39,6 +39,13 @@ const (
 	// files again (the CA bundle, a client certificate), so that a rotated CA or certificate
 	// is taken up without a restart; a failed verification or a 401 rebuilds it at once.
 	readPathRebuildAfter = 5 * time.Minute
+	// readPathRebuildAtMost: a failure rebuilds the pool at most this often, so that a 401
+	// that persists (a token revoked) does not cost a new connection per request.
+	readPathRebuildAtMost = 10 * time.Second
+	// readPathDrainAfter: the connections of a pool built anew that were busy at that moment
+	// are closed this long after, once their requests (bounded by the live-read budget) are
+	// done, rather than left to the idle timeout.
+	readPathDrainAfter = 10 * time.Second
 )
 
 // readPath is how the guard reads workflows live, on connections of its own: not the watch's
@@ -59,15 +66,18 @@ const (
 type readPath struct {
 	cfg   *rest.Config
 	codec runtime.NegotiatedSerializer
-	clock clock.Clock
+	clock clock.WithDelayedExecution
 
 	mu sync.Mutex
 	// pool serves first attempts and retries; poolT is its transport, built at builtAt;
-	// rebuild: the next request builds it anew (a failed TLS verification or a 401 on it).
-	pool    *rest.RESTClient
-	poolT   *http.Transport
-	builtAt time.Time
-	rebuild bool
+	// rebuild: the next request builds it anew (a failed TLS verification on it: a failed
+	// handshake costs no kept connection); rebuildSoon: the first request readPathRebuildAtMost
+	// after it was built does (a 401).
+	pool        *rest.RESTClient
+	poolT       *http.Transport
+	builtAt     time.Time
+	rebuild     bool
+	rebuildSoon bool
 }
 
 var _ client.Reader = (*readPath)(nil)
@@ -97,7 +107,8 @@ func newReadPath(cfg *rest.Config, scheme *runtime.Scheme) (*readPath, error) {
 func (p *readPath) pooled() *rest.RESTClient {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if !p.rebuild && p.clock.Since(p.builtAt) < readPathRebuildAfter {
+	age := p.clock.Since(p.builtAt)
+	if age < readPathRebuildAfter && !p.rebuild && (!p.rebuildSoon || age < readPathRebuildAtMost) {
 		return p.pool
 	}
 	pool, t, err := p.client(false)
@@ -105,20 +116,27 @@ func (p *readPath) pooled() *rest.RESTClient {
 		return p.pool
 	}
 	old := p.poolT
-	p.pool, p.poolT, p.builtAt, p.rebuild = pool, t, p.clock.Now(), false
+	p.pool, p.poolT, p.builtAt, p.rebuild, p.rebuildSoon = pool, t, p.clock.Now(), false, false
 	old.CloseIdleConnections()
+	p.clock.AfterFunc(readPathDrainAfter, old.CloseIdleConnections)
 	return p.pool
 }
 
 // noteFailure marks the pool for a rebuild when err says its credentials or its trust are
-// out of date: the server's certificate not verified (a rotated CA), or 401 (a rotated client
-// certificate; a rotated token file is read again by client-go itself).
+// out of date: the server's certificate not verified (a rotated CA: at once), or 401 (a
+// rotated client certificate: at most every readPathRebuildAtMost; a rotated token file is
+// read again by client-go itself).
 func (p *readPath) noteFailure(err error) {
 	var verify *tls.CertificateVerificationError
 	var unknownCA x509.UnknownAuthorityError
-	if errors.As(err, &verify) || errors.As(err, &unknownCA) || apierrors.IsUnauthorized(err) {
+	switch {
+	case errors.As(err, &verify) || errors.As(err, &unknownCA):
 		p.mu.Lock()
 		p.rebuild = true
+		p.mu.Unlock()
+	case apierrors.IsUnauthorized(err):
+		p.mu.Lock()
+		p.rebuildSoon = true
 		p.mu.Unlock()
 	}
 }

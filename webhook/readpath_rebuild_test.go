@@ -13,8 +13,9 @@ import (
 )
 
 // TestReadPathPoolIsBuiltAnew: the pool is kept while it is young and nothing failed as a
-// rotation makes requests fail; it is built anew once older than readPathRebuildAfter, and at
-// once after a 401. Other failures (a timeout, a 503) keep it.
+// rotation makes requests fail; it is built anew once older than readPathRebuildAfter, and
+// after a 401, at most once per readPathRebuildAtMost. Other failures (a timeout, a 503) keep
+// it.
 func TestReadPathPoolIsBuiltAnew(t *testing.T) {
 	scheme, err := argo.NewScheme()
 	if err != nil {
@@ -43,7 +44,19 @@ func TestReadPathPoolIsBuiltAnew(t *testing.T) {
 		t.Error("the pool was kept past readPathRebuildAfter")
 	}
 	p.noteFailure(apierrors.NewUnauthorized("expired"))
-	if p.pooled() == second {
+	if p.pooled() != second {
+		t.Error("a 401 rebuilt a pool built less than readPathRebuildAtMost ago")
+	}
+	clk.Step(readPathRebuildAtMost)
+	third := p.pooled()
+	if third == second {
 		t.Error("the pool was kept after a 401")
+	}
+	for range 3 {
+		// A 401 that persists: no new pool per request.
+		p.noteFailure(apierrors.NewUnauthorized("revoked"))
+		if p.pooled() != third {
+			t.Error("a persisting 401 rebuilt the pool within readPathRebuildAtMost")
+		}
 	}
 }

@@ -164,6 +164,9 @@ func simulate(h *history, s setting, t *tallies, log func(string, ...any)) error
 					store.Progress(a.obs.ResourceVersion)
 				}
 			}
+			if a.sampled {
+				store.NoteLag(a.lag)
+			}
 			if log != nil {
 				log("%9s watch %s %+v -> store", a.at, a.what, a.obs)
 			}
@@ -398,6 +401,11 @@ func TestSimulation(t *testing.T) {
 		}
 		if r.legitDeniedWrongly > 0 {
 			t.Errorf("%s: %d legitimate pods denied: %v; replay with -sim.replay=%d", s.name, r.legitDeniedWrongly, r.legitDenied, r.failures[0])
+		}
+		if s.name == "default" && r.storePrice > 0 {
+			// The default's promise in the realistic retry model: the store fallback's price
+			// is measured for the other settings, and must be none here.
+			t.Errorf("default: %d legitimate pods or writes refused from the store: %v; replay with -sim.replay=%d", r.storePrice, r.legitDenied, r.priceSeeds[0])
 		}
 		if r.legit == 0 || r.stale == 0 {
 			t.Errorf("%s: %d legitimate and %d stale pods: the simulation made nothing to judge", s.name, r.legit, r.stale)

@@ -122,8 +122,16 @@ type watchAction struct {
 	obs      *completionstore.Observation
 	restart  bool
 	bookmark int64 // a bookmark's resourceVersion, when set
-	what     string
+	// lag, when sampled: how long after its write (to the second, as managed fields tell it)
+	// the change arrived: the store's lag sample.
+	lag     time.Duration
+	sampled bool
+	what    string
 }
+
+// measuredLag is the lag the guard measures for a write at w delivered at at: managed fields
+// tell a write's time to the second.
+func measuredLag(w, at time.Duration) time.Duration { return at - w.Truncate(time.Second) }
 
 // history is one generated world: the truth, the pods, and what the guard's watch delivers.
 type history struct {
@@ -361,7 +369,7 @@ func (h *history) generateWatch(r *rand.Rand) []watchAction {
 			at = stallTo
 		}
 		prev = at
-		out = append(out, watchAction{at: at, obs: obsOf(w.state), what: "event"})
+		out = append(out, watchAction{at: at, obs: obsOf(w.state), lag: measuredLag(w.at, at), sampled: true, what: "event"})
 	}
 	if h.load.busy {
 		// Other workflows' events: the watch advances past this history's last delivered
@@ -379,7 +387,9 @@ func (h *history) generateWatch(r *rand.Rand) []watchAction {
 				continue
 			}
 			k++
-			out = append(out, watchAction{at: t, bookmark: max(rv, rvStep) + k, what: "another workflow's event"})
+			// Its write happened lag() before, at a moment of its own within the second.
+			written := t - lag()
+			out = append(out, watchAction{at: t, bookmark: max(rv, rvStep) + k, lag: measuredLag(written, t), sampled: true, what: "another workflow's event"})
 		}
 	}
 	// Bookmarks about every minute while the watch is not stalled.
@@ -422,7 +432,8 @@ func (h *history) generateWatch(r *rand.Rand) []watchAction {
 		w := h.writes[r.IntN(len(h.writes)-1)]
 		o := obsOf(w.state)
 		o.Deleted = false
-		out = append(out, watchAction{at: dur(r, w.at, last+time.Minute), obs: o, what: "replayed older event"})
+		at := dur(r, w.at, last+time.Minute)
+		out = append(out, watchAction{at: at, obs: o, lag: measuredLag(w.at, at), sampled: true, what: "replayed older event"})
 	}
 	if r.Float64() < 0.2 {
 		// A relist (410 Gone, or a broken watch): the current state of every workflow, and a
@@ -430,9 +441,18 @@ func (h *history) generateWatch(r *rand.Rand) []watchAction {
 		t := dur(r, 0, last+time.Minute)
 		had := deliveredAt(out, t)
 		now := truthAt(t - lag())
+		writtenAt := map[int64]time.Duration{}
+		for _, w := range h.writes {
+			writtenAt[w.state.rv] = w.at
+		}
 		for uid, s := range now {
 			if !s.deleted {
-				out = append(out, watchAction{at: t, obs: obsOf(s), what: "relist"})
+				// A state the informer did not have comes as an update: a lag sample of it.
+				a := watchAction{at: t, obs: obsOf(s), what: "relist"}
+				if o, ok := had[uid]; !ok || o.ResourceVersion != a.obs.ResourceVersion {
+					a.lag, a.sampled = measuredLag(writtenAt[s.rv], t), true
+				}
+				out = append(out, a)
 			} else if o, ok := had[uid]; ok && !o.Deleted {
 				o.Deleted = true
 				out = append(out, watchAction{at: t, obs: &o, what: "relist: DeletedFinalStateUnknown"})

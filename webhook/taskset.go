@@ -210,3 +210,20 @@ func (ts *taskSetObject) annotate(a map[string]string) {
 		a["completed-reopened"] = "true"
 	}
 }
+
+// onlyExitHandlerTask says whether the write adds tasks, every one of them the node of the
+// workflow-level exit handler (<wf>.onExit, an onExit template that is itself an HTTP or
+// plugin template). The ID of a node inside the exit handler's steps cannot be told from
+// another node's without the workflow's node tree.
+func (ts *taskSetObject) onlyExitHandlerTask() bool {
+	if len(ts.tasks) == 0 {
+		return false
+	}
+	onExit := argo.NodeID(ts.workflow, argo.OnExitNodeName(ts.workflow))
+	for _, k := range ts.tasks {
+		if k != onExit {
+			return false
+		}
+	}
+	return true
+}

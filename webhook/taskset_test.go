@@ -248,7 +248,7 @@ func TestTaskSetWrites(t *testing.T) {
 		err = env.Client.Patch(t.Context(), ts, fixture.TaskSetPatch(false, map[string]any{key: tmpl}))
 		wantRefused(t, err, ReasonTaskSetOwnerGone)
 		for _, s := range []string{"still belongs to workflow " + ns + "/reused (uid " + string(old.GetUID()) + "), which was deleted",
-			"writes again on its next pass", "garbage collector"} {
+			"writes again on a later pass", "garbage collector"} {
 			if !strings.Contains(err.Error(), s) {
 				t.Errorf("the refusal %q does not say %q", err, s)
 			}

@@ -496,6 +496,7 @@ func retriedWorkflowAdmittedOnALateAnswer(t *testing.T, fallback StoreFallback) 
 	h.store.Observe(completionstore.Observation{UID: wf.GetUID(), Namespace: ns, Name: wf.GetName(),
 		ResourceVersion: wf.GetResourceVersion(), Phase: argo.PhaseSucceeded})
 	h.store.Progress(wf.GetResourceVersion())
+	h.store.NoteLag(0)
 	retry(t, wf, argo.PhaseRunning)
 
 	mustAdmit(t, fixture.ExitPod(wf))
@@ -541,6 +542,7 @@ func TestStoreFallbackWhenNoLiveReadAnswers(t *testing.T) {
 				ResourceVersion: wf.GetResourceVersion(), Phase: argo.PhaseSucceeded})
 			if tc.quiet > 0 {
 				h.store.Progress(wf.GetResourceVersion())
+				h.store.NoteLag(0)
 				clk.Step(tc.quiet)
 			}
 			retry(t, wf, argo.PhaseUnknown)
