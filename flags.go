@@ -236,8 +236,8 @@ func parseFlags(args []string) (*flags, error) {
 		"For an Event that says a workflow failed: how long the live read may take in all; past it the store decides. Short: Argo sends a namespace's Events one at a time. Keep it at least a second below the Event webhook's timeoutSeconds.")
 	fs.StringVar(&f.storeFallback, "store-fallback", string(webhook.FallbackFresh),
 		"What the store alone may refuse when no live read answers within the budget: tombstone (only workflows seen deleted), fresh (also workflows seen completed, while the watch advanced within --store-fresh-for) or completion (also workflows seen completed, however quiet the watch; a workflow retried in that moment is then refused too).")
-	fs.DurationVar(&f.storeFreshFor, "store-fresh-for", 15*time.Second,
-		"With --store-fallback=fresh: how recently the Workflow watch must have advanced (an event of any workflow, or a bookmark), and its latest lag sample (at most 2 s) been taken, for the store's completion to refuse an exit handler when no live read answers. Longer stops more stale pods while the API server hangs, and refuses more retried workflows whose retry the watch has not delivered.")
+	fs.DurationVar(&f.storeFreshFor, "store-fresh-for", 5*time.Second,
+		"With --store-fallback=fresh: how young the newest workflow write the store received (by its managed fields' time) must be for the store's completion to refuse an exit handler when no live read answers. Longer stops more stale pods while the API server hangs, and refuses more retried workflows whose retry the watch has not delivered.")
 	fs.StringVar(&f.namespaces, "namespaces", "", "Comma-separated namespaces to watch and guard; empty means all.")
 	fs.DurationVar(&f.completionTTL, "completion-ttl", 10*time.Minute, "How long the store remembers a workflow after its last change.")
 	fs.DurationVar(&f.sweepInterval, "sweep-interval", 30*time.Second, "How often expired records are removed from the store.")

@@ -270,14 +270,15 @@ func (s *Store) LastLag() (lag time.Duration, at time.Time) {
 	return s.lag, s.lagAt
 }
 
-// WatchCurrent says whether the store is known to be close behind the API server: its watch
-// advanced within within, and its latest lag sample, taken within within too, is at most
-// maxLag. A change the store lacks then was written less than about maxLag ago, or after the
-// watch's last advance.
-func (s *Store) WatchCurrent(within, maxLag time.Duration) bool {
-	age, ok := s.WatchAge()
+// Staleness is how old the newest write the store is known to have received is: the latest
+// lag sample plus the time since it was taken; false when no sample was ever taken. Changes
+// arrive in order, so every change the store lacks was written less than that long ago.
+func (s *Store) Staleness() (time.Duration, bool) {
 	lag, at := s.LastLag()
-	return ok && age < within && !at.IsZero() && s.clock.Since(at) < within && lag <= maxLag
+	if at.IsZero() {
+		return 0, false
+	}
+	return lag + s.clock.Since(at), true
 }
 
 // Get returns the record of uid, if the store holds one that has not expired.

@@ -297,6 +297,18 @@ func TestStripWorkflowKeepsOnlyWhatTheStoreNeeds(t *testing.T) {
 	if o := ObservationOfMetadata(out.(*metav1.PartialObjectMetadata), false); o.Phase != argo.PhaseFailed {
 		t.Errorf("observation of the stripped workflow has phase %q, want Failed", o.Phase)
 	}
+
+	// The newest write's time (the lag sample's) rides in CreationTimestamp.
+	created, older, newest := metav1.NewTime(t0.Add(-time.Hour)), metav1.NewTime(t0.Add(-time.Minute)), metav1.NewTime(t0)
+	in.CreationTimestamp = created
+	in.ManagedFields = []metav1.ManagedFieldsEntry{{Manager: "a", Time: &newest}, {Manager: "b", Time: &older}, {Manager: "c"}}
+	out, err = stripWorkflow(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := out.(*metav1.PartialObjectMetadata); !got.CreationTimestamp.Equal(&newest) || got.ManagedFields != nil {
+		t.Errorf("stripped workflow carries %v with managed fields %v, want the newest write %v and no managed fields", got.CreationTimestamp, got.ManagedFields, newest)
+	}
 }
 
 // A workflow whose labels do not settle its phase is recorded as such, never as the phase its

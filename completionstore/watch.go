@@ -66,10 +66,10 @@ func stripWorkflow(obj any) (any, error) {
 			Labels:            phaseLabels[argo.PhaseFromLabels(wf.Labels)],
 		},
 	}
-	if t := lastWrite(wf); !t.IsZero() {
-		// Only the time of the newest write (the feeder's lag sample), not the fields.
-		out.ManagedFields = []metav1.ManagedFieldsEntry{{Time: &metav1.Time{Time: t}}}
-	}
+	// The time of the newest write (the feeder's lag sample) rides in CreationTimestamp, a
+	// field every cached object has anyway: the cache keeps no managed fields, and nothing of
+	// the guard reads a cached workflow's creation time.
+	out.CreationTimestamp = metav1.Time{Time: lastWrite(wf)}
 	return out, nil
 }
 
@@ -249,7 +249,8 @@ func (f *feeder) sampleLag(obj any) {
 	if !ok {
 		return
 	}
-	if t := lastWrite(wf); !t.IsZero() {
+	// Cached workflows carry their newest write's time in CreationTimestamp (stripWorkflow).
+	if t := wf.CreationTimestamp.Time; !t.IsZero() {
 		f.store.NoteLag(f.clock.Since(t))
 	}
 }

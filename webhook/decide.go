@@ -2,7 +2,6 @@ package webhook
 
 import (
 	"context"
-	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -251,26 +250,23 @@ func (g *guard) judgeClaim(ctx context.Context, f facts, d decision) decision {
 	return d
 }
 
-// freshMaxLag is the most the store may be behind the API server, by its latest lag sample,
-// for --store-fallback=fresh to refuse from it: a retry re-runs at least one node, a pod
-// that takes seconds, before its exit handler, so a store this close behind has seen it.
-// Managed fields tell a write's time to the second: a sample of 2 s is a lag of 1 to 2 s.
-const freshMaxLag = 2 * time.Second
-
 // storeCompletionRefuses says whether a completion that only the store holds (no live read
 // answered) may refuse the object of f, as --store-fallback says: never (tombstone), always
 // (completion), or (fresh) for an object a retry sends only after re-running nodes (an
 // exit-handler pod, a WorkflowFailed Event, a TaskSet write that adds only the workflow's
-// exit-handler task) while the store is close behind the API server: its watch advanced within
-// --store-fresh-for and its latest lag sample is at most freshMaxLag. A retry's agent pod,
-// its TaskSet writes of other nodes, its hook and step pods come at once, before any watch
-// could have delivered the retry: those the store alone never refuses.
+// exit-handler task) while the store is close behind the API server: the newest write it is
+// known to hold was written less than --store-fresh-for ago (Store.Staleness), so a retry it
+// lacks was written since, and re-runs at least one node (a pod: seconds) before its exit
+// handler. A retry's agent pod, its TaskSet writes of other nodes, its hook and step pods come
+// at once, before any watch could have delivered the retry: those the store alone never
+// refuses.
 func (g *guard) storeCompletionRefuses(f facts) bool {
 	switch g.opts.StoreFallback {
 	case FallbackCompletion:
 		return true
 	case FallbackFresh:
-		return comesAfterReRunNodes(f) && g.store.WatchCurrent(g.opts.StoreFreshFor, freshMaxLag)
+		stale, ok := g.store.Staleness()
+		return comesAfterReRunNodes(f) && ok && stale < g.opts.StoreFreshFor
 	}
 	return false
 }

@@ -75,8 +75,9 @@ type setting struct {
 
 var simSettings = []setting{
 	{"default", Options{}},
-	{"--store-fresh-for=30s", Options{StoreFreshFor: 30 * time.Second}},
-	{"--store-fresh-for=90s", Options{StoreFreshFor: 90 * time.Second}},
+	{"--store-fresh-for=3s", Options{StoreFreshFor: 3 * time.Second}},
+	{"--store-fresh-for=10s", Options{StoreFreshFor: 10 * time.Second}},
+	{"--store-fresh-for=15s", Options{StoreFreshFor: 15 * time.Second}},
 	{"--store-fallback=tombstone", Options{StoreFallback: FallbackTombstone}},
 	{"--store-fallback=completion", Options{StoreFallback: FallbackCompletion}},
 	{"--store-first", Options{StoreFirst: true}},
@@ -198,6 +199,10 @@ func simulate(h *history, s setting, t *tallies, log func(string, ...any)) error
 			// create of a workflow that reused the name, while the old TaskSet is still
 			// there, is admitted and fails with AlreadyExists: the guard then judges the
 			// patch, an update of the old object, which keeps the old owner.
+			task := fmt.Sprintf("%s-%d", simName, pi)
+			if p.exitTask {
+				task = argo.NodeID(simName, argo.OnExitNodeName(simName))
+			}
 			owner := p.uid
 			if p.gcOwner != "" {
 				owner = p.gcOwner
@@ -205,7 +210,7 @@ func simulate(h *history, s setting, t *tallies, log func(string, ...any)) error
 			d = g.decide(ctx, facts{namespace: simNamespace, role: roleTaskWrite, startsWork: true, update: p.gcOwner != "",
 				owner: &metav1.OwnerReference{APIVersion: argo.GroupVersion.String(), Kind: argo.Kind, Name: simName, UID: owner},
 				object: &taskSetObject{namespace: simNamespace, name: simName, workflow: simName,
-					tasks: []string{fmt.Sprintf("%s-%d", simName, pi)}, reopened: p.stale}})
+					tasks: []string{task}, reopened: p.stale}})
 		} else {
 			d = g.decide(ctx, classify(meta))
 		}

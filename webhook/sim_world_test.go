@@ -62,6 +62,11 @@ type podEvent struct {
 	// gcAt.
 	gcOwner types.UID
 	gcAt    time.Duration
+	// exitTask: a TaskSet write of the workflow-level exit handler's own task (an onExit
+	// template that is itself an HTTP template), whose node ID the guard knows; otherwise
+	// the write's task is another node's (an HTTP step inside the exit handler's steps among
+	// them).
+	exitTask bool
 }
 
 // loadLevel is how loaded the API server is during a history: how late the guard's watch
@@ -217,8 +222,9 @@ func generate(seed uint64) *history {
 			if r.Float64() < 0.9 {
 				pod(t, uid, roleExitHandler, false)
 				if http {
-					// The exit handler's HTTP task.
+					// The exit handler's HTTP task: the exit handler's own in half.
 					taskWrite(t, uid)
+					h.pods[len(h.pods)-1].exitTask = r.Float64() < 0.5
 				}
 				t += dur(r, 100*time.Millisecond, 3*time.Second)
 			}
@@ -276,6 +282,7 @@ func generate(seed uint64) *history {
 				// An HTTP exit handler: the stale copy adds its task to the TaskSet and
 				// creates a new agent pod.
 				pod(at+time.Millisecond, uid, roleTaskWrite, true)
+				h.pods[len(h.pods)-1].exitTask = r.Float64() < 0.5
 				pod(at+2*time.Millisecond, uid, roleAgent, true)
 			}
 		}
