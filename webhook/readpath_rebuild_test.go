@@ -39,9 +39,15 @@ func TestReadPathPoolIsBuiltAnew(t *testing.T) {
 		t.Error("the pool was built anew before readPathRebuildAfter")
 	}
 	clk.Step(time.Second)
+	if clk.HasWaiters() {
+		t.Fatal("a timer before any rebuild")
+	}
 	second := p.pooled()
 	if second == first {
 		t.Error("the pool was kept past readPathRebuildAfter")
+	}
+	if !clk.HasWaiters() {
+		t.Error("the old pool's busy connections were not scheduled to close after readPathDrainAfter")
 	}
 	p.noteFailure(apierrors.NewUnauthorized("expired"))
 	if p.pooled() != second {
@@ -58,5 +64,9 @@ func TestReadPathPoolIsBuiltAnew(t *testing.T) {
 		if p.pooled() != third {
 			t.Error("a persisting 401 rebuilt the pool within readPathRebuildAtMost")
 		}
+	}
+	clk.Step(readPathDrainAfter)
+	if clk.HasWaiters() {
+		t.Error("the old pools' close did not run readPathDrainAfter after their rebuild")
 	}
 }

@@ -162,7 +162,7 @@ func TestLiveReadsThatHangAreDecidedInsideTheDeadline(t *testing.T) {
 		t.Errorf("%v refusals of the completed workflow's exit handler (workflow-completed), want 1: the store's fresh completion refuses by default", got)
 	}
 
-	time.Sleep(time.Until(quiet.Add(6 * time.Second)))
+	waitFor(t, "the store's newest write to be older than --store-fresh-for", func() bool { return time.Since(quiet) > 6*time.Second })
 	late := &tally{}
 	decideAll(t, late, map[*unstructured.Unstructured]bool{running: false, succeeded: false, deleted: true})
 	t.Logf("the newest write older than 5 s: %s", late)
