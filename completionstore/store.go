@@ -242,18 +242,6 @@ func (s *Store) WatchFresh() bool {
 	return !at.IsZero() && s.clock.Since(at) < s.watchStaleAfter
 }
 
-// WatchAge says how long ago the watch last advanced (an event or a bookmark); false when it
-// has never advanced. A watch that advanced d ago has delivered, since, every change the API
-// server committed before its last event or bookmark: a change the store lacks is newer than
-// that, or the watch stopped after it.
-func (s *Store) WatchAge() (time.Duration, bool) {
-	_, at := s.LastProgress()
-	if at.IsZero() {
-		return 0, false
-	}
-	return s.clock.Since(at), true
-}
-
 // NoteLag records that a change written lag ago has just reached the store through the watch:
 // a sample of how far behind the API server the store is.
 func (s *Store) NoteLag(lag time.Duration) {

@@ -338,8 +338,8 @@ func TestWatchProgressOnlyMovesForwardAndGoesStale(t *testing.T) {
 	if s.WatchFresh() {
 		t.Error("a watch that never advanced is fresh")
 	}
-	if age, ok := s.WatchAge(); ok {
-		t.Errorf("a watch that never advanced has an age, %s", age)
+	if stale, ok := s.Staleness(); ok {
+		t.Errorf("a store that took no lag sample has a staleness, %s", stale)
 	}
 	for _, step := range []struct {
 		rv       string
@@ -353,9 +353,16 @@ func TestWatchProgressOnlyMovesForwardAndGoesStale(t *testing.T) {
 	if rv, at := s.LastProgress(); rv != "11" || !at.Equal(t0.Add(6*time.Second)) {
 		t.Errorf("LastProgress = %q at %v, want 11 at %v", rv, at, t0.Add(6*time.Second))
 	}
-	if age, ok := s.WatchAge(); !ok || age != time.Second {
-		t.Errorf("WatchAge = %s, %v; want 1s, true (one second since it reached 11)", age, ok)
+	// Progress alone tells no time; a lag sample does, and ages with the clock.
+	if _, ok := s.Staleness(); ok {
+		t.Error("progress without a lag sample gave a staleness")
 	}
+	s.NoteLag(2 * time.Second)
+	clk.Step(3 * time.Second)
+	if stale, ok := s.Staleness(); !ok || stale != 5*time.Second {
+		t.Errorf("Staleness = %s, %v; want 5s (a write 2 s old on arrival, 3 s ago)", stale, ok)
+	}
+	clk.Step(-3 * time.Second)
 	clk.Step(defaultWatchStaleAfter - 2*time.Second)
 	if !s.WatchFresh() {
 		t.Error("the watch went stale before WatchStaleAfter")
