@@ -146,7 +146,7 @@ argo-controllers: ## Build Argo's workflow-controller and argoexec (ARGO_VERSION
 
 .PHONY: e2e-argo
 e2e-argo: argo-controllers $(HELM) $(PROMTOOL) ## Reproduce the stale exit handler on real Argo controllers, then refuse it (E2E_TRIES per run).
-	@assets=$$(hack/envtest-binaries.sh ensure) && \
+	@assets=$$(hack/envtest-binaries.sh ensure-gc) && \
 	  KUBEBUILDER_ASSETS="$$assets" HELM="$(HELM)" PROMTOOL="$(PROMTOOL)" E2E_CAPTURE_DIR="$(E2E_CAPTURE_DIR)" E2E_TRIES=$(E2E_TRIES) $(GO) test -tags e2e -count=1 -v -timeout 120m -run '$(E2E_RUN)' ./test/e2e
 
 ##@ Generate and check

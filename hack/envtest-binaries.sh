@@ -2,10 +2,13 @@
 # Builds the kube-apiserver and etcd binaries that envtest runs, from Go modules only (no
 # download site), and keeps them in the user's cache directory keyed by version, the way
 # setup-envtest keeps its binaries. A fresh clone reuses them; only the first run pays.
+# kube-controller-manager (its garbage collector: what deletes a TaskSet whose Workflow is
+# gone) is built beside them for the Argo proof only.
 #
-# Usage: hack/envtest-binaries.sh [ensure|path]
-#   ensure  build whatever is missing or stale, then print the assets directory (default)
-#   path    print the assets directory without building anything
+# Usage: hack/envtest-binaries.sh [ensure|ensure-gc|path]
+#   ensure     build whatever is missing or stale, then print the assets directory (default)
+#   ensure-gc  the same, and kube-controller-manager too
+#   path       print the assets directory without building anything
 #
 # Environment:
 #   KUBE_VERSION    kube-apiserver version (default: hack/versions.env)
@@ -65,10 +68,11 @@ GO
   log "etcd $ETCD_VERSION ready"
 }
 
-build_kube_apiserver() {
-  local out="$ASSETS/kube-apiserver"
+# build_kube CMD: builds k8s.io/kubernetes/cmd/CMD at KUBE_VERSION into the assets directory.
+build_kube() {
+  local cmd=$1 out="$ASSETS/$1"
   if stamp_ok "$out" "$KUBE_VERSION"; then return 0; fi
-  log "building kube-apiserver $KUBE_VERSION from k8s.io/kubernetes (about 10 minutes the first time)..."
+  log "building $cmd $KUBE_VERSION from k8s.io/kubernetes (about 10 minutes the first time)..."
   local dir gomod staging minor major
   dir=$(mktemp -d)
   trap 'rm -rf "$dir"' RETURN
@@ -78,7 +82,7 @@ build_kube_apiserver() {
   minor=$(echo "$KUBE_VERSION" | cut -d. -f2)
   (
     cd "$dir"
-    go mod init exit-guard.local/envtest-kube-apiserver >/dev/null 2>&1
+    go mod init "exit-guard.local/envtest-$cmd" >/dev/null 2>&1
     gomod=$(go mod download -json "k8s.io/kubernetes@${KUBE_VERSION}" | sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",$/\1/p')
     [ -f "$gomod" ] || { log "no go.mod for k8s.io/kubernetes@${KUBE_VERSION}"; exit 1; }
     # k8s.io/kubernetes replaces every staging module with a local path; a module that
@@ -91,22 +95,22 @@ build_kube_apiserver() {
     done
     log "$(echo "$names" | wc -l) staging modules pinned to $staging"
     go mod edit -require "k8s.io/kubernetes@${KUBE_VERSION}"
-    cat >tools.go <<'GO'
+    cat >tools.go <<GO
 //go:build tools
 
 package tools
 
-import _ "k8s.io/kubernetes/cmd/kube-apiserver"
+import _ "k8s.io/kubernetes/cmd/$cmd"
 GO
     go mod tidy >&2
     local pkg=k8s.io/component-base/version
     CGO_ENABLED=0 go build -trimpath \
       -ldflags "-s -w -X $pkg.gitVersion=${KUBE_VERSION} -X $pkg.gitMajor=${major} -X $pkg.gitMinor=${minor} -X $pkg.gitTreeState=clean" \
-      -o "$out.tmp" k8s.io/kubernetes/cmd/kube-apiserver >&2
-  ) || fail "kube-apiserver $KUBE_VERSION did not build"
+      -o "$out.tmp" "k8s.io/kubernetes/cmd/$cmd" >&2
+  ) || fail "$cmd $KUBE_VERSION did not build"
   mv "$out.tmp" "$out"
   echo "$KUBE_VERSION" >"$out.version"
-  log "kube-apiserver $KUBE_VERSION ready"
+  log "$cmd $KUBE_VERSION ready"
 }
 
 case "${1:-ensure}" in
@@ -114,8 +118,15 @@ case "${1:-ensure}" in
   ensure)
     mkdir -p "$ASSETS"
     build_etcd
-    build_kube_apiserver
+    build_kube kube-apiserver
     echo "$ASSETS"
     ;;
-  *) echo "usage: $0 [ensure|path]" >&2; exit 2 ;;
+  ensure-gc)
+    mkdir -p "$ASSETS"
+    build_etcd
+    build_kube kube-apiserver
+    build_kube kube-controller-manager
+    echo "$ASSETS"
+    ;;
+  *) echo "usage: $0 [ensure|ensure-gc|path]" >&2; exit 2 ;;
 esac

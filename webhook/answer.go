@@ -111,8 +111,9 @@ func IsRefusal(err error) bool {
 func denialMessage(f facts, d decision) string {
 	if d.reason == ReasonTaskSetOwnerGone {
 		return fmt.Sprintf("exit-guard refused %s: %s, as seen by %s, and the agent of a workflow of that name would run its tasks. "+
-			"If this workflow reused the name, its task waits: Argo's controller writes again on a later pass of the workflow and creates the "+
-			"WorkflowTaskSet anew once the garbage collector has deleted the old one (kubectl -n %s get workflowtaskset %s -o jsonpath='{.metadata.ownerReferences}'); "+
+			"If this workflow reused the name, its next write is admitted once its status holds these tasks' nodes (Argo writes them "+
+			"after the TaskSet, in the same pass), or the garbage collector deletes the old WorkflowTaskSet "+
+			"(kubectl -n %s get workflowtaskset %s -o jsonpath='{.metadata.ownerReferences}'); "+
 			"a stale copy of the deleted workflow gets no further",
 			f.object.refused(), workflowText(d), d.source, d.wfNamespace, d.wfName)
 	}

@@ -40,7 +40,7 @@ func (g *guard) audit(ctx context.Context, req admission.Request, f facts, d dec
 
 	log := logf.FromContext(ctx)
 	unverified := d.reason == ReasonUnverifiedFailOpen || d.reason == ReasonUnconfirmedCompletion
-	if !d.deny && !unverified && !log.V(1).Enabled() {
+	if !d.deny && !unverified && d.reason != ReasonTasksOfNameHolder && !log.V(1).Enabled() {
 		// The common case: an admission nobody asked to see logged costs no log values.
 		return
 	}
@@ -60,6 +60,8 @@ func (g *guard) audit(ctx context.Context, req admission.Request, f facts, d dec
 			log.Info(msgs.unverified)
 		case ReasonUnconfirmedCompletion:
 			log.Info(msgs.unconfirmed)
+		case ReasonTasksOfNameHolder:
+			log.Info("WorkflowTaskSet update admitted: it still belongs to a deleted workflow, and the workflow that reused the name sent it (its create of these tasks just before, or their pending nodes in its status)")
 		default:
 			log.V(1).Info(msgs.admitted)
 		}

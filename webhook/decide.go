@@ -5,7 +5,9 @@ import (
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/exit-guard/exit-guard/completionstore"
 	"github.com/exit-guard/exit-guard/internal/argo"
@@ -41,6 +43,10 @@ const (
 	// ReasonUnconfirmedCompletion: the store says completed, no live read answered, and the
 	// store fallback lets only tombstones refuse.
 	ReasonUnconfirmedCompletion Reason = "unconfirmed-completion"
+	// ReasonTasksOfNameHolder: an update of a WorkflowTaskSet whose owner was deleted, every
+	// task it adds a pending HTTP or plugin node of the running workflow that now holds the
+	// name (read live): that workflow's own write after AlreadyExists (row T6).
+	ReasonTasksOfNameHolder Reason = "tasks-of-name-holder"
 )
 
 // Reasons to refuse.
@@ -53,12 +59,11 @@ const (
 	ReasonWorkflowSucceeded Reason = "workflow-succeeded"
 	// ReasonTaskSetOwnerGone refuses an update of a WorkflowTaskSet whose owner was deleted
 	// (another workflow now holds its name, or the store keeps a tombstone and no live read
-	// answered). The agent of the workflow that holds the name runs every task of the TaskSet
-	// named like it, so the write must not land; but it may be that new workflow's own write
-	// (Argo patches on AlreadyExists, and the patched object keeps the old owner), which the
-	// guard cannot tell from a stale copy's. Not a stale exit handler: counted apart, never
-	// alerted as one. Argo's controller writes again on a later pass and creates the TaskSet
-	// anew once the garbage collector has deleted the old one.
+	// answered), unless row T6 admits it. The agent of the workflow that holds the name runs
+	// every task of the TaskSet named like it, so a stale copy's write must not land; a new
+	// workflow's own write (Argo patches on AlreadyExists, and the patched object keeps the
+	// old owner) is refused only while its nodes are not yet written to its status, and comes
+	// again on its next pass. Not a stale exit handler: counted apart, never alerted as one.
 	ReasonTaskSetOwnerGone Reason = "taskset-owner-gone"
 )
 
@@ -136,6 +141,9 @@ type decision struct {
 	resourceVersion     string
 	// liveErr is the live read's failure, when the store decided instead.
 	liveErr error
+	// nameHolder is the UID of the workflow a live read found under the owner's name, when
+	// it is another workflow (row 9).
+	nameHolder types.UID
 }
 
 // decide is the decision table of docs/decisions.md, read top to bottom: every return names
@@ -183,13 +191,75 @@ func (g *guard) decide(ctx context.Context, f facts) decision {
 	}
 	// Row 19 (store-first with a stale watch) and every other covered object: read live.
 	d = g.liveDecide(ctx, f, d)
+	if ts, ok := f.object.(*taskSetObject); ok && !f.update && !d.deny && d.reason == ReasonWorkflowNotTerminal && d.source == sourceLive {
+		// A running workflow's create: should it fail with AlreadyExists, its patch of the
+		// existing object follows at once (row T6).
+		g.creates.note(types.NamespacedName{Namespace: ts.namespace, Name: ts.name}, d.wfUID, ts.tasks)
+	}
 	if f.role == roleTaskWrite && f.update && d.deny &&
 		(d.reason == ReasonWorkflowReplaced || d.reason == ReasonWorkflowDeleted && d.source == sourceStore) {
 		// Row T5: an update of a TaskSet whose owner is gone, perhaps by the workflow that
 		// reused its name (a live 404 stays row 8: no workflow holds the name to write).
 		d.reason, d.row = ReasonTaskSetOwnerGone, "T5"
+		if d.nameHolder != "" && g.nameHolderWrote(ctx, f, d) {
+			// Row T6: the workflow that holds the name sent it.
+			d.deny, d.reason, d.row = false, ReasonTasksOfNameHolder, "T6"
+		}
 	}
 	return d
+}
+
+// nameHolderWrote says whether the workflow that now holds the name (d.nameHolder) sent a
+// TaskSet update: it created that TaskSet with every task the update adds moments before
+// (taskSetCreates: Argo's create, then the patch on AlreadyExists, in one pass), or each of
+// them is a pending node of its (nameHolderRunsTasks).
+func (g *guard) nameHolderWrote(ctx context.Context, f facts, d decision) bool {
+	ts, ok := f.object.(*taskSetObject)
+	if !ok {
+		return false
+	}
+	if g.creates.covers(types.NamespacedName{Namespace: ts.namespace, Name: ts.name}, d.nameHolder, ts.tasks) {
+		return true
+	}
+	return g.nameHolderRunsTasks(ctx, f, d)
+}
+
+// nameHolderRunsTasks says whether every task a TaskSet update adds is a pending HTTP or
+// plugin node of the workflow that now holds the name (d.nameHolder), which is not complete:
+// read whole, live, within one attempt's time. Argo adds a node's task in the pass that
+// creates the node and writes the node to the status after, so this admits a later pass's
+// write (the first pass's is known by its create, when this replica judged it). A stale copy of the deleted
+// workflow is admitted only for tasks the new workflow has pending under the same node IDs
+// (the same name), which the new workflow's agent runs in any case.
+func (g *guard) nameHolderRunsTasks(ctx context.Context, f facts, d decision) bool {
+	ts, ok := f.object.(*taskSetObject)
+	if !ok || len(ts.tasks) == 0 {
+		return false
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), g.podRead.attempt)
+	defer cancel()
+	uid, phase, nodes, err := g.readNodes(ctx, d.wfNamespace, d.wfName)
+	if err != nil || uid != d.nameHolder || phase.Terminal() {
+		return false
+	}
+	for _, id := range ts.tasks {
+		n, ok := nodes[id]
+		if !ok || n.Type != argo.NodeTypeHTTP && n.Type != argo.NodeTypePlugin || !n.Pending() {
+			return false
+		}
+	}
+	return true
+}
+
+// liveNodes reads a workflow whole, with its node tree: one attempt.
+func (g *guard) liveNodes(ctx context.Context, namespace, name string) (types.UID, argo.Phase, map[string]argo.Node, error) {
+	wf := &unstructured.Unstructured{}
+	wf.SetGroupVersionKind(argo.WorkflowGVK)
+	if err := g.reader.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, wf); err != nil {
+		return "", "", nil, err
+	}
+	phase, _, _ := unstructured.NestedString(wf.Object, "status", "phase")
+	return wf.GetUID(), argo.Phase(phase), argo.NodesOf(wf), nil
 }
 
 // judgeClaim decides an Event that says its workflow failed (rows E4 to E12). It refuses
@@ -320,6 +390,7 @@ func (g *guard) liveDecide(ctx context.Context, f facts, d decision) decision {
 	case wf.UID != d.wfUID:
 		// The name now belongs to another workflow: the object's owner was deleted.
 		d.deny, d.reason, d.row, d.source = true, ReasonWorkflowReplaced, "9", sourceLive
+		d.nameHolder = wf.UID
 		return d
 	}
 	// A consistent read is the truth; let the store learn from it too (it keeps the newest).

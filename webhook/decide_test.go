@@ -55,6 +55,55 @@ const (
 	liveTimesOut                    // no answer within the budget
 )
 
+// nodesAnswer is what the whole read of the workflow that holds the name answers (row T6),
+// about the tasks the write adds.
+type nodesAnswer int
+
+const (
+	nodesNone          nodesAnswer = iota // the read must not be made
+	nodesPending                          // the holder runs, each task its pending HTTP node
+	nodesNotWritten                       // the holder runs, its status lacks the nodes (its first pass)
+	nodesDone                             // the holder runs, the nodes have finished
+	nodesOfPods                           // the holder runs, the nodes are pods
+	nodesHolderDone                       // the holder has completed
+	nodesAnotherHolder                    // yet another workflow holds the name now
+	nodesFail                             // the read fails
+)
+
+// cannedNodes is a whole read of the holder (uid-of-another, as liveOtherUID answers) that
+// answers a about tasks, and counts its calls.
+func cannedNodes(a nodesAnswer, tasks []string, calls *int) func(context.Context, string, string) (types.UID, argo.Phase, map[string]argo.Node, error) {
+	return func(context.Context, string, string) (types.UID, argo.Phase, map[string]argo.Node, error) {
+		*calls++
+		uid, phase, nodes := types.UID("uid-of-another"), argo.PhaseRunning, map[string]argo.Node{}
+		for _, id := range tasks {
+			nodes[id] = argo.Node{Type: argo.NodeTypeHTTP, Phase: "Pending"}
+		}
+		switch a {
+		case nodesPending:
+		case nodesNotWritten:
+			nodes = nil
+		case nodesDone:
+			for id := range nodes {
+				nodes[id] = argo.Node{Type: argo.NodeTypeHTTP, Phase: "Succeeded"}
+			}
+		case nodesOfPods:
+			for id := range nodes {
+				nodes[id] = argo.Node{Type: "Pod", Phase: "Pending"}
+			}
+		case nodesHolderDone:
+			phase = argo.PhaseSucceeded
+		case nodesAnotherHolder:
+			uid = "uid-of-a-third"
+		case nodesFail:
+			return "", "", nil, errors.New("connection refused")
+		default:
+			return "", "", nil, errors.New("the whole read was made, and the case says it must not be")
+		}
+		return uid, phase, nodes, nil
+	}
+}
+
 // tableWorkflow is the workflow every case is about.
 var tableWorkflow = func() *unstructured.Unstructured {
 	wf := fixture.Workflow("argo", "notify")
@@ -150,7 +199,14 @@ type decisionCase struct {
 	facts     func(t *testing.T) facts
 	opts      Options
 	live      liveAnswer
-	store     storeState
+	nodes     nodesAnswer
+	// createdBy: the guard admitted a create of the TaskSet by that workflow, createdAgo
+	// before the case, with the tasks the case's write adds (another task with
+	// createdOtherTask).
+	createdBy        types.UID
+	createdAgo       time.Duration
+	createdOtherTask bool
+	store            storeState
 	// staleWatch: the guard's watch has not advanced for longer than WatchStaleAfter (and
 	// than StoreFreshFor).
 	staleWatch bool
@@ -278,9 +334,20 @@ func decisionCases() []decisionCase {
 		{row: "T4", name: "as 16: task added, store-first, store empty", facts: stale, opts: storeFirst, reason: ReasonNotSeenCompleted, source: sourceStore, wantRow: "16"},
 		{row: "T4", name: "as 18: task added, store-first, store Succeeded, live confirms", facts: stale, opts: storeFirst, store: storeSucceeded, live: liveSucceeded, deny: true, reason: ReasonWorkflowCompleted, source: sourceLive, wantRow: "6"},
 		{row: "T4", name: "as 19: task added, store-first, watch stale, live Succeeded", facts: stale, opts: storeFirst, staleWatch: true, live: liveSucceeded, deny: true, reason: ReasonWorkflowCompleted, source: sourceLive, wantRow: "6"},
-		{row: "T5", name: "update of a TaskSet whose owner's name another workflow holds", facts: stale, live: liveOtherUID, deny: true, reason: ReasonTaskSetOwnerGone, source: sourceLive},
+		{row: "T5", name: "owner's name held by another, its status lacks the task's node (its first pass, or a stale copy's task)", facts: stale, live: liveOtherUID, nodes: nodesNotWritten, deny: true, reason: ReasonTaskSetOwnerGone, source: sourceLive},
+		{row: "T5", name: "owner's name held by another, whose node of the task has finished", facts: stale, live: liveOtherUID, nodes: nodesDone, deny: true, reason: ReasonTaskSetOwnerGone, source: sourceLive},
+		{row: "T5", name: "owner's name held by another, whose node of that ID is a pod", facts: stepWrite, live: liveOtherUID, nodes: nodesOfPods, deny: true, reason: ReasonTaskSetOwnerGone, source: sourceLive},
+		{row: "T5", name: "owner's name held by another, which has completed", facts: stale, live: liveOtherUID, nodes: nodesHolderDone, deny: true, reason: ReasonTaskSetOwnerGone, source: sourceLive},
+		{row: "T5", name: "owner's name held by another, and by a third at the whole read", facts: stale, live: liveOtherUID, nodes: nodesAnotherHolder, deny: true, reason: ReasonTaskSetOwnerGone, source: sourceLive},
+		{row: "T5", name: "owner's name held by another, whole read fails", facts: stale, live: liveOtherUID, nodes: nodesFail, deny: true, reason: ReasonTaskSetOwnerGone, source: sourceLive},
 		{row: "T5", name: "update that only sets completed back, owner's name held by another", facts: reopenOnly, live: liveOtherUID, deny: true, reason: ReasonTaskSetOwnerGone, source: sourceLive},
 		{row: "T5", name: "update of a TaskSet whose owner the store saw deleted, read fails", facts: stale, live: liveFails, store: storeTombstone, deny: true, reason: ReasonTaskSetOwnerGone, source: sourceStore},
+		{row: "T5", name: "owner's name held by another; a create with these tasks remembered, by a third", facts: stale, live: liveOtherUID, createdBy: "uid-of-a-third", nodes: nodesNotWritten, deny: true, reason: ReasonTaskSetOwnerGone, source: sourceLive},
+		{row: "T5", name: "owner's name held by another; its create remembered, older than the memory", facts: stale, live: liveOtherUID, createdBy: "uid-of-another", createdAgo: createMemory + time.Second, nodes: nodesNotWritten, deny: true, reason: ReasonTaskSetOwnerGone, source: sourceLive},
+		{row: "T5", name: "owner's name held by another; its create remembered, with other tasks", facts: stale, live: liveOtherUID, createdBy: "uid-of-another", createdOtherTask: true, nodes: nodesNotWritten, deny: true, reason: ReasonTaskSetOwnerGone, source: sourceLive},
+		{row: "T6", name: "owner's name held by another, which created the TaskSet with these tasks just before (AlreadyExists, then this patch)", facts: stale, live: liveOtherUID, createdBy: "uid-of-another", createdAgo: time.Second, reason: ReasonTasksOfNameHolder, source: sourceLive},
+		{row: "T6", name: "owner's name held by another that runs, each task its pending HTTP node", facts: stepWrite, live: liveOtherUID, nodes: nodesPending, reason: ReasonTasksOfNameHolder, source: sourceLive},
+		{row: "T6", name: "the same for the exit handler's task: the holder runs its own exit handler", facts: stale, live: liveOtherUID, nodes: nodesPending, reason: ReasonTasksOfNameHolder, source: sourceLive},
 		{row: "E1", name: "an Event about a pod", facts: podEvent, reason: ReasonNotOwnedByWorkflow},
 		{row: "E2", name: "an Event in a namespace not guarded", facts: elsewhereEvent, opts: watchOnly, reason: ReasonNamespaceNotWatched},
 		{row: "E3", name: "WorkflowRunning", facts: event("WorkflowRunning"), reason: ReasonNotAFailureClaim},
@@ -357,9 +424,26 @@ func TestDecisionTable(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			calls := 0
+			calls, nodeCalls := 0, 0
 			g.readLive = cannedRead(c.live, &calls)
-			d := g.decide(t.Context(), c.facts(t))
+			f := c.facts(t)
+			var tasks []string
+			if ts, ok := f.object.(*taskSetObject); ok {
+				tasks = ts.tasks
+			}
+			g.readNodes = cannedNodes(c.nodes, tasks, &nodeCalls)
+			if c.createdBy != "" {
+				now := time.Now()
+				g.creates.now = func() time.Time { return now.Add(-c.createdAgo) }
+				created := tasks
+				if c.createdOtherTask {
+					created = []string{"another-task"}
+				}
+				ts := f.object.(*taskSetObject)
+				g.creates.note(types.NamespacedName{Namespace: ts.namespace, Name: ts.name}, c.createdBy, created)
+				g.creates.now = func() time.Time { return now }
+			}
+			d := g.decide(t.Context(), f)
 			wantRow := c.wantRow
 			if wantRow == "" {
 				wantRow = c.row
@@ -370,6 +454,9 @@ func TestDecisionTable(t *testing.T) {
 			}
 			if made := calls > 0; made != (c.live != liveNone) {
 				t.Errorf("live read made %d times; the case wants it made: %v", calls, c.live != liveNone)
+			}
+			if made := nodeCalls > 0; made != (c.nodes != nodesNone) {
+				t.Errorf("whole read of the name's holder made %d times; the case wants it made: %v", nodeCalls, c.nodes != nodesNone)
 			}
 		})
 	}
@@ -480,6 +567,39 @@ func TestFreshFallbackCountsFromTheWatchsLastAdvance(t *testing.T) {
 		}
 		if d.deny != step.deny || d.reason != want || d.source != sourceStore || d.row != "11" {
 			t.Errorf("%s: deny %v reason %s source %s row %s, want deny %v reason %s from the store, row 11", step.what, d.deny, d.reason, d.source, d.row, step.deny, want)
+		}
+	}
+}
+
+// TestTaskSetCreateThenPatchOfAReusedName: a workflow that reused the name of a deleted one
+// creates its TaskSet (admitted: it runs), the create fails with AlreadyExists, and Argo
+// patches the old object, which still names the deleted workflow: the guard admits the patch
+// from the create it remembers (row T6), without reading the node tree, and refuses it (row T5)
+// when it judged no such create.
+func TestTaskSetCreateThenPatchOfAReusedName(t *testing.T) {
+	onExit := argo.NodeID(tableWorkflow.GetName(), argo.OnExitNodeName(tableWorkflow.GetName()))
+	for _, created := range []bool{true, false} {
+		g, err := newGuard(nil, storeFor(t, tableWorkflow, storeEmpty, false), Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		calls, nodeCalls := 0, 0
+		g.readLive = cannedRead(liveRunning, &calls)
+		g.readNodes = cannedNodes(nodesNotWritten, nil, &nodeCalls)
+		if created {
+			if d := g.decide(t.Context(), taskSetFacts(t, tableWorkflow, nil, "", []string{onExit}, "false")); d.deny || d.row != "5" {
+				t.Fatalf("the create: deny %v row %s, want admitted by row 5", d.deny, d.row)
+			}
+		}
+		patch := taskSetFacts(t, tableWorkflow, []string{}, "true", []string{onExit}, "false")
+		patch.owner.UID = "uid-of-the-deleted-workflow"
+		d := g.decide(t.Context(), patch)
+		want, wantNodeReads := "T6", 0
+		if !created {
+			want, wantNodeReads = "T5", 1
+		}
+		if d.row != want || d.deny != !created || nodeCalls != wantNodeReads {
+			t.Errorf("create judged first: %v; the patch: deny %v row %s, %d reads of the node tree; want row %s, %d reads", created, d.deny, d.row, nodeCalls, want, wantNodeReads)
 		}
 	}
 }

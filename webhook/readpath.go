@@ -14,6 +14,7 @@ import (
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/serializer"
 	"k8s.io/client-go/rest"
@@ -211,17 +212,28 @@ func (p *readPath) request(ctx context.Context, namespace string) (r *rest.Reque
 	return rc.Get().MaxRetries(0).Namespace(namespace).Resource(argo.Resource), done, nil
 }
 
-// Get reads a whole Workflow.
+// Get reads a whole Workflow: into an argo.Workflow (metadata and phase), or, with its node
+// tree, into an unstructured object.
 func (p *readPath) Get(ctx context.Context, key client.ObjectKey, obj client.Object, _ ...client.GetOption) error {
-	wf, ok := obj.(*argo.Workflow)
-	if !ok {
+	switch obj.(type) {
+	case *argo.Workflow, *unstructured.Unstructured:
+	default:
 		return fmt.Errorf("webhook: the live read path reads Workflows, not %T", obj)
 	}
 	r, done, err := p.request(ctx, key.Namespace)
 	if err != nil {
 		return err
 	}
-	err = r.Name(key.Name).Do(ctx).Into(wf)
+	res := r.Name(key.Name).Do(ctx)
+	switch o := obj.(type) {
+	case *unstructured.Unstructured:
+		var raw []byte
+		if raw, err = res.Raw(); err == nil {
+			err = o.UnmarshalJSON(raw)
+		}
+	default:
+		err = res.Into(o)
+	}
 	done(err)
 	return err
 }

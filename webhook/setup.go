@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"time"
 
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
@@ -28,10 +30,14 @@ type guard struct {
 	// readLive is the live read of a workflow: liveRead, or in the decision table's test a
 	// canned answer.
 	readLive func(ctx context.Context, namespace, name string, p readPolicy) (*argo.Workflow, error)
+	// readNodes reads a workflow whole with its node tree (row T6): liveNodes, or a stand-in.
+	readNodes func(ctx context.Context, namespace, name string) (types.UID, argo.Phase, map[string]argo.Node, error)
 	// podRead is how pods and TaskSet writes read their workflow, eventRead how Events do.
 	podRead, eventRead readPolicy
 	// extraReads holds a token per further live-read attempt in flight (maxExtraLiveReads).
 	extraReads chan struct{}
+	// creates remembers the TaskSet creates admitted for running workflows (row T6).
+	creates *taskSetCreates
 }
 
 // The live read GETs the owning Workflow (rbac on completionstore.Watch); the audit writes
@@ -108,8 +114,9 @@ func newGuard(reader client.Reader, store *completionstore.Store, opts Options) 
 		return nil, fmt.Errorf("webhook: %w", err)
 	}
 	g := &guard{opts: opts, store: store, reader: reader, metrics: newGuardMetrics(), denyPhases: map[argo.Phase]bool{},
-		extraReads: make(chan struct{}, maxExtraLiveReads)}
+		extraReads: make(chan struct{}, maxExtraLiveReads), creates: newTaskSetCreates(time.Now)}
 	g.readLive = g.liveRead
+	g.readNodes = g.liveNodes
 	for _, p := range opts.DenyPhases {
 		g.denyPhases[p] = true
 	}

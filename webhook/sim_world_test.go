@@ -62,6 +62,12 @@ type podEvent struct {
 	// gcAt.
 	gcOwner types.UID
 	gcAt    time.Duration
+	// firstPass: the write of the pass that creates the task's node, which Argo writes to
+	// the workflow's status only after the TaskSet; nextPass is when the workflow's next pass
+	// writes the task again (row T6 reads the node then), for such a write that met the old
+	// TaskSet.
+	firstPass bool
+	nextPass  time.Duration
 	// exitTask: a TaskSet write of the workflow-level exit handler's own task (an onExit
 	// template that is itself an HTTP template), whose node ID the guard knows; otherwise
 	// the write's task is another node's (an HTTP step inside the exit handler's steps among
@@ -307,9 +313,24 @@ func generate(seed uint64) *history {
 				if h.load.busy {
 					gc = del + dur(r, 5*time.Second, 2*time.Minute)
 				}
+				// Argo writes a task first in the pass that creates its node, and again in
+				// the next pass (the workflow's own status write wakes it) while the node
+				// waits for its agent; the node is in the status by then (row T6).
 				for _, i := range taskWrites[uid2] {
 					if h.pods[i].at < gc {
+						next := h.pods[i]
+						next.at += dur(r, 100*time.Millisecond, 2*time.Second)
 						h.pods[i].gcOwner, h.pods[i].gcAt = uid1, gc
+						h.pods[i].firstPass, h.pods[i].nextPass = true, next.at
+						if slices.ContainsFunc(c2, func(c time.Duration) bool { return c > h.pods[i].at && c <= next.at }) {
+							// The workflow completed first: no next pass writes the task.
+							h.pods[i].nextPass = gc
+							continue
+						}
+						if next.at < gc {
+							next.gcOwner, next.gcAt = uid1, gc
+						}
+						h.pods = append(h.pods, next)
 					}
 				}
 			}
@@ -528,6 +549,10 @@ type decisionPlan struct {
 	now    time.Duration
 	plan   []bool
 	called int
+	// task is the task a TaskSet write adds, and nodeWritten says whether its node is in
+	// the writer's status (a later pass than the one that created it).
+	task        string
+	nodeWritten bool
 }
 
 type planKey struct{}

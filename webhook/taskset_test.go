@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/rest"
+	clientretry "k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/exit-guard/exit-guard/completionstore"
@@ -228,7 +229,7 @@ func TestTaskSetWrites(t *testing.T) {
 		wantRefused(t, err, ReasonWorkflowDeleted)
 	})
 
-	t.Run("name reused while the old TaskSet waits for the garbage collector: the new workflow's create admitted, its patch refused as taskset-owner-gone", func(t *testing.T) {
+	t.Run("name reused while the old TaskSet waits for the garbage collector: a patch alone refused as taskset-owner-gone, admitted once the status holds the node, or after the new workflow's create", func(t *testing.T) {
 		h := startGuard(t, Options{}, harnessOptions{})
 		ns := newNamespace(t)
 		old, ts, step := runningTaskSet(t, ns, "reused")
@@ -239,16 +240,15 @@ func TestTaskSetWrites(t *testing.T) {
 		// No garbage collector runs here: the old TaskSet stays, owned by the deleted UID.
 		wf := createWorkflow(t, ns, "reused", argo.PhaseRunning)
 		key, tmpl := fixture.OnExitTask(wf)
-		// Argo creates first (the create names the new workflow: admitted, then AlreadyExists)...
-		err := env.Client.Create(t.Context(), fixture.TaskSet(wf, map[string]any{key: tmpl}))
-		if !apierrors.IsAlreadyExists(err) {
-			t.Fatalf("the new workflow's create: %v, want AlreadyExists (admitted by the guard)", err)
-		}
-		// ...then patches the old object, which keeps the old owner reference.
-		err = env.Client.Patch(t.Context(), ts, fixture.TaskSetPatch(false, map[string]any{key: tmpl}))
+		// Argo creates first (the create names the new workflow: admitted, then AlreadyExists),
+		// then patches the old object, which keeps the old owner reference. Here the create
+		// went to another replica of the guard (the patch is sent alone): this one cannot know
+		// who sent the patch, and the new workflow's status lacks the task's node (Argo writes
+		// it after the TaskSet, in the same pass).
+		err := env.Client.Patch(t.Context(), ts, fixture.TaskSetPatch(false, map[string]any{key: tmpl}))
 		wantRefused(t, err, ReasonTaskSetOwnerGone)
 		for _, s := range []string{"still belongs to workflow " + ns + "/reused (uid " + string(old.GetUID()) + "), which was deleted",
-			"writes again on a later pass", "garbage collector"} {
+			"next write is admitted once its status holds these tasks' nodes", "garbage collector"} {
 			if !strings.Contains(err.Error(), s) {
 				t.Errorf("the refusal %q does not say %q", err, s)
 			}
@@ -262,6 +262,42 @@ func TestTaskSetWrites(t *testing.T) {
 		}
 		if got := h.counter(t, "exit_guard_decisions_total", map[string]string{"verdict": "denied", "reason": string(ReasonWorkflowReplaced), "kind": argo.TaskSetKind}); got != 0 {
 			t.Errorf("workflow-replaced refusals counted = %v, want 0: the write is not a stale exit handler", got)
+		}
+		// Argo writes the task's node into the workflow's status after the TaskSet, in the
+		// same pass; the next pass patches again, and is admitted (row T6).
+		err = clientretry.RetryOnConflict(clientretry.DefaultRetry, func() error {
+			cur := &unstructured.Unstructured{}
+			cur.SetGroupVersionKind(argo.WorkflowGVK)
+			if err := env.Client.Get(t.Context(), client.ObjectKeyFromObject(wf), cur); err != nil {
+				return err
+			}
+			node := map[string]any{"id": key, "name": "reused.onExit", "type": argo.NodeTypeHTTP, "phase": "Pending"}
+			if err := unstructured.SetNestedField(cur.Object, map[string]any{key: node}, "status", "nodes"); err != nil {
+				return err
+			}
+			return env.Client.Update(t.Context(), cur)
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := env.Client.Patch(t.Context(), ts, fixture.TaskSetPatch(false, map[string]any{key: tmpl})); err != nil {
+			t.Fatalf("the new workflow's patch once its status holds the node: %v, want admitted (row T6)", err)
+		}
+		if got := h.counter(t, "exit_guard_decisions_total", map[string]string{"verdict": "allowed", "reason": string(ReasonTasksOfNameHolder), "kind": argo.TaskSetKind}); got != 1 {
+			t.Errorf("tasks-of-name-holder admissions counted = %v, want 1", got)
+		}
+		// A pass that adds another task, its create and its patch judged by this replica: the
+		// patch is admitted from the create, although the status lacks the new task's node.
+		key2 := argo.NodeID(wf.GetName(), wf.GetName()+"[1].call")
+		err = env.Client.Create(t.Context(), fixture.TaskSet(wf, map[string]any{key: tmpl, key2: fixture.HTTPTask(key2)}))
+		if !apierrors.IsAlreadyExists(err) {
+			t.Fatalf("the new workflow's create: %v, want AlreadyExists (admitted by the guard)", err)
+		}
+		if err := env.Client.Patch(t.Context(), ts, fixture.TaskSetPatch(false, map[string]any{key: tmpl, key2: fixture.HTTPTask(key2)})); err != nil {
+			t.Fatalf("the new workflow's patch after its create: %v, want admitted (row T6)", err)
+		}
+		if got := h.counter(t, "exit_guard_decisions_total", map[string]string{"verdict": "allowed", "reason": string(ReasonTasksOfNameHolder), "kind": argo.TaskSetKind}); got != 2 {
+			t.Errorf("tasks-of-name-holder admissions counted = %v, want 2", got)
 		}
 	})
 

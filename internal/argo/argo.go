@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
@@ -211,4 +212,38 @@ func AddToScheme(s *runtime.Scheme) error {
 	s.AddKnownTypes(GroupVersion, &Workflow{}, &WorkflowList{})
 	metav1.AddToGroupVersion(s, GroupVersion)
 	return nil
+}
+
+// Node types and phases of a workflow's node tree (status.nodes), as the guard reads them.
+const (
+	NodeTypeHTTP   = "HTTP"
+	NodeTypePlugin = "Plugin"
+)
+
+// Node is the part of a node of a workflow's status that exit-guard reads.
+type Node struct {
+	Type  string
+	Phase string
+}
+
+// Pending says whether the node has not run to its end: no phase yet, Pending or Running.
+func (n Node) Pending() bool {
+	return n.Phase == "" || n.Phase == "Pending" || n.Phase == "Running"
+}
+
+// NodesOf returns the nodes of a workflow read whole, by node ID; nil when it has none.
+func NodesOf(wf *unstructured.Unstructured) map[string]Node {
+	v, _, _ := unstructured.NestedFieldNoCopy(wf.Object, "status", "nodes")
+	nodes, _ := v.(map[string]any)
+	if len(nodes) == 0 {
+		return nil
+	}
+	out := make(map[string]Node, len(nodes))
+	for id, v := range nodes {
+		n, _ := v.(map[string]any)
+		typ, _ := n["type"].(string)
+		phase, _ := n["phase"].(string)
+		out[id] = Node{Type: typ, Phase: phase}
+	}
+	return out
 }

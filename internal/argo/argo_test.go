@@ -1,6 +1,10 @@
 package argo
 
-import "testing"
+import (
+	"testing"
+
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+)
 
 // The agent pod is named <wf>-1340600742-agent: Argo names it by the node ID of "agent".
 func TestNodeIDMatchesTheAgentPodName(t *testing.T) {
@@ -37,5 +41,31 @@ func TestPhaseFromLabels(t *testing.T) {
 				t.Errorf("PhaseFromLabels(%v) = %q, want %q", labels, got, tc.want)
 			}
 		})
+	}
+}
+
+// NodesOf reads each node's type and phase from a workflow read whole; Pending is a node not
+// yet run to its end.
+func TestNodesOf(t *testing.T) {
+	wf := &unstructured.Unstructured{Object: map[string]any{"status": map[string]any{"nodes": map[string]any{
+		"wf-1": map[string]any{"type": "HTTP", "phase": "Pending"},
+		"wf-2": map[string]any{"type": "Plugin", "phase": "Running"},
+		"wf-3": map[string]any{"type": "HTTP"},
+		"wf-4": map[string]any{"type": "HTTP", "phase": "Succeeded"},
+		"wf-5": map[string]any{"type": "Pod", "phase": "Failed"},
+		"wf-6": "not a node",
+	}}}}
+	nodes := NodesOf(wf)
+	for id, want := range map[string]struct {
+		typ     string
+		pending bool
+	}{"wf-1": {"HTTP", true}, "wf-2": {"Plugin", true}, "wf-3": {"HTTP", true}, "wf-4": {"HTTP", false}, "wf-5": {"Pod", false}, "wf-6": {"", true}} {
+		n, ok := nodes[id]
+		if !ok || n.Type != want.typ || n.Pending() != want.pending {
+			t.Errorf("node %s = %+v (found %v), want type %q pending %v", id, n, ok, want.typ, want.pending)
+		}
+	}
+	if got := NodesOf(&unstructured.Unstructured{Object: map[string]any{}}); got != nil {
+		t.Errorf("no status: %v, want nil", got)
 	}
 }

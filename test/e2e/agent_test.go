@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -159,10 +160,11 @@ type notifier struct {
 
 	mu    sync.Mutex
 	calls map[string]int
+	last  map[string]time.Time // when the last call of each key came
 }
 
 func newNotifier() *notifier {
-	n := &notifier{calls: map[string]int{}}
+	n := &notifier{calls: map[string]int{}, last: map[string]time.Time{}}
 	n.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		wf, ok := strings.CutPrefix(r.URL.Path, "/notify/")
 		if !ok {
@@ -170,6 +172,7 @@ func newNotifier() *notifier {
 		}
 		n.mu.Lock()
 		n.calls[wf]++
+		n.last[wf] = time.Now()
 		n.mu.Unlock()
 		w.WriteHeader(http.StatusOK)
 	}))
@@ -186,6 +189,13 @@ func (n *notifier) count(wf string) int {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	return n.calls[wf]
+}
+
+// lastCall is when key (a workflow's name, or "/ping/" and its name) was last called.
+func (n *notifier) lastCall(key string) time.Time {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.last[key]
 }
 
 func (n *notifier) close() { n.srv.Close() }

@@ -164,6 +164,21 @@ type scenario struct {
 	// afterRun runs once the workflows completed and a stale copy had time to come back;
 	// restart restarts the controller.
 	afterRun func(ctx context.Context, c client.Client, restart func(), g *testenv.Guard)
+	// direct: the controller watches the API server itself, with no lagging proxy between.
+	direct bool
+	// gc runs kube-controller-manager's garbage collector beside the API server.
+	gc bool
+	// drive, when set, creates workflows of its own (ok and failing stay 0) and returns
+	// those the run waits for and reports.
+	drive func(ctx context.Context, t *testing.T, r rig) []*unstructured.Unstructured
+}
+
+// rig is what a scenario's drive works with.
+type rig struct {
+	c      client.Client
+	notify *notifier
+	gc     *collector
+	g      *testenv.Guard
 }
 
 // run runs the reference workflows with a pod exit handler.
@@ -269,14 +284,24 @@ func runScenario(t *testing.T, sc scenario) []outcome {
 		defer k.agents.stop()
 	}
 	go k.run(ctx)
-
-	proxy, err := startLagProxy(env.Config, watchLag)
-	if err != nil {
-		t.Fatal(err)
+	var gc *collector
+	if sc.gc {
+		gc = newCollector(t, env, logDir)
+		gc.start(t)
+		defer gc.stop()
 	}
-	defer func() { _ = proxy.Close() }()
+
+	kc := env.KubeConfig()
+	if !sc.direct {
+		proxy, err := startLagProxy(env.Config, watchLag)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = proxy.Close() }()
+		kc = plainKubeconfig(t, proxy.URL())
+	}
 	kcFile := filepath.Join(t.TempDir(), "kubeconfig")
-	if err := os.WriteFile(kcFile, plainKubeconfig(t, proxy.URL()), 0o600); err != nil {
+	if err := os.WriteFile(kcFile, kc, 0o600); err != nil {
 		t.Fatal(err)
 	}
 	logFile := filepath.Join(logDir, fmt.Sprintf("controller-%s-%d-%d.log", version, mode, time.Now().Unix()))
@@ -313,6 +338,9 @@ func runScenario(t *testing.T, sc scenario) []outcome {
 		sc.totals.before = readTotals(ctx, t, g)
 	}
 	var wfs []*unstructured.Unstructured
+	if sc.drive != nil {
+		wfs = sc.drive(ctx, t, rig{c: c, notify: notify, gc: gc, g: g})
+	}
 	for i := range ok + failing {
 		wf := referenceWorkflow(i >= ok)
 		if sc.metrics {

@@ -1,0 +1,58 @@
+package webhook
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// The memory of admitted TaskSet creates answers for the owner and tasks it holds, within
+// createMemory, and stays bounded: full, it forgets what has expired, and remembers nothing
+// new while every entry is fresh.
+func TestTaskSetCreatesRemembersBoundedAndBriefly(t *testing.T) {
+	now := time.Unix(1000, 0)
+	c := newTaskSetCreates(func() time.Time { return now })
+	key := func(i int) types.NamespacedName {
+		return types.NamespacedName{Namespace: "argo", Name: fmt.Sprint("wf-", i)}
+	}
+	c.note(key(0), "uid-a", []string{"t1", "t2"})
+	for _, tc := range []struct {
+		name  string
+		owner types.UID
+		tasks []string
+		want  bool
+	}{
+		{"the owner, a task it created", "uid-a", []string{"t1"}, true},
+		{"the owner, every task it created", "uid-a", []string{"t2", "t1"}, true},
+		{"the owner, a task it did not create", "uid-a", []string{"t1", "t3"}, false},
+		{"another owner", "uid-b", []string{"t1"}, false},
+		{"no task", "uid-a", nil, false},
+	} {
+		if got := c.covers(key(0), tc.owner, tc.tasks); got != tc.want {
+			t.Errorf("%s: covers = %v, want %v", tc.name, got, tc.want)
+		}
+	}
+	now = now.Add(createMemory + time.Millisecond)
+	if c.covers(key(0), "uid-a", []string{"t1"}) {
+		t.Error("a create older than createMemory still covers")
+	}
+	// Full of expired entries: a new create purges them.
+	for i := 1; i < maxCreatesRemembered; i++ {
+		c.note(key(i), "uid-a", []string{"t"})
+	}
+	now = now.Add(createMemory + time.Millisecond)
+	c.note(key(maxCreatesRemembered), "uid-a", []string{"t"})
+	if len(c.m) != 1 || !c.covers(key(maxCreatesRemembered), "uid-a", []string{"t"}) {
+		t.Errorf("after the purge the memory holds %d entries, want the new one alone", len(c.m))
+	}
+	// Full of fresh entries: a new one is not remembered, the others stay.
+	for i := range maxCreatesRemembered - 1 {
+		c.note(key(i), "uid-a", []string{"t"})
+	}
+	c.note(key(-1), "uid-a", []string{"t"})
+	if len(c.m) != maxCreatesRemembered || c.covers(key(-1), "uid-a", []string{"t"}) {
+		t.Errorf("full of fresh entries, the memory holds %d and remembered the new one: %v", len(c.m), c.covers(key(-1), "uid-a", []string{"t"}))
+	}
+}
