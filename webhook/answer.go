@@ -111,9 +111,9 @@ func IsRefusal(err error) bool {
 func denialMessage(f facts, d decision) string {
 	if d.reason == ReasonTaskSetOwnerGone {
 		return fmt.Sprintf("exit-guard refused %s: %s, as seen by %s, and the agent of a workflow of that name would run its tasks. "+
-			"If this workflow reused the name, its next write is admitted once its status holds these tasks' nodes (Argo writes them "+
-			"after the TaskSet, in the same pass), or the garbage collector deletes the old WorkflowTaskSet "+
-			"(kubectl -n %s get workflowtaskset %s -o jsonpath='{.metadata.ownerReferences}'); "+
+			"If this workflow reused the name, a later write is admitted once the guard can tell it is this workflow's (its create of the same "+
+			"tasks just before, judged by the same replica, or, outside exit handlers, their pending nodes in its status), or the garbage collector "+
+			"deletes the old WorkflowTaskSet (kubectl -n %s get workflowtaskset %s -o jsonpath='{.metadata.ownerReferences}'); "+
 			"a stale copy of the deleted workflow gets no further",
 			f.object.refused(), workflowText(d), d.source, d.wfNamespace, d.wfName)
 	}

@@ -2,6 +2,7 @@ package webhook
 
 import (
 	"context"
+	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -125,6 +126,9 @@ type facts struct {
 	// update: the request changes an object that exists (its owner references are those it
 	// already had), rather than creating one.
 	update bool
+	// dryRun: the request will not be persisted; received: when the guard received it.
+	dryRun   bool
+	received time.Time
 }
 
 // decision is the guard's verdict on one object, before the mode is applied.
@@ -142,8 +146,9 @@ type decision struct {
 	// liveErr is the live read's failure, when the store decided instead.
 	liveErr error
 	// nameHolder is the UID of the workflow a live read found under the owner's name, when
-	// it is another workflow (row 9).
-	nameHolder types.UID
+	// it is another workflow (row 9), and nameHolderDone says it has completed.
+	nameHolder     types.UID
+	nameHolderDone bool
 }
 
 // decide is the decision table of docs/decisions.md, read top to bottom: every return names
@@ -185,17 +190,14 @@ func (g *guard) decide(ctx context.Context, f facts) decision {
 			return d
 		}
 		if fromStore := g.fromRecord(d, rec, "17"); !fromStore.deny && rec.Phase != argo.PhaseUnsettled {
+			g.noteCreate(f, fromStore)
 			return fromStore
 		}
 		// Row 18: the store says refuse, or cannot tell: be sure first.
 	}
 	// Row 19 (store-first with a stale watch) and every other covered object: read live.
 	d = g.liveDecide(ctx, f, d)
-	if ts, ok := f.object.(*taskSetObject); ok && !f.update && !d.deny && d.reason == ReasonWorkflowNotTerminal && d.source == sourceLive {
-		// A running workflow's create: should it fail with AlreadyExists, its patch of the
-		// existing object follows at once (row T6).
-		g.creates.note(types.NamespacedName{Namespace: ts.namespace, Name: ts.name}, d.wfUID, ts.tasks)
-	}
+	g.noteCreate(f, d)
 	if f.role == roleTaskWrite && f.update && d.deny &&
 		(d.reason == ReasonWorkflowReplaced || d.reason == ReasonWorkflowDeleted && d.source == sourceStore) {
 		// Row T5: an update of a TaskSet whose owner is gone, perhaps by the workflow that
@@ -209,6 +211,15 @@ func (g *guard) decide(ctx context.Context, f facts) decision {
 	return d
 }
 
+// noteCreate remembers the TaskSet create of a running workflow that d admits: should it fail
+// with AlreadyExists, Argo's patch of the existing object follows at once (row T6). Not a
+// dry run's.
+func (g *guard) noteCreate(f facts, d decision) {
+	if ts, ok := f.object.(*taskSetObject); ok && !f.update && !f.dryRun && !d.deny && d.reason == ReasonWorkflowNotTerminal {
+		g.creates.note(types.NamespacedName{Namespace: ts.namespace, Name: ts.name}, d.wfUID, ts.templates)
+	}
+}
+
 // nameHolderWrote says whether the workflow that now holds the name (d.nameHolder) sent a
 // TaskSet update: it created that TaskSet with every task the update adds moments before
 // (taskSetCreates: Argo's create, then the patch on AlreadyExists, in one pass), or each of
@@ -218,7 +229,10 @@ func (g *guard) nameHolderWrote(ctx context.Context, f facts, d decision) bool {
 	if !ok {
 		return false
 	}
-	if g.creates.covers(types.NamespacedName{Namespace: ts.namespace, Name: ts.name}, d.nameHolder, ts.tasks) {
+	if d.nameHolderDone {
+		return false
+	}
+	if g.creates.covers(types.NamespacedName{Namespace: ts.namespace, Name: ts.name}, d.nameHolder, ts.templates) {
 		return true
 	}
 	return g.nameHolderRunsTasks(ctx, f, d)
@@ -236,7 +250,15 @@ func (g *guard) nameHolderRunsTasks(ctx context.Context, f facts, d decision) bo
 	if !ok || len(ts.tasks) == 0 {
 		return false
 	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), g.podRead.attempt)
+	// Within what is left of the live-read budget, and one attempt's time at most.
+	left := g.podRead.attempt
+	if !f.received.IsZero() {
+		left = min(left, g.podRead.budget-time.Since(f.received))
+	}
+	if left <= 0 {
+		return false
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), left)
 	defer cancel()
 	uid, phase, nodes, err := g.readNodes(ctx, d.wfNamespace, d.wfName)
 	if err != nil || uid != d.nameHolder || phase.Terminal() {
@@ -244,7 +266,7 @@ func (g *guard) nameHolderRunsTasks(ctx context.Context, f facts, d decision) bo
 	}
 	for _, id := range ts.tasks {
 		n, ok := nodes[id]
-		if !ok || n.Type != argo.NodeTypeHTTP && n.Type != argo.NodeTypePlugin || !n.Pending() {
+		if !ok || n.Type != argo.NodeTypeHTTP && n.Type != argo.NodeTypePlugin || !n.Pending() || n.InExitHandlerOrHook() {
 			return false
 		}
 	}
@@ -390,7 +412,7 @@ func (g *guard) liveDecide(ctx context.Context, f facts, d decision) decision {
 	case wf.UID != d.wfUID:
 		// The name now belongs to another workflow: the object's owner was deleted.
 		d.deny, d.reason, d.row, d.source = true, ReasonWorkflowReplaced, "9", sourceLive
-		d.nameHolder = wf.UID
+		d.nameHolder, d.nameHolderDone = wf.UID, wf.Status.Phase.Terminal()
 		return d
 	}
 	// A consistent read is the truth; let the store learn from it too (it keeps the newest).

@@ -2,7 +2,9 @@ package webhook
 
 import (
 	"context"
+	"crypto/sha256"
 	"errors"
+	"maps"
 	"os"
 	"regexp"
 	"slices"
@@ -44,15 +46,16 @@ const (
 type liveAnswer int
 
 const (
-	liveNone      liveAnswer = iota // the read must not be made
-	liveRunning                     // same UID, Running
-	liveUnknown                     // same UID, status.phase "" (a v4 retry)
-	liveSucceeded                   // same UID, Succeeded
-	liveFailed                      // same UID, Failed
-	live404                         // not found
-	liveOtherUID                    // another workflow holds the name
-	liveFails                       // every attempt fails
-	liveTimesOut                    // no answer within the budget
+	liveNone         liveAnswer = iota // the read must not be made
+	liveRunning                        // same UID, Running
+	liveUnknown                        // same UID, status.phase "" (a v4 retry)
+	liveSucceeded                      // same UID, Succeeded
+	liveFailed                         // same UID, Failed
+	live404                            // not found
+	liveOtherUID                       // another workflow holds the name
+	liveOtherUIDDone                   // another workflow holds the name, and has completed
+	liveFails                          // every attempt fails
+	liveTimesOut                       // no answer within the budget
 )
 
 // nodesAnswer is what the whole read of the workflow that holds the name answers (row T6),
@@ -60,14 +63,15 @@ const (
 type nodesAnswer int
 
 const (
-	nodesNone          nodesAnswer = iota // the read must not be made
-	nodesPending                          // the holder runs, each task its pending HTTP node
-	nodesNotWritten                       // the holder runs, its status lacks the nodes (its first pass)
-	nodesDone                             // the holder runs, the nodes have finished
-	nodesOfPods                           // the holder runs, the nodes are pods
-	nodesHolderDone                       // the holder has completed
-	nodesAnotherHolder                    // yet another workflow holds the name now
-	nodesFail                             // the read fails
+	nodesNone               nodesAnswer = iota // the read must not be made
+	nodesPending                               // the holder runs, each task its pending HTTP node
+	nodesPendingExitHandler                    // the same, the node inside the holder\'s exit handler
+	nodesNotWritten                            // the holder runs, its status lacks the nodes (its first pass)
+	nodesDone                                  // the holder runs, the nodes have finished
+	nodesOfPods                                // the holder runs, the nodes are pods
+	nodesHolderDone                            // the holder has completed
+	nodesAnotherHolder                         // yet another workflow holds the name now
+	nodesFail                                  // the read fails
 )
 
 // cannedNodes is a whole read of the holder (uid-of-another, as liveOtherUID answers) that
@@ -77,10 +81,14 @@ func cannedNodes(a nodesAnswer, tasks []string, calls *int) func(context.Context
 		*calls++
 		uid, phase, nodes := types.UID("uid-of-another"), argo.PhaseRunning, map[string]argo.Node{}
 		for _, id := range tasks {
-			nodes[id] = argo.Node{Type: argo.NodeTypeHTTP, Phase: "Pending"}
+			nodes[id] = argo.Node{Name: "notify[0].call", Type: argo.NodeTypeHTTP, Phase: "Pending"}
 		}
 		switch a {
 		case nodesPending:
+		case nodesPendingExitHandler:
+			for id := range nodes {
+				nodes[id] = argo.Node{Name: "notify.onExit[0].notify", Type: argo.NodeTypeHTTP, Phase: "Pending"}
+			}
 		case nodesNotWritten:
 			nodes = nil
 		case nodesDone:
@@ -128,6 +136,8 @@ func cannedRead(a liveAnswer, calls *int) func(context.Context, string, string, 
 			return nil, apierrors.NewNotFound(schema.GroupResource{Group: argo.Group, Resource: argo.Resource}, name)
 		case liveOtherUID:
 			wf.UID, wf.Status.Phase = "uid-of-another", argo.PhaseRunning
+		case liveOtherUIDDone:
+			wf.UID, wf.Status.Phase = "uid-of-another", argo.PhaseSucceeded
 		case liveFails:
 			return nil, errors.New("connection refused")
 		case liveTimesOut:
@@ -203,10 +213,11 @@ type decisionCase struct {
 	// createdBy: the guard admitted a create of the TaskSet by that workflow, createdAgo
 	// before the case, with the tasks the case's write adds (another task with
 	// createdOtherTask).
-	createdBy        types.UID
-	createdAgo       time.Duration
-	createdOtherTask bool
-	store            storeState
+	createdBy            types.UID
+	createdAgo           time.Duration
+	createdOtherTask     bool
+	createdOtherTemplate bool
+	store                storeState
 	// staleWatch: the guard's watch has not advanced for longer than WatchStaleAfter (and
 	// than StoreFreshFor).
 	staleWatch bool
@@ -345,9 +356,11 @@ func decisionCases() []decisionCase {
 		{row: "T5", name: "owner's name held by another; a create with these tasks remembered, by a third", facts: stale, live: liveOtherUID, createdBy: "uid-of-a-third", nodes: nodesNotWritten, deny: true, reason: ReasonTaskSetOwnerGone, source: sourceLive},
 		{row: "T5", name: "owner's name held by another; its create remembered, older than the memory", facts: stale, live: liveOtherUID, createdBy: "uid-of-another", createdAgo: createMemory + time.Second, nodes: nodesNotWritten, deny: true, reason: ReasonTaskSetOwnerGone, source: sourceLive},
 		{row: "T5", name: "owner's name held by another; its create remembered, with other tasks", facts: stale, live: liveOtherUID, createdBy: "uid-of-another", createdOtherTask: true, nodes: nodesNotWritten, deny: true, reason: ReasonTaskSetOwnerGone, source: sourceLive},
+		{row: "T5", name: "owner's name held by another; its create remembered, the same task with another template (a stale copy's own)", facts: stale, live: liveOtherUID, createdBy: "uid-of-another", createdOtherTemplate: true, nodes: nodesNotWritten, deny: true, reason: ReasonTaskSetOwnerGone, source: sourceLive},
+		{row: "T5", name: "owner's name held by another that has completed; its create remembered", facts: stale, live: liveOtherUIDDone, createdBy: "uid-of-another", createdAgo: time.Second, deny: true, reason: ReasonTaskSetOwnerGone, source: sourceLive},
+		{row: "T5", name: "owner's name held by another, whose pending node of the task is in its exit handler (known only from a create)", facts: stale, live: liveOtherUID, nodes: nodesPendingExitHandler, deny: true, reason: ReasonTaskSetOwnerGone, source: sourceLive},
 		{row: "T6", name: "owner's name held by another, which created the TaskSet with these tasks just before (AlreadyExists, then this patch)", facts: stale, live: liveOtherUID, createdBy: "uid-of-another", createdAgo: time.Second, reason: ReasonTasksOfNameHolder, source: sourceLive},
 		{row: "T6", name: "owner's name held by another that runs, each task its pending HTTP node", facts: stepWrite, live: liveOtherUID, nodes: nodesPending, reason: ReasonTasksOfNameHolder, source: sourceLive},
-		{row: "T6", name: "the same for the exit handler's task: the holder runs its own exit handler", facts: stale, live: liveOtherUID, nodes: nodesPending, reason: ReasonTasksOfNameHolder, source: sourceLive},
 		{row: "E1", name: "an Event about a pod", facts: podEvent, reason: ReasonNotOwnedByWorkflow},
 		{row: "E2", name: "an Event in a namespace not guarded", facts: elsewhereEvent, opts: watchOnly, reason: ReasonNamespaceNotWatched},
 		{row: "E3", name: "WorkflowRunning", facts: event("WorkflowRunning"), reason: ReasonNotAFailureClaim},
@@ -435,11 +448,16 @@ func TestDecisionTable(t *testing.T) {
 			if c.createdBy != "" {
 				now := time.Now()
 				g.creates.now = func() time.Time { return now.Add(-c.createdAgo) }
-				created := tasks
-				if c.createdOtherTask {
-					created = []string{"another-task"}
-				}
 				ts := f.object.(*taskSetObject)
+				created := maps.Clone(ts.templates)
+				switch {
+				case c.createdOtherTask:
+					created = map[string][sha256.Size]byte{"another-task": {}}
+				case c.createdOtherTemplate:
+					for k := range created {
+						created[k] = sha256.Sum256([]byte("another template"))
+					}
+				}
 				g.creates.note(types.NamespacedName{Namespace: ts.namespace, Name: ts.name}, c.createdBy, created)
 				g.creates.now = func() time.Time { return now }
 			}
@@ -575,10 +593,11 @@ func TestFreshFallbackCountsFromTheWatchsLastAdvance(t *testing.T) {
 // creates its TaskSet (admitted: it runs), the create fails with AlreadyExists, and Argo
 // patches the old object, which still names the deleted workflow: the guard admits the patch
 // from the create it remembers (row T6), without reading the node tree, and refuses it (row T5)
-// when it judged no such create.
+// when it judged no such create, or only a dry run of it.
 func TestTaskSetCreateThenPatchOfAReusedName(t *testing.T) {
 	onExit := argo.NodeID(tableWorkflow.GetName(), argo.OnExitNodeName(tableWorkflow.GetName()))
-	for _, created := range []bool{true, false} {
+	for _, how := range []string{"create", "dry-run create", "none"} {
+		created := how == "create"
 		g, err := newGuard(nil, storeFor(t, tableWorkflow, storeEmpty, false), Options{})
 		if err != nil {
 			t.Fatal(err)
@@ -586,9 +605,11 @@ func TestTaskSetCreateThenPatchOfAReusedName(t *testing.T) {
 		calls, nodeCalls := 0, 0
 		g.readLive = cannedRead(liveRunning, &calls)
 		g.readNodes = cannedNodes(nodesNotWritten, nil, &nodeCalls)
-		if created {
-			if d := g.decide(t.Context(), taskSetFacts(t, tableWorkflow, nil, "", []string{onExit}, "false")); d.deny || d.row != "5" {
-				t.Fatalf("the create: deny %v row %s, want admitted by row 5", d.deny, d.row)
+		if how != "none" {
+			create := taskSetFacts(t, tableWorkflow, nil, "", []string{onExit}, "false")
+			create.dryRun = how == "dry-run create"
+			if d := g.decide(t.Context(), create); d.deny || d.row != "5" {
+				t.Fatalf("the %s: deny %v row %s, want admitted by row 5", how, d.deny, d.row)
 			}
 		}
 		patch := taskSetFacts(t, tableWorkflow, []string{}, "true", []string{onExit}, "false")
@@ -599,7 +620,7 @@ func TestTaskSetCreateThenPatchOfAReusedName(t *testing.T) {
 			want, wantNodeReads = "T5", 1
 		}
 		if d.row != want || d.deny != !created || nodeCalls != wantNodeReads {
-			t.Errorf("create judged first: %v; the patch: deny %v row %s, %d reads of the node tree; want row %s, %d reads", created, d.deny, d.row, nodeCalls, want, wantNodeReads)
+			t.Errorf("judged first: %s; the patch: deny %v row %s, %d reads of the node tree; want row %s, %d reads", how, d.deny, d.row, nodeCalls, want, wantNodeReads)
 		}
 	}
 }

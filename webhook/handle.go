@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"time"
 
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 )
@@ -24,10 +25,12 @@ var _ admission.Handler = (*handler)(nil)
 
 // Handle decides one admission request.
 func (h *handler) Handle(ctx context.Context, req admission.Request) admission.Response {
+	received := time.Now()
 	f, resp := h.readObject(req)
 	if resp != nil {
 		return *resp
 	}
+	f.dryRun, f.received = req.DryRun != nil && *req.DryRun, received
 	d := h.decide(ctx, f)
 	v := verdictOf(d, h.opts.Mode)
 	h.audit(ctx, req, f, d, v)

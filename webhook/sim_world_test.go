@@ -68,6 +68,12 @@ type podEvent struct {
 	// TaskSet.
 	firstPass bool
 	nextPass  time.Duration
+	// sameReplica: the guard replica that judges such a patch judged the create before it
+	// (row T6 remembers it); otherwise another replica did.
+	sameReplica bool
+	// inExitHandler: a TaskSet write of the exit handler's task (its node is named inside the
+	// exit handler).
+	inExitHandler bool
 	// exitTask: a TaskSet write of the workflow-level exit handler's own task (an onExit
 	// template that is itself an HTTP template), whose node ID the guard knows; otherwise
 	// the write's task is another node's (an HTTP step inside the exit handler's steps among
@@ -231,6 +237,7 @@ func generate(seed uint64) *history {
 					// The exit handler's HTTP task: the exit handler's own in half.
 					taskWrite(t, uid)
 					h.pods[len(h.pods)-1].exitTask = r.Float64() < 0.5
+					h.pods[len(h.pods)-1].inExitHandler = true
 				}
 				t += dur(r, 100*time.Millisecond, 3*time.Second)
 			}
@@ -319,9 +326,11 @@ func generate(seed uint64) *history {
 				for _, i := range taskWrites[uid2] {
 					if h.pods[i].at < gc {
 						next := h.pods[i]
-						next.at += dur(r, 100*time.Millisecond, 2*time.Second)
+						next.at += dur(r, time.Second, 10*time.Second)
 						h.pods[i].gcOwner, h.pods[i].gcAt = uid1, gc
 						h.pods[i].firstPass, h.pods[i].nextPass = true, next.at
+						h.pods[i].sameReplica = r.Float64() < 0.5
+						next.sameReplica = r.Float64() < 0.5
 						if slices.ContainsFunc(c2, func(c time.Duration) bool { return c > h.pods[i].at && c <= next.at }) {
 							// The workflow completed first: no next pass writes the task.
 							h.pods[i].nextPass = gc
@@ -551,7 +560,7 @@ type decisionPlan struct {
 	called int
 	// task is the task a TaskSet write adds, and nodeWritten says whether its node is in
 	// the writer's status (a later pass than the one that created it).
-	task        string
+	task, node  string
 	nodeWritten bool
 }
 

@@ -1,6 +1,7 @@
 package webhook
 
 import (
+	"crypto/sha256"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -94,9 +95,13 @@ func readTaskSet(req admission.Request) (facts, *admission.Response) {
 	if f.owner != nil {
 		ts.workflow = f.owner.Name
 	}
-	for k := range obj.Spec.Tasks {
+	for k, tmpl := range obj.Spec.Tasks {
 		if _, had := old.Spec.Tasks[k]; !had {
 			ts.tasks = append(ts.tasks, k)
+			if ts.templates == nil {
+				ts.templates = map[string][sha256.Size]byte{}
+			}
+			ts.templates[k] = sha256.Sum256(tmpl)
 		}
 	}
 	slices.Sort(ts.tasks)
@@ -159,8 +164,11 @@ type taskSetObject struct {
 	workflow string
 	// tasks are the task keys (node IDs) it adds; reopened: it turns the completed label
 	// from "true" back.
-	tasks    []string
-	reopened bool
+	tasks []string
+	// templates hold the digest of each added task's template as the request carries it
+	// (row T6 matches a patch to the create before it by these).
+	templates map[string][sha256.Size]byte
+	reopened  bool
 }
 
 var _ object = (*taskSetObject)(nil)

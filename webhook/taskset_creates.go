@@ -1,6 +1,7 @@
 package webhook
 
 import (
+	"crypto/sha256"
 	"sync"
 	"time"
 
@@ -16,10 +17,11 @@ const (
 	maxCreatesRemembered = 10000
 )
 
-// createdTaskSet is a TaskSet create the guard admitted: by which workflow, with which tasks.
+// createdTaskSet is a TaskSet create the guard admitted: by which workflow, with which tasks
+// (the digest of each task's template).
 type createdTaskSet struct {
 	owner types.UID
-	tasks map[string]bool
+	tasks map[string][sha256.Size]byte
 	at    time.Time
 }
 
@@ -28,8 +30,10 @@ type createdTaskSet struct {
 // AlreadyExists, patches the existing object with the same tasks: when a workflow reused the
 // name of a deleted one whose TaskSet the garbage collector has not removed yet, that patch
 // keeps the deleted workflow's owner reference, and this memory is how the guard knows the
-// running workflow sent it (row T6). A stale copy of the deleted workflow cannot put itself
-// here: its create names the deleted workflow and is refused.
+// running workflow sent it (row T6): the same tasks with the same templates. A stale copy of
+// the deleted workflow cannot put itself here (its create names the deleted workflow and is
+// refused), and its patch, should its create have been admitted unverified, carries its own
+// rendered templates.
 type taskSetCreates struct {
 	now func() time.Time
 
@@ -41,16 +45,13 @@ func newTaskSetCreates(now func() time.Time) *taskSetCreates {
 	return &taskSetCreates{now: now, m: map[types.NamespacedName]createdTaskSet{}}
 }
 
-// note remembers an admitted create of the TaskSet key by owner with tasks.
-func (c *taskSetCreates) note(key types.NamespacedName, owner types.UID, tasks []string) {
+// note remembers an admitted create of the TaskSet key by owner with tasks (digests of their
+// templates by task key).
+func (c *taskSetCreates) note(key types.NamespacedName, owner types.UID, tasks map[string][sha256.Size]byte) {
 	if len(tasks) == 0 {
 		return
 	}
 	now := c.now()
-	set := make(map[string]bool, len(tasks))
-	for _, t := range tasks {
-		set[t] = true
-	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if _, ok := c.m[key]; !ok && len(c.m) >= maxCreatesRemembered {
@@ -63,12 +64,12 @@ func (c *taskSetCreates) note(key types.NamespacedName, owner types.UID, tasks [
 			return
 		}
 	}
-	c.m[key] = createdTaskSet{owner: owner, tasks: set, at: now}
+	c.m[key] = createdTaskSet{owner: owner, tasks: tasks, at: now}
 }
 
 // covers says whether, within createMemory, owner created the TaskSet key with every one of
-// tasks (and at least one).
-func (c *taskSetCreates) covers(key types.NamespacedName, owner types.UID, tasks []string) bool {
+// tasks (and at least one), each with the same template.
+func (c *taskSetCreates) covers(key types.NamespacedName, owner types.UID, tasks map[string][sha256.Size]byte) bool {
 	if len(tasks) == 0 || owner == "" {
 		return false
 	}
@@ -78,8 +79,8 @@ func (c *taskSetCreates) covers(key types.NamespacedName, owner types.UID, tasks
 	if !ok || v.owner != owner || c.now().Sub(v.at) > createMemory {
 		return false
 	}
-	for _, t := range tasks {
-		if !v.tasks[t] {
+	for t, digest := range tasks {
+		if had, ok := v.tasks[t]; !ok || had != digest {
 			return false
 		}
 	}

@@ -1,6 +1,7 @@
 package webhook
 
 import (
+	"crypto/sha256"
 	"fmt"
 	"testing"
 	"time"
@@ -17,17 +18,27 @@ func TestTaskSetCreatesRemembersBoundedAndBriefly(t *testing.T) {
 	key := func(i int) types.NamespacedName {
 		return types.NamespacedName{Namespace: "argo", Name: fmt.Sprint("wf-", i)}
 	}
-	c.note(key(0), "uid-a", []string{"t1", "t2"})
+	digests := func(tasks ...string) map[string][sha256.Size]byte {
+		m := map[string][sha256.Size]byte{}
+		for _, t := range tasks {
+			m[t] = sha256.Sum256([]byte("template of " + t))
+		}
+		return m
+	}
+	c.note(key(0), "uid-a", digests("t1", "t2"))
+	otherTemplate := digests("t1")
+	otherTemplate["t1"] = sha256.Sum256([]byte("another template"))
 	for _, tc := range []struct {
 		name  string
 		owner types.UID
-		tasks []string
+		tasks map[string][sha256.Size]byte
 		want  bool
 	}{
-		{"the owner, a task it created", "uid-a", []string{"t1"}, true},
-		{"the owner, every task it created", "uid-a", []string{"t2", "t1"}, true},
-		{"the owner, a task it did not create", "uid-a", []string{"t1", "t3"}, false},
-		{"another owner", "uid-b", []string{"t1"}, false},
+		{"the owner, a task it created", "uid-a", digests("t1"), true},
+		{"the owner, every task it created", "uid-a", digests("t2", "t1"), true},
+		{"the owner, a task it did not create", "uid-a", digests("t1", "t3"), false},
+		{"the owner, a task it created with another template", "uid-a", otherTemplate, false},
+		{"another owner", "uid-b", digests("t1"), false},
 		{"no task", "uid-a", nil, false},
 	} {
 		if got := c.covers(key(0), tc.owner, tc.tasks); got != tc.want {
@@ -35,24 +46,24 @@ func TestTaskSetCreatesRemembersBoundedAndBriefly(t *testing.T) {
 		}
 	}
 	now = now.Add(createMemory + time.Millisecond)
-	if c.covers(key(0), "uid-a", []string{"t1"}) {
+	if c.covers(key(0), "uid-a", digests("t1")) {
 		t.Error("a create older than createMemory still covers")
 	}
 	// Full of expired entries: a new create purges them.
 	for i := 1; i < maxCreatesRemembered; i++ {
-		c.note(key(i), "uid-a", []string{"t"})
+		c.note(key(i), "uid-a", digests("t"))
 	}
 	now = now.Add(createMemory + time.Millisecond)
-	c.note(key(maxCreatesRemembered), "uid-a", []string{"t"})
-	if len(c.m) != 1 || !c.covers(key(maxCreatesRemembered), "uid-a", []string{"t"}) {
+	c.note(key(maxCreatesRemembered), "uid-a", digests("t"))
+	if len(c.m) != 1 || !c.covers(key(maxCreatesRemembered), "uid-a", digests("t")) {
 		t.Errorf("after the purge the memory holds %d entries, want the new one alone", len(c.m))
 	}
 	// Full of fresh entries: a new one is not remembered, the others stay.
 	for i := range maxCreatesRemembered - 1 {
-		c.note(key(i), "uid-a", []string{"t"})
+		c.note(key(i), "uid-a", digests("t"))
 	}
-	c.note(key(-1), "uid-a", []string{"t"})
-	if len(c.m) != maxCreatesRemembered || c.covers(key(-1), "uid-a", []string{"t"}) {
-		t.Errorf("full of fresh entries, the memory holds %d and remembered the new one: %v", len(c.m), c.covers(key(-1), "uid-a", []string{"t"}))
+	c.note(key(-1), "uid-a", digests("t"))
+	if len(c.m) != maxCreatesRemembered || c.covers(key(-1), "uid-a", digests("t")) {
+		t.Errorf("full of fresh entries, the memory holds %d and remembered the new one: %v", len(c.m), c.covers(key(-1), "uid-a", digests("t")))
 	}
 }

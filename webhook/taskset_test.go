@@ -229,7 +229,7 @@ func TestTaskSetWrites(t *testing.T) {
 		wantRefused(t, err, ReasonWorkflowDeleted)
 	})
 
-	t.Run("name reused while the old TaskSet waits for the garbage collector: a patch alone refused as taskset-owner-gone, admitted once the status holds the node, or after the new workflow's create", func(t *testing.T) {
+	t.Run("name reused while the old TaskSet waits for the garbage collector: a patch alone refused as taskset-owner-gone, admitted once the status holds the node, or after the new workflow's create of the same template", func(t *testing.T) {
 		h := startGuard(t, Options{}, harnessOptions{})
 		ns := newNamespace(t)
 		old, ts, step := runningTaskSet(t, ns, "reused")
@@ -239,7 +239,8 @@ func TestTaskSetWrites(t *testing.T) {
 		}
 		// No garbage collector runs here: the old TaskSet stays, owned by the deleted UID.
 		wf := createWorkflow(t, ns, "reused", argo.PhaseRunning)
-		key, tmpl := fixture.OnExitTask(wf)
+		key := argo.NodeID(wf.GetName(), wf.GetName()+"[0].call")
+		tmpl := fixture.HTTPTask(key)
 		// Argo creates first (the create names the new workflow: admitted, then AlreadyExists),
 		// then patches the old object, which keeps the old owner reference. Here the create
 		// went to another replica of the guard (the patch is sent alone): this one cannot know
@@ -248,7 +249,7 @@ func TestTaskSetWrites(t *testing.T) {
 		err := env.Client.Patch(t.Context(), ts, fixture.TaskSetPatch(false, map[string]any{key: tmpl}))
 		wantRefused(t, err, ReasonTaskSetOwnerGone)
 		for _, s := range []string{"still belongs to workflow " + ns + "/reused (uid " + string(old.GetUID()) + "), which was deleted",
-			"next write is admitted once its status holds these tasks' nodes", "garbage collector"} {
+			"a later write is admitted once the guard can tell it is this workflow's", "garbage collector"} {
 			if !strings.Contains(err.Error(), s) {
 				t.Errorf("the refusal %q does not say %q", err, s)
 			}
@@ -271,7 +272,7 @@ func TestTaskSetWrites(t *testing.T) {
 			if err := env.Client.Get(t.Context(), client.ObjectKeyFromObject(wf), cur); err != nil {
 				return err
 			}
-			node := map[string]any{"id": key, "name": "reused.onExit", "type": argo.NodeTypeHTTP, "phase": "Pending"}
+			node := map[string]any{"id": key, "name": "reused[0].call", "type": argo.NodeTypeHTTP, "phase": "Pending"}
 			if err := unstructured.SetNestedField(cur.Object, map[string]any{key: node}, "status", "nodes"); err != nil {
 				return err
 			}
@@ -286,14 +287,18 @@ func TestTaskSetWrites(t *testing.T) {
 		if got := h.counter(t, "exit_guard_decisions_total", map[string]string{"verdict": "allowed", "reason": string(ReasonTasksOfNameHolder), "kind": argo.TaskSetKind}); got != 1 {
 			t.Errorf("tasks-of-name-holder admissions counted = %v, want 1", got)
 		}
-		// A pass that adds another task, its create and its patch judged by this replica: the
-		// patch is admitted from the create, although the status lacks the new task's node.
-		key2 := argo.NodeID(wf.GetName(), wf.GetName()+"[1].call")
-		err = env.Client.Create(t.Context(), fixture.TaskSet(wf, map[string]any{key: tmpl, key2: fixture.HTTPTask(key2)}))
+		// Its exit handler's task: never admitted from the status alone (a stale copy's exit
+		// handler has the same node ID), but from the create this replica judged just before,
+		// with the same template; with another template (a stale copy's own) it stays refused.
+		key2, tmpl2 := fixture.OnExitTask(wf)
+		err = env.Client.Create(t.Context(), fixture.TaskSet(wf, map[string]any{key: tmpl, key2: tmpl2}))
 		if !apierrors.IsAlreadyExists(err) {
 			t.Fatalf("the new workflow's create: %v, want AlreadyExists (admitted by the guard)", err)
 		}
-		if err := env.Client.Patch(t.Context(), ts, fixture.TaskSetPatch(false, map[string]any{key: tmpl, key2: fixture.HTTPTask(key2)})); err != nil {
+		other := fixture.HTTPTask("stale " + key2)
+		err = env.Client.Patch(t.Context(), ts, fixture.TaskSetPatch(false, map[string]any{key: tmpl, key2: other}))
+		wantRefused(t, err, ReasonTaskSetOwnerGone)
+		if err := env.Client.Patch(t.Context(), ts, fixture.TaskSetPatch(false, map[string]any{key: tmpl, key2: tmpl2})); err != nil {
 			t.Fatalf("the new workflow's patch after its create: %v, want admitted (row T6)", err)
 		}
 		if got := h.counter(t, "exit_guard_decisions_total", map[string]string{"verdict": "allowed", "reason": string(ReasonTasksOfNameHolder), "kind": argo.TaskSetKind}); got != 2 {

@@ -222,8 +222,14 @@ const (
 
 // Node is the part of a node of a workflow's status that exit-guard reads.
 type Node struct {
+	Name  string
 	Type  string
 	Phase string
+}
+
+// InExitHandlerOrHook says whether the node runs inside an exit handler or a lifecycle hook.
+func (n Node) InExitHandlerOrHook() bool {
+	return strings.Contains(n.Name, OnExitMarker) || strings.Contains(n.Name, HooksMarker)
 }
 
 // Pending says whether the node has not run to its end: no phase yet, Pending or Running.
@@ -241,9 +247,10 @@ func NodesOf(wf *unstructured.Unstructured) map[string]Node {
 	out := make(map[string]Node, len(nodes))
 	for id, v := range nodes {
 		n, _ := v.(map[string]any)
+		name, _ := n["name"].(string)
 		typ, _ := n["type"].(string)
 		phase, _ := n["phase"].(string)
-		out[id] = Node{Type: typ, Phase: phase}
+		out[id] = Node{Name: name, Type: typ, Phase: phase}
 	}
 	return out
 }
