@@ -364,7 +364,7 @@ func failOpenNamespace(t *testing.T) string {
 func TestAPIServerRestartsUnderLoad(t *testing.T) {
 	b := newService(t)
 	r := startReplica(t, b, "a")
-	startReplica(t, b, "b")
+	r2 := startReplica(t, b, "b")
 	ns := newNamespace(t)
 	running := createWorkflow(t, ns, "running", argo.PhaseRunning)
 	succeeded := createWorkflow(t, ns, "succeeded", argo.PhaseSucceeded)
@@ -399,9 +399,18 @@ func TestAPIServerRestartsUnderLoad(t *testing.T) {
 			apiDown++
 		}
 	}
-	t.Logf("API server restarted under load: %s; of the failures, %d never reached an API server (%d requests were sent while it was stopping or starting) and %d were the webhook's",
-		c, apiDown, up-down, webhook)
-	if c.wrong.Load() != 0 || webhook != 0 {
-		t.Errorf("admissions the API server sent the guard were lost (%d) or decided wrong: %s", webhook, c)
+	// A stale pod admitted with no live answer, while the store's newest write is older than
+	// --store-fresh-for, is the default's documented window (unconfirmed-completion): counted,
+	// and alerted by ExitGuardDecisionsUnverified. Seen once in a loaded CI run, when the
+	// restarted API server answered no read within the budget. Any other wrong decision fails.
+	var window float64
+	for _, rep := range []*replica{r, r2} {
+		window += max(0, rep.metric(t, `exit_guard_decisions_total{kind="Pod",reason="unconfirmed-completion",verdict="allowed"}`)) +
+			max(0, rep.metric(t, `exit_guard_decisions_total{kind="Pod",reason="unverified-fail-open",verdict="allowed"}`))
+	}
+	t.Logf("API server restarted under load: %s; of the failures, %d never reached an API server (%d requests were sent while it was stopping or starting) and %d were the webhook's; admitted unverified (the documented window): %v",
+		c, apiDown, up-down, webhook, window)
+	if c.wrongRefused.Load() != 0 || float64(c.wrong.Load()) > window || webhook != 0 {
+		t.Errorf("admissions the API server sent the guard were lost (%d) or decided wrong beyond the %v counted unverified: %s", webhook, window, c)
 	}
 }

@@ -154,9 +154,11 @@ func createWorkflow(t *testing.T, ns, name string, phase argo.Phase) *unstructur
 // tally counts what a load sent and what came back.
 type tally struct {
 	sent, admitted, denied, failed, wrong atomic.Int64
-	mu                                    sync.Mutex
-	failures                              []string // the first ten
-	all                                   []string
+	// wrongRefused: of the wrong ones, legitimate pods refused.
+	wrongRefused atomic.Int64
+	mu           sync.Mutex
+	failures     []string // the first ten
+	all          []string
 }
 
 func (c *tally) String() string {
@@ -224,6 +226,7 @@ func load(ctx context.Context, running, succeeded *unstructured.Unstructured, wo
 					c.denied.Add(1)
 					if !wantDenied {
 						c.wrong.Add(1)
+						c.wrongRefused.Add(1)
 					}
 				default:
 					c.fail(err.Error())
