@@ -38,6 +38,12 @@ func main() {
 	}
 	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&f.zap)))
 	setupLog := ctrl.Log.WithName("setup")
+	if limit, ok, err := setMemoryLimit(); err != nil {
+		setupLog.Error(err, "invalid environment")
+		os.Exit(2)
+	} else if ok {
+		setupLog.Info("Go memory limit set from the container's", "bytes", limit, "share", memoryLimitShare)
+	}
 	opts, err := f.options()
 	if err != nil {
 		setupLog.Error(err, "invalid flags")

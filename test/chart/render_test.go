@@ -297,7 +297,9 @@ func TestChartCertificateIsValidForTheService(t *testing.T) {
 
 // TestChartRefusesTimingsThatDoNotFit: the live read's budget and a second must fit in the
 // webhook's timeoutSeconds, one attempt in the budget, and the shutdown delay and graceful
-// shutdown in the pod's grace period.
+// shutdown in the pod's grace period; a certificate must outlive its renewal lookahead (and
+// the lookahead two checks); extraArgs may not override a flag the chart sets from a value
+// (past these checks).
 func TestChartRefusesTimingsThatDoNotFit(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
@@ -312,6 +314,14 @@ func TestChartRefusesTimingsThatDoNotFit(t *testing.T) {
 		{name: "an attempt longer than the budget", set: []string{"guard.liveReadTimeout=2s", "guard.liveReadBudget=1500ms"}, wantErr: "is longer than guard.liveReadBudget"},
 		{name: "a shutdown delay that leaves no time to stop", set: []string{"shutdownDelay=25s"}, wantErr: "do not fit in terminationGracePeriodSeconds (40)"},
 		{name: "a longer grace period makes room for it", set: []string{"shutdownDelay=25s", "terminationGracePeriodSeconds=45"}},
+		{name: "extraArgs with a flag the chart does not set", set: []string{"extraArgs={--kube-api-qps=50}"}},
+		{name: "extraArgs overriding the live-read budget", set: []string{"extraArgs={--live-read-budget=9s}"}, wantErr: "extraArgs sets --live-read-budget, which the chart sets from its values"},
+		{name: "extraArgs overriding a flag without its value", set: []string{"extraArgs={--webhook-port}"}, wantErr: "extraArgs sets --webhook-port"},
+		{name: "extraArgs with one dash (the schema wants two)", set: []string{"extraArgs={-mode=warn}"}, wantErr: "don't meet the specifications of the schema"},
+		{name: "a lookahead as long as the certificate", set: []string{"certificates.self.serverCertDuration=2160h"}, wantErr: "certificates.self.lookahead (2160h) is not shorter than certificates.self.serverCertDuration (2160h)"},
+		{name: "a lookahead shorter than two checks", set: []string{"certificates.self.lookahead=20h"}, wantErr: "shorter than two checks"},
+		{name: "a short certificate with a shorter lookahead and frequent checks", set: []string{"certificates.self.serverCertDuration=1h30m", "certificates.self.lookahead=30m", "certificates.self.checkFrequency=10m"}},
+		{name: "cert-manager renewing before it is issued", set: []string{"certificates.mode=cert-manager", "certificates.certManager.renewBefore=2160h"}, wantErr: "certificates.certManager.renewBefore (2160h) is not shorter than certificates.certManager.duration (2160h)"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			args := []string{"template", "exit-guard", chartDir, "--namespace", "argo", "--kube-version", testenv.KubeVersion()}
@@ -326,6 +336,37 @@ func TestChartRefusesTimingsThatDoNotFit(t *testing.T) {
 				t.Errorf("helm template accepted %v, want it refused", tc.set)
 			case tc.wantErr != "" && !strings.Contains(string(out), tc.wantErr):
 				t.Errorf("helm template refused %v saying %s, want %q", tc.set, out, tc.wantErr)
+			}
+		})
+	}
+}
+
+// TestGoMemoryLimitFollowsTheContainers: with a memory limit the guard's container gets it in
+// bytes through the downward API (the guard holds its heap to 90% of it); without one, nothing.
+func TestGoMemoryLimitFollowsTheContainers(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		set  []string
+		want bool
+	}{
+		{name: "the default limit", want: true},
+		{name: "no limit", set: []string{"resources.limits=null"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d := convert[appsv1.Deployment](t, only(t, render(t, profile{name: tc.name, set: tc.set}, "eg", "argo"), "Deployment"))
+			c := d.Spec.Template.Spec.Containers[0]
+			var found *corev1.EnvVar
+			for i := range c.Env {
+				if c.Env[i].Name == "EXIT_GUARD_MEMORY_LIMIT" {
+					found = &c.Env[i]
+				}
+			}
+			switch {
+			case tc.want && (found == nil || found.ValueFrom == nil || found.ValueFrom.ResourceFieldRef == nil ||
+				found.ValueFrom.ResourceFieldRef.Resource != "limits.memory" || found.ValueFrom.ResourceFieldRef.ContainerName != c.Name):
+				t.Errorf("EXIT_GUARD_MEMORY_LIMIT = %+v, want the container's limits.memory", found)
+			case !tc.want && found != nil:
+				t.Errorf("EXIT_GUARD_MEMORY_LIMIT set without a memory limit: %+v", found)
 			}
 		})
 	}

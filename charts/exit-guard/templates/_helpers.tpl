@@ -81,8 +81,36 @@ annotations:
 {{- if has .Values.guard.mode (list "warn" "dry-run") }}true{{ end }}
 {{- end }}
 
-{{/* The guard's command line. */}}
+{{/* The guard's command line: the chart's own flags, then extraArgs, checked. */}}
 {{- define "exit-guard.args" -}}
+{{- $own := include "exit-guard.ownArgs" . }}
+{{- include "exit-guard.checkExtraArgs" (dict "own" $own "extra" .Values.extraArgs) }}
+{{- $own }}
+{{- with .Values.extraArgs }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/*
+Refuses an extraArgs entry that sets a flag the chart sets from a typed value: the last flag
+wins, so it would override the value past the chart's checks (timings, certificates).
+*/}}
+{{- define "exit-guard.checkExtraArgs" -}}
+{{- $set := dict }}
+{{- range $line := splitList "\n" .own }}
+{{- $flag := regexFind "--[a-z0-9-]+" $line }}
+{{- if $flag }}{{ $_ := set $set $flag true }}{{ end }}
+{{- end }}
+{{- range $arg := .extra }}
+{{- $flag := regexFind "^--?[a-z0-9-]+" (toString $arg) | trimPrefix "-" | trimPrefix "-" | printf "--%s" }}
+{{- if hasKey $set $flag }}
+{{- fail (printf "extraArgs sets %s, which the chart sets from its values: set the value instead (exit-guard --help names each flag; values.yaml the value)" $flag) }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* The guard's flags the chart sets from its values. */}}
+{{- define "exit-guard.ownArgs" -}}
 - --mode={{ .Values.guard.mode }}
 - --deny-phases={{ join "," .Values.guard.denyPhases }}
 - --cover-hooks={{ .Values.guard.coverHooks }}
@@ -125,9 +153,6 @@ annotations:
 - --cert-lookahead={{ .Values.certificates.self.lookahead }}
 - --cert-check-frequency={{ .Values.certificates.self.checkFrequency }}
 {{- end }}
-{{- with .Values.extraArgs }}
-{{ toYaml . }}
-{{- end }}
 {{- end }}
 
 {{/* The guard's container, in the Deployment and in the sidecar snippet. */}}
@@ -142,6 +167,14 @@ env:
     valueFrom:
       fieldRef:
         fieldPath: metadata.namespace
+  {{- if (.Values.resources.limits | default dict).memory }}
+  # The guard holds its Go heap to 90% of this (GOMEMLIMIT in extraEnv wins).
+  - name: EXIT_GUARD_MEMORY_LIMIT
+    valueFrom:
+      resourceFieldRef:
+        containerName: exit-guard
+        resource: limits.memory
+  {{- end }}
   {{- with .Values.extraEnv }}
   {{- toYaml . | nindent 2 }}
   {{- end }}
@@ -196,7 +229,32 @@ Refuses timings that do not fit: the live read (its budget) and a second for the
 the answer and the network must fit in the webhook's timeoutSeconds, or the API server gives up
 on the guard first and applies the failure policy to every slow decision.
 */}}
+{{/* The seconds of a duration such as 8760h, 90m, 1h30m or 45s. */}}
+{{- define "exit-guard.seconds" -}}
+{{- $total := 0 }}
+{{- range $part := regexFindAll "[0-9]+[hms]" . -1 }}
+{{- $n := trimSuffix "h" $part | trimSuffix "m" | trimSuffix "s" | int }}
+{{- if hasSuffix "h" $part }}{{ $total = add $total (mul $n 3600) }}{{ else if hasSuffix "m" $part }}{{ $total = add $total (mul $n 60) }}{{ else }}{{ $total = add $total $n }}{{ end }}
+{{- end }}
+{{- $total }}
+{{- end }}
+
 {{- define "exit-guard.checkTimings" -}}
+{{- if eq .Values.certificates.mode "self" }}
+{{- $c := .Values.certificates.self }}
+{{- if le (include "exit-guard.seconds" $c.serverCertDuration | int) (include "exit-guard.seconds" $c.lookahead | int) }}
+{{- fail (printf "certificates.self.lookahead (%s) is not shorter than certificates.self.serverCertDuration (%s): the guard would renew the certificate on every check" $c.lookahead $c.serverCertDuration) }}
+{{- end }}
+{{- if lt (include "exit-guard.seconds" $c.lookahead | int) (mul 2 (include "exit-guard.seconds" $c.checkFrequency | int)) }}
+{{- fail (printf "certificates.self.lookahead (%s) is shorter than two checks (certificates.self.checkFrequency %s): a check could come after the certificate expired" $c.lookahead $c.checkFrequency) }}
+{{- end }}
+{{- end }}
+{{- if eq .Values.certificates.mode "cert-manager" }}
+{{- $c := .Values.certificates.certManager }}
+{{- if le (include "exit-guard.seconds" $c.duration | int) (include "exit-guard.seconds" $c.renewBefore | int) }}
+{{- fail (printf "certificates.certManager.renewBefore (%s) is not shorter than certificates.certManager.duration (%s)" $c.renewBefore $c.duration) }}
+{{- end }}
+{{- end }}
 {{- $timeout := include "exit-guard.millis" .Values.guard.liveReadTimeout | int }}
 {{- $budget := include "exit-guard.millis" .Values.guard.liveReadBudget | int }}
 {{- $webhook := mul .Values.webhook.timeoutSeconds 1000 | int }}
