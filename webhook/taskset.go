@@ -1,6 +1,7 @@
 package webhook
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"encoding/json"
 	"fmt"
@@ -101,7 +102,7 @@ func readTaskSet(req admission.Request) (facts, *admission.Response) {
 			if ts.templates == nil {
 				ts.templates = map[string][sha256.Size]byte{}
 			}
-			ts.templates[k] = sha256.Sum256(tmpl)
+			ts.templates[k] = templateDigest(tmpl)
 		}
 	}
 	slices.Sort(ts.tasks)
@@ -234,4 +235,45 @@ func (ts *taskSetObject) onlyExitHandlerTask() bool {
 		}
 	}
 	return true
+}
+
+// templateDigest is the SHA-256 of a task's template with every null left out, re-encoded (keys
+// sorted). The API server drops the nulls of the keys a merge patch adds (RFC 7386) and keeps
+// them on a create of this schemaless spec, so Argo's create and the patch that follows it
+// differ there alone. A template that does not decode is digested as it came.
+func templateDigest(raw []byte) [sha256.Size]byte {
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.UseNumber()
+	var v any
+	if err := dec.Decode(&v); err != nil {
+		return sha256.Sum256(raw)
+	}
+	b, err := json.Marshal(withoutNulls(v))
+	if err != nil {
+		return sha256.Sum256(raw)
+	}
+	return sha256.Sum256(b)
+}
+
+// withoutNulls removes the nulls of v, in objects and arrays, at every depth.
+func withoutNulls(v any) any {
+	switch t := v.(type) {
+	case map[string]any:
+		for k, e := range t {
+			if e == nil {
+				delete(t, k)
+			} else {
+				t[k] = withoutNulls(e)
+			}
+		}
+	case []any:
+		out := t[:0]
+		for _, e := range t {
+			if e != nil {
+				out = append(out, withoutNulls(e))
+			}
+		}
+		return out
+	}
+	return v
 }

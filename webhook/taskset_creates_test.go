@@ -67,3 +67,20 @@ func TestTaskSetCreatesRemembersBoundedAndBriefly(t *testing.T) {
 		t.Errorf("full of fresh entries, the memory holds %d and remembered the new one: %v", len(c.m), c.covers(key(-1), "uid-a", digests("t")))
 	}
 }
+
+// A create and the merge patch after it carry the same template but for the nulls the API
+// server drops from a patch's new keys: the same digest. Another value, another digest.
+func TestTemplateDigestIgnoresNullsOnly(t *testing.T) {
+	create := []byte(`{"name":"notify","http":{"url":"http://x","timeoutSeconds":null,"headers":[{"name":"a","value":"b"}]},"metrics":{"prometheus":[{"gauge":{"realtime":null,"value":"1"}}]}}`)
+	patch := []byte(`{"http":{"headers":[{"value":"b","name":"a"}],"url":"http://x"},"metrics":{"prometheus":[{"gauge":{"value":"1"}}]},"name":"notify"}`)
+	other := []byte(`{"name":"notify","http":{"url":"http://y","headers":[{"name":"a","value":"b"}]},"metrics":{"prometheus":[{"gauge":{"value":"1"}}]}}`)
+	if templateDigest(create) != templateDigest(patch) {
+		t.Error("the create's template and the patch's (nulls dropped, keys reordered) digest apart")
+	}
+	if templateDigest(create) == templateDigest(other) {
+		t.Error("templates with another URL digest alike")
+	}
+	if templateDigest([]byte(`{`)) != sha256.Sum256([]byte(`{`)) {
+		t.Error("a template that does not decode is not digested as it came")
+	}
+}

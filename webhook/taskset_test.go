@@ -291,6 +291,9 @@ func TestTaskSetWrites(t *testing.T) {
 		// handler has the same node ID), but from the create this replica judged just before,
 		// with the same template; with another template (a stale copy's own) it stays refused.
 		key2, tmpl2 := fixture.OnExitTask(wf)
+		// With a null, as Argo writes pointer fields without omitempty: the create keeps it,
+		// the merge patch's new key loses it (RFC 7386).
+		tmpl2["http"].(map[string]any)["timeoutSeconds"] = nil
 		err = env.Client.Create(t.Context(), fixture.TaskSet(wf, map[string]any{key: tmpl, key2: tmpl2}))
 		if !apierrors.IsAlreadyExists(err) {
 			t.Fatalf("the new workflow's create: %v, want AlreadyExists (admitted by the guard)", err)
