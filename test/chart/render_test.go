@@ -238,16 +238,24 @@ func TestChartMatchesTheGeneratedManifests(t *testing.T) {
 	guard, certRules := rules("rbac/role.yaml"), rules("rbac-certs/role.yaml")
 	// The kinds of webhook configuration each mode registers, and so may update.
 	for _, m := range []struct {
-		p     profile
-		kinds []string
+		p      profile
+		kinds  []string
+		secure bool
 	}{
-		{profiles[0], []string{"validatingwebhookconfigurations"}},
-		{profile{name: "warn", set: []string{"guard.mode=warn"}}, []string{"mutatingwebhookconfigurations", "validatingwebhookconfigurations"}},
-		{profile{name: "warn, pods only", set: []string{"guard.mode=warn", "webhook.taskSets.enabled=false", "webhook.events.enabled=false"}}, []string{"mutatingwebhookconfigurations"}},
+		{profiles[0], []string{"validatingwebhookconfigurations"}, false},
+		{profile{name: "metrics.secure", set: []string{"metrics.secure=true"}}, []string{"validatingwebhookconfigurations"}, true},
+		{profile{name: "warn", set: []string{"guard.mode=warn"}}, []string{"mutatingwebhookconfigurations", "validatingwebhookconfigurations"}, false},
+		{profile{name: "warn, pods only", set: []string{"guard.mode=warn", "webhook.taskSets.enabled=false", "webhook.events.enabled=false"}}, []string{"mutatingwebhookconfigurations"}, false},
 	} {
 		objs := render(t, m.p, "eg", "argo")
 		for _, o := range append(find(objs, "ClusterRole"), find(objs, "Role")...) {
-			want := guard["ClusterRole"]
+			if strings.HasSuffix(o.GetName(), "-metrics-reader") {
+				continue // for Prometheus's ServiceAccount, not the guard's
+			}
+			// TokenReviews and SubjectAccessReviews serve --metrics-secure alone.
+			want := slices.DeleteFunc(slices.Clone(guard["ClusterRole"]), func(r rbacv1.PolicyRule) bool {
+				return !m.secure && (slices.Contains(r.APIGroups, "authentication.k8s.io") || slices.Contains(r.APIGroups, "authorization.k8s.io"))
+			})
 			if strings.HasSuffix(o.GetName(), "-certs") {
 				// The chart names the guard's own Secret and webhook configuration.
 				name := "eg-exit-guard"

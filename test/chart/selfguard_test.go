@@ -147,6 +147,21 @@ func TestGuardIdentityChangesOnlyItsCABundle(t *testing.T) {
 						w["matchConditions"] = []any{map[string]any{"name": "all", "expression": "true"}}
 					}), false},
 					{"the timeout", cfg, first(func(w map[string]any) { w["timeoutSeconds"] = int64(29) }), false},
+					{"the Service's port", cfg, first(func(w map[string]any) {
+						clientConfig(w)["service"].(map[string]any)["port"] = int64(8443)
+					}), false},
+					{"the Service's namespace", cfg, first(func(w map[string]any) {
+						clientConfig(w)["service"].(map[string]any)["namespace"] = "elsewhere"
+					}), false},
+					{"the match policy", cfg, first(func(w map[string]any) {
+						if w["matchPolicy"] == "Exact" {
+							w["matchPolicy"] = "Equivalent"
+						} else {
+							w["matchPolicy"] = "Exact"
+						}
+					}), false},
+					{"the review versions", cfg, first(func(w map[string]any) { w["admissionReviewVersions"] = []any{"v1", "v1beta1"} }), false},
+					{"a webhook renamed", cfg, first(func(w map[string]any) { w["name"] = "renamed.exit-guard.io" }), false},
 					{"the side effects", cfg, first(func(w map[string]any) {
 						if w["sideEffects"] == "None" {
 							w["sideEffects"] = "NoneOnDryRun"
@@ -176,6 +191,9 @@ func TestGuardIdentityChangesOnlyItsCABundle(t *testing.T) {
 						t.Errorf("%s %s: %s: refused as the guard: %v", cfg.GetKind(), cfg.GetName(), tc.name, err)
 					case !tc.ok && !refusedByPolicy(err):
 						t.Errorf("%s %s: %s: %v, want refused by %s", cfg.GetKind(), cfg.GetName(), tc.name, err, policy)
+					case !tc.ok && !strings.Contains(err.Error(), wantMessage(tc.obj == secret, tc.name)):
+						// Not an evaluation error of the policy, which would refuse as well.
+						t.Errorf("%s %s: %s: refused saying %v, want %q", cfg.GetKind(), cfg.GetName(), tc.name, err, wantMessage(tc.obj == secret, tc.name))
 					}
 				}
 				if len(webhookNames(t, cfg)) > 1 {
@@ -253,4 +271,15 @@ func webhookNames(t *testing.T, cfg *unstructured.Unstructured) []string {
 		names = append(names, w.(map[string]any)["name"].(string))
 	}
 	return names
+}
+
+// wantMessage is the policy's message for a refused change of the case named name.
+func wantMessage(secret bool, name string) string {
+	switch {
+	case strings.Contains(name, "label") || strings.Contains(name, "annotation"):
+		return "changes no labels, annotations, owner references or finalizers"
+	case secret:
+		return "changes only the data of its Secret"
+	}
+	return "changes only the caBundle of its webhooks"
 }
