@@ -9,10 +9,12 @@ package metricsauth
 
 import (
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"net/http"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -29,9 +31,21 @@ import (
 // +kubebuilder:rbac:groups=authentication.k8s.io,resources=tokenreviews,verbs=create
 // +kubebuilder:rbac:groups=authorization.k8s.io,resources=subjectaccessreviews,verbs=create
 
-// reviewTimeout bounds the two reviews of one scrape. Reviews are not cached: a scrape every
-// few seconds costs the API server two small writes that it does not store.
+// reviewTimeout bounds the two reviews of one scrape.
 const reviewTimeout = 10 * time.Second
+
+// Reviews are cached by token, path and verb, as kube-rbac-proxy and controller-runtime's
+// delegating filter do: an admission for allowedFor, a refusal for deniedFor (a token that
+// becomes valid, or a permission granted, is seen within seconds). A token not in the cache
+// costs a TokenReview (and a SubjectAccessReview): at most reviewRate a second past a burst of
+// reviewBurst, so that fresh junk tokens cost the API server a bounded load; past it, 429.
+const (
+	allowedFor   = 2 * time.Minute
+	deniedFor    = 10 * time.Second
+	reviewRate   = 5.0
+	reviewBurst  = 10.0
+	maxCachedFor = 1000
+)
 
 // FilterProvider is a metricsserver.Options.FilterProvider.
 func FilterProvider(c *rest.Config, httpClient *http.Client) (metricsserver.Filter, error) {
@@ -48,11 +62,27 @@ func FilterProvider(c *rest.Config, httpClient *http.Client) (metricsserver.Filt
 
 // Filter returns the filter, reviewing through c.
 func Filter(c client.Client) metricsserver.Filter {
+	return filter(c, time.Now)
+}
+
+func filter(c client.Client, now func() time.Time) metricsserver.Filter {
+	cache := &reviews{now: now, m: map[[sha256.Size]byte]verdict{}, tokens: reviewBurst, last: now()}
 	return func(log logr.Logger, next http.Handler) (http.Handler, error) {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			ctx, cancel := context.WithTimeout(r.Context(), reviewTimeout)
-			defer cancel()
-			status, err := review(ctx, c, r)
+			key := cacheKey(r)
+			v, cached := cache.get(key)
+			status, err := v.status, v.err
+			if !cached {
+				if !cache.take() {
+					log.V(1).Info("metrics request refused: too many tokens to review")
+					http.Error(w, http.StatusText(http.StatusTooManyRequests), http.StatusTooManyRequests)
+					return
+				}
+				ctx, cancel := context.WithTimeout(r.Context(), reviewTimeout)
+				status, err = review(ctx, c, r)
+				cancel()
+				cache.put(key, status, err)
+			}
 			if err != nil {
 				// The caller learns the status only; the reason, which may quote the API
 				// server, goes to the log.
@@ -94,4 +124,76 @@ func review(ctx context.Context, c client.Client, r *http.Request) (int, error) 
 		return http.StatusForbidden, fmt.Errorf("forbidden: %s may not %s %s", u.Username, strings.ToLower(r.Method), r.URL.Path)
 	}
 	return http.StatusOK, nil
+}
+
+// verdict is a cached review: the status and reason of a refusal (nil: allowed), until when.
+type verdict struct {
+	status int
+	err    error
+	until  time.Time
+}
+
+// reviews caches the reviews and holds the budget of new ones (a token bucket).
+type reviews struct {
+	now func() time.Time
+
+	mu     sync.Mutex
+	m      map[[sha256.Size]byte]verdict
+	tokens float64
+	last   time.Time
+}
+
+// cacheKey is the digest of the request's Authorization header, path and verb.
+func cacheKey(r *http.Request) [sha256.Size]byte {
+	return sha256.Sum256([]byte(r.Header.Get("Authorization") + "\x00" + r.URL.Path + "\x00" + r.Method))
+}
+
+// get returns the cached review of key, if it has not expired.
+func (c *reviews) get(key [sha256.Size]byte) (verdict, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	v, ok := c.m[key]
+	if !ok || !c.now().Before(v.until) {
+		return verdict{}, false
+	}
+	return v, true
+}
+
+// put caches an answer of the API server; a failure to ask it (500) is not cached.
+func (c *reviews) put(key [sha256.Size]byte, status int, err error) {
+	if status == http.StatusInternalServerError {
+		return
+	}
+	now := c.now()
+	until := now.Add(allowedFor)
+	if err != nil {
+		until = now.Add(deniedFor)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if _, ok := c.m[key]; !ok && len(c.m) >= maxCachedFor {
+		for k, v := range c.m {
+			if !now.Before(v.until) {
+				delete(c.m, k)
+			}
+		}
+		if len(c.m) >= maxCachedFor {
+			return
+		}
+	}
+	c.m[key] = verdict{status: status, err: err, until: until}
+}
+
+// take spends one review of the budget, if there is one.
+func (c *reviews) take() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	now := c.now()
+	c.tokens = min(reviewBurst, c.tokens+now.Sub(c.last).Seconds()*reviewRate)
+	c.last = now
+	if c.tokens < 1 {
+		return false
+	}
+	c.tokens--
+	return true
 }

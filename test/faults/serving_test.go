@@ -9,8 +9,10 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -151,6 +153,49 @@ func TestServingHardening(t *testing.T) {
 			if resp.StatusCode != tc.want {
 				t.Errorf("%s: %s, want %d", tc.name, b.String(), tc.want)
 			}
+		}
+		// Reviews are cached by token, and new ones are bounded (5 a second past a burst of
+		// 10): more scrapes with the allowed token cost no TokenReview; many junk tokens at
+		// once cost at most the budget, and the rest are answered 429 unreviewed.
+		scrape := func(tok string) int {
+			req, _ := http.NewRequestWithContext(t.Context(), http.MethodGet, "https://"+g.MetricsAddr+"/metrics", nil)
+			req.Header.Set("Authorization", "Bearer "+tok)
+			resp, err := c.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_ = resp.Body.Close()
+			return resp.StatusCode
+		}
+		reviews := func() float64 {
+			n, err := env.APIServerCounter(t.Context(), "apiserver_request_total", map[string]string{"resource": "tokenreviews"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return n
+		}
+		before := reviews()
+		for range 20 {
+			if code := scrape(allowed); code != http.StatusOK {
+				t.Fatalf("a scrape with the allowed token: HTTP %d", code)
+			}
+		}
+		if n := reviews() - before; n != 0 {
+			t.Errorf("20 scrapes with a token reviewed a moment ago cost %v TokenReviews, want 0 (cached)", n)
+		}
+		before = reviews()
+		start := time.Now()
+		codes := map[int]int{}
+		for i := range 40 {
+			codes[scrape("junk-"+strconv.Itoa(i))]++
+		}
+		elapsed := time.Since(start)
+		n := reviews() - before
+		// The budget: the burst (less what the table above spent) and what refilled meanwhile.
+		budget := 10 + 5*elapsed.Seconds() + 1
+		t.Logf("40 junk tokens in %v: %v TokenReviews (budget %.1f), answers %v", elapsed.Round(time.Millisecond), n, budget, codes)
+		if n > budget || codes[http.StatusTooManyRequests] == 0 || codes[http.StatusTooManyRequests]+codes[http.StatusUnauthorized] != 40 {
+			t.Errorf("40 junk tokens cost %v TokenReviews (budget %.1f) and were answered %v: want at most the budget, the rest 429", n, budget, codes)
 		}
 		plain, err := http.Get("http://" + g.MetricsAddr + "/metrics") //nolint:noctx // a one-off probe
 		if err == nil {
