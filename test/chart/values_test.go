@@ -111,8 +111,8 @@ func TestTuningValuesLandWhereTheySay(t *testing.T) {
 
 // TestTuningValuesWork runs the guard with the arguments the chart renders for pprof,
 // authenticated metrics and extraArgs, and checks each does what it says: the profiling
-// endpoint answers, metrics refuse a client without credentials, an extra argument wins over
-// the chart's.
+// endpoint answers, metrics refuse a client without credentials, an extra argument (a flag the
+// chart does not set: one it sets is refused, TestChartRefusesTimingsThatDoNotFit) takes effect.
 func TestTuningValuesWork(t *testing.T) {
 	ns := newNamespace(t, nil)
 	pprofAddr, err := testenv.FreeAddr()
@@ -120,7 +120,7 @@ func TestTuningValuesWork(t *testing.T) {
 		t.Fatal(err)
 	}
 	p := profile{name: "tuning", set: append([]string{"metrics.secure=true", "pprof.enabled=true", "pprof.bindAddress=" + pprofAddr,
-		"extraArgs={--zap-encoder=console}"}, chartCerts.set...)}
+		"extraArgs={--zap-time-encoding=epoch}"}, chartCerts.set...)}
 	objs := render(t, p, "tune", ns)
 	install(t, objs)
 	g, out := startChartGuard(t, ns, objs)
@@ -150,7 +150,7 @@ func TestTuningValuesWork(t *testing.T) {
 	if code, err := poll("https://" + g.MetricsAddr + "/metrics"); err != nil || code != http.StatusUnauthorized {
 		t.Errorf("metrics without credentials: %d, %v; want 401", code, err)
 	}
-	if first, _, _ := strings.Cut(out.String(), "\n"); strings.HasPrefix(first, "{") {
-		t.Errorf("extraArgs --zap-encoder=console did not win over the chart's json: %s", first)
+	if first, _, _ := strings.Cut(out.String(), "\n"); !strings.HasPrefix(first, `{"level":"info","ts":1`) {
+		t.Errorf("extraArgs --zap-time-encoding=epoch did not take effect (a number for ts): %s", first)
 	}
 }
