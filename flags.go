@@ -46,6 +46,9 @@ type flags struct {
 	storeFallback   string
 	storeFreshFor   time.Duration
 	namespaces      string
+	maxDecisions    int
+	expectedUser    string
+	clientCAFile    string
 	completionTTL   time.Duration
 	sweepInterval   time.Duration
 	lockCheck       time.Duration
@@ -167,18 +170,20 @@ func (f *flags) guardOptions() (completionstore.Options, webhook.Options, error)
 	namespaces := splitList(f.namespaces)
 	return completionstore.Options{TTL: f.completionTTL, SweepInterval: f.sweepInterval},
 		webhook.Options{
-			Mode:             mode,
-			DenyPhases:       phases,
-			Hooks:            f.hooks,
-			Strict:           f.strict,
-			StoreFirst:       f.storeFirst,
-			LiveReadTimeout:  f.liveReadTimeout,
-			LiveReadBudget:   f.liveReadBudget,
-			EventReadTimeout: f.eventTimeout,
-			EventReadBudget:  f.eventBudget,
-			StoreFallback:    fallback,
-			StoreFreshFor:    f.storeFreshFor,
-			Namespaces:       namespaces,
+			Mode:                   mode,
+			DenyPhases:             phases,
+			Hooks:                  f.hooks,
+			Strict:                 f.strict,
+			StoreFirst:             f.storeFirst,
+			LiveReadTimeout:        f.liveReadTimeout,
+			LiveReadBudget:         f.liveReadBudget,
+			EventReadTimeout:       f.eventTimeout,
+			EventReadBudget:        f.eventBudget,
+			StoreFallback:          fallback,
+			StoreFreshFor:          f.storeFreshFor,
+			Namespaces:             namespaces,
+			MaxConcurrentDecisions: f.maxDecisions,
+			ExpectedRequester:      f.expectedUser,
 		}, nil
 }
 
@@ -239,6 +244,12 @@ func parseFlags(args []string) (*flags, error) {
 	fs.DurationVar(&f.storeFreshFor, "store-fresh-for", 5*time.Second,
 		"With --store-fallback=fresh: how young the newest workflow write the store received (by its managed fields' time) must be for the store's completion to refuse an exit handler when no live read answers. Longer stops more stale pods while the API server hangs, and refuses more retried workflows whose retry the watch has not delivered.")
 	fs.StringVar(&f.namespaces, "namespaces", "", "Comma-separated namespaces to watch and guard; empty means all.")
+	fs.IntVar(&f.maxDecisions, "max-concurrent-decisions", 128,
+		"How many admissions may be decided at once; one past it reads nothing live and the store decides (counted as a live-read failure of kind shed).")
+	fs.StringVar(&f.expectedUser, "expected-requester", "",
+		"The user that sends what the guard judges (Argo's workflow controller: system:serviceaccount:<namespace>:<name>). Refusals for anyone else are counted apart (exit_guard_unexpected_requester_decisions_total) and their Events are Normal; empty: no check. Without --webhook-client-ca-file a client that reaches the port can name any user.")
+	fs.StringVar(&f.clientCAFile, "webhook-client-ca-file", "",
+		"A PEM file of the CA that signs the API server's client certificate for admission webhooks: when set, the webhook answers only clients that present a certificate it signed (for client authentication), reading the file again when it changes.")
 	fs.DurationVar(&f.completionTTL, "completion-ttl", 10*time.Minute, "How long the store remembers a workflow after its last change.")
 	fs.DurationVar(&f.sweepInterval, "sweep-interval", 30*time.Second, "How often expired records are removed from the store.")
 	fs.DurationVar(&f.lockCheck, "lock-check-interval", time.Minute,

@@ -22,6 +22,7 @@ import (
 	"github.com/exit-guard/exit-guard/completionstore"
 	"github.com/exit-guard/exit-guard/internal/argo"
 	"github.com/exit-guard/exit-guard/internal/certs"
+	"github.com/exit-guard/exit-guard/internal/clientauth"
 	"github.com/exit-guard/exit-guard/internal/lockwatch"
 	"github.com/exit-guard/exit-guard/internal/metricsauth"
 	"github.com/exit-guard/exit-guard/internal/shutdown"
@@ -95,12 +96,22 @@ func run(ctx context.Context, f *flags, opts options, drainer *shutdown.Drainer,
 		// CVEs (GHSA-qppj-fm5r-hxr3, GHSA-4374-p667-p6c8) let a client exhaust the server.
 		tlsOpts = append(tlsOpts, func(c *tls.Config) { c.NextProtos = []string{"http/1.1"} })
 	}
+	webhookTLS := append([]func(*tls.Config){}, tlsOpts...)
+	if f.clientCAFile != "" {
+		// Not controller-runtime's ClientCAName: it reads the CA once, from the certificate
+		// folder, where in self mode ca.crt is the guard's own CA.
+		clients, err := clientauth.New(f.clientCAFile, metrics.Registry, ctrl.Log.WithName("clientauth"))
+		if err != nil {
+			return err
+		}
+		webhookTLS = append(webhookTLS, clients.Configure)
+	}
 	webhookServer := crwebhook.NewServer(crwebhook.Options{
 		Port:     f.webhookPort,
 		CertDir:  f.webhookCertPath,
 		CertName: f.webhookCertName,
 		KeyName:  f.webhookKeyName,
-		TLSOpts:  tlsOpts,
+		TLSOpts:  webhookTLS,
 	})
 	// The webhook serves once its certificate exists: a self-managed one is written by the
 	// rotator after the start, and a mounted Secret may be empty (an optional volume whose

@@ -152,5 +152,8 @@ func auditAnnotations(f facts, d decision, verdict string) map[string]string {
 	if d.phase != "" {
 		a["phase"] = string(d.phase)
 	}
+	if d.deny && f.unexpected {
+		a["requester"] = "unexpected"
+	}
 	return a
 }

@@ -18,6 +18,10 @@ const (
 	EventReasonDenied = "ExitHandlerDenied"
 	// EventReasonWarned: an object of the workflow would have been refused (warn mode).
 	EventReasonWarned = "ExitHandlerWouldBeDenied"
+	// EventReasonUnexpectedRequester: an object of the workflow was refused (or would have
+	// been) on behalf of someone other than the expected workflow controller (Normal: without
+	// --webhook-client-ca-file anyone who reaches the webhook port can name any requester).
+	EventReasonUnexpectedRequester = "RefusedForUnexpectedRequester"
 	// EventReasonTaskSetOwnerGone: an update of a WorkflowTaskSet that still belongs to a
 	// deleted workflow of this name was refused (Normal: perhaps this workflow's own write,
 	// which waits for the garbage collector; not a stale exit handler).
@@ -29,11 +33,21 @@ const (
 // workflow, unless the request is a dry run.
 func (g *guard) audit(ctx context.Context, req admission.Request, f facts, d decision, verdict string) {
 	spec := f.object.spec()
-	g.metrics.decisions.WithLabelValues(verdict, string(d.reason), string(spec.kind)).Inc()
+	// A refusal for someone other than the expected controller is counted apart: it may be a
+	// forged review, which must not raise the alerts on stale exit handlers.
+	unexpected := d.deny && f.unexpected
+	if unexpected {
+		g.metrics.unexpected.WithLabelValues(verdict, string(d.reason), string(spec.kind)).Inc()
+	} else {
+		g.metrics.decisions.WithLabelValues(verdict, string(d.reason), string(spec.kind)).Inc()
+	}
 	if d.liveErr != nil {
 		kind := "error"
-		if errors.Is(d.liveErr, errLiveReadTimeout) {
+		switch {
+		case errors.Is(d.liveErr, errLiveReadTimeout):
 			kind = "timeout"
+		case errors.Is(d.liveErr, errDecisionShed):
+			kind = "shed"
 		}
 		g.metrics.liveReadFailures.WithLabelValues(kind).Inc()
 	}
@@ -72,8 +86,12 @@ func (g *guard) audit(ctx context.Context, req admission.Request, f facts, d dec
 	if d.reason == ReasonTaskSetOwnerGone {
 		refusedMsg = "WorkflowTaskSet update refused: it still belongs to a deleted workflow (perhaps the write of a workflow that reused the name, which waits for the garbage collector)"
 	}
+	if unexpected {
+		log = log.WithValues("requester", f.requester, "expectedRequester", g.opts.ExpectedRequester)
+		refusedMsg += " (for a requester that is not the expected workflow controller)"
+	}
 	log.Info(refusedMsg, "dryRunRequest", dryRunRequest)
-	if spec.staleFailure && !dryRunRequest {
+	if spec.staleFailure && !dryRunRequest && !unexpected {
 		// In every mode: warn and dry-run admit the Event, but the stale pass has counted the
 		// workflow's metrics all the same.
 		g.metrics.staleFailures.inc(d.wfNamespace, d.wfName)
@@ -86,13 +104,18 @@ func (g *guard) audit(ctx context.Context, req admission.Request, f facts, d dec
 	if d.reason == ReasonTaskSetOwnerGone {
 		eventType, reason = corev1.EventTypeNormal, EventReasonTaskSetOwnerGone
 	}
+	note := "%s: workflow is %s, known by %s at resourceVersion %s"
+	args := []any{f.object.eventRefused(), phaseOrGone(d), d.source, d.resourceVersion}
+	if unexpected {
+		eventType, reason = corev1.EventTypeNormal, EventReasonUnexpectedRequester
+		note += "; sent for %q, not the expected workflow controller"
+		args = append(args, f.requester)
+	}
 	regarding := &argo.Workflow{
 		TypeMeta:   metav1.TypeMeta{APIVersion: argo.GroupVersion.String(), Kind: argo.Kind},
 		ObjectMeta: metav1.ObjectMeta{Namespace: d.wfNamespace, Name: d.wfName, UID: d.wfUID},
 	}
-	g.recorder.Eventf(regarding, nil, eventType, reason, f.object.eventAction(req.Operation),
-		"%s: workflow is %s, known by %s at resourceVersion %s",
-		f.object.eventRefused(), phaseOrGone(d), d.source, d.resourceVersion)
+	g.recorder.Eventf(regarding, nil, eventType, reason, f.object.eventAction(req.Operation), note, args...)
 }
 
 func phaseOrGone(d decision) string {

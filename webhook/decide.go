@@ -129,6 +129,10 @@ type facts struct {
 	// dryRun: the request will not be persisted; received: when the guard received it.
 	dryRun   bool
 	received time.Time
+	// requester is the user the request was sent for (request.userInfo.username), and
+	// unexpected says it is not Options.ExpectedRequester.
+	requester  string
+	unexpected bool
 }
 
 // decision is the guard's verdict on one object, before the mode is applied.
@@ -260,6 +264,9 @@ func (g *guard) nameHolderRunsTasks(ctx context.Context, f facts, d decision) bo
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), left)
 	defer cancel()
+	if shed(ctx) {
+		return false
+	}
 	uid, phase, nodes, err := g.readNodes(ctx, d.wfNamespace, d.wfName)
 	if err != nil || uid != d.nameHolder || phase.Terminal() {
 		return false
@@ -290,7 +297,7 @@ func (g *guard) liveNodes(ctx context.Context, namespace, name string) (types.UI
 // the API server before the write that marks it), that failed, that cannot be read, or that is
 // gone without a tombstone of a Succeeded workflow, keeps its Event.
 func (g *guard) judgeClaim(ctx context.Context, f facts, d decision) decision {
-	wf, err := g.readLive(ctx, d.wfNamespace, d.wfName, g.eventRead)
+	wf, err := g.read(ctx, d.wfNamespace, d.wfName, g.eventRead)
 	switch {
 	case err == nil && wf.UID == d.wfUID:
 		g.store.Observe(completionstore.ObservationOf(wf, false))
@@ -388,10 +395,18 @@ func (g *guard) covered(r role) bool {
 	}
 }
 
+// read is the live read of a decision: readLive, unless the decision was shed (errDecisionShed).
+func (g *guard) read(ctx context.Context, namespace, name string, p readPolicy) (*argo.Workflow, error) {
+	if shed(ctx) {
+		return nil, errDecisionShed
+	}
+	return g.readLive(ctx, namespace, name, p)
+}
+
 // liveDecide reads the owner from the API server and decides from what it says (rows 5 to 9),
 // or from the store when the read fails or runs out of time (rows 10 to 15).
 func (g *guard) liveDecide(ctx context.Context, f facts, d decision) decision {
-	wf, err := g.readLive(ctx, d.wfNamespace, d.wfName, g.podRead)
+	wf, err := g.read(ctx, d.wfNamespace, d.wfName, g.podRead)
 	switch {
 	case apierrors.IsNotFound(err):
 		d.deny, d.reason, d.row, d.source = true, ReasonWorkflowDeleted, "8", sourceLive

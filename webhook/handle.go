@@ -31,6 +31,9 @@ func (h *handler) Handle(ctx context.Context, req admission.Request) admission.R
 		return *resp
 	}
 	f.dryRun, f.received = req.DryRun != nil && *req.DryRun, received
+	f.requester, f.unexpected = req.UserInfo.Username, h.unexpectedRequester(req)
+	ctx, release := h.admit(ctx)
+	defer release()
 	d := h.decide(ctx, f)
 	v := verdictOf(d, h.opts.Mode)
 	h.audit(ctx, req, f, d, v)

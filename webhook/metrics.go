@@ -5,6 +5,7 @@ import "github.com/prometheus/client_golang/prometheus"
 // guardMetrics are the webhook's Prometheus metrics.
 type guardMetrics struct {
 	decisions        *prometheus.CounterVec
+	unexpected       *prometheus.CounterVec
 	liveRead         *prometheus.HistogramVec
 	liveReadFailures *prometheus.CounterVec
 	liveReadAttempts *prometheus.CounterVec
@@ -17,6 +18,10 @@ func newGuardMetrics() *guardMetrics {
 			Name: "exit_guard_decisions_total",
 			Help: "Admission decisions, by verdict (allowed, denied, warned, dry-run), reason and kind of object (Pod, WorkflowTaskSet, Event).",
 		}, []string{"verdict", "reason", "kind"}),
+		unexpected: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "exit_guard_unexpected_requester_decisions_total",
+			Help: "Refusals (and, in warn and dry-run mode, would-be refusals) of requests sent for a user other than the expected workflow controller (--expected-requester), by verdict, reason and kind; they are not counted in exit_guard_decisions_total.",
+		}, []string{"verdict", "reason", "kind"}),
 		liveRead: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "exit_guard_live_read_duration_seconds",
 			Help: "Latency of live reads of a pod's workflow, by result (found, not-found, timeout, error).",
@@ -25,7 +30,7 @@ func newGuardMetrics() *guardMetrics {
 		}, []string{"result"}),
 		liveReadFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "exit_guard_live_read_failures_total",
-			Help: "Live reads that failed or ran out of time, so that the store decided, by kind (timeout, error).",
+			Help: "Live reads that failed, ran out of time or were not made, so that the store decided, by kind (timeout, error, shed: the decision found --max-concurrent-decisions in flight).",
 		}, []string{"kind"}),
 		liveReadAttempts: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "exit_guard_live_read_retries_total",
@@ -44,6 +49,7 @@ func (m *guardMetrics) initDecisions(mode Mode) {
 		kind := k.kind
 		for _, r := range k.refusals {
 			m.decisions.WithLabelValues(denyVerdict(mode), string(r), string(kind))
+			m.unexpected.WithLabelValues(denyVerdict(mode), string(r), string(kind))
 		}
 		for _, r := range []Reason{ReasonUnverifiedFailOpen, ReasonUnconfirmedCompletion} {
 			m.decisions.WithLabelValues(verdictAllowed, string(r), string(kind))
@@ -54,13 +60,13 @@ func (m *guardMetrics) initDecisions(mode Mode) {
 func (m *guardMetrics) register(reg prometheus.Registerer) error {
 	// The failure series exist from the start, at 0: a rate or an alert on them then reads 0
 	// rather than nothing, and a dashboard shows a flat line rather than "no data".
-	for _, kind := range []string{"timeout", "error"} {
+	for _, kind := range []string{"timeout", "error", "shed"} {
 		m.liveReadFailures.WithLabelValues(kind)
 	}
 	for _, cause := range []string{"error", "hedged", "shed"} {
 		m.liveReadAttempts.WithLabelValues(cause)
 	}
-	for _, c := range []prometheus.Collector{m.decisions, m.liveRead, m.liveReadFailures, m.liveReadAttempts, m.staleFailures} {
+	for _, c := range []prometheus.Collector{m.decisions, m.unexpected, m.liveRead, m.liveReadFailures, m.liveReadAttempts, m.staleFailures} {
 		if err := reg.Register(c); err != nil {
 			return err
 		}

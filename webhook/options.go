@@ -133,6 +133,16 @@ type Options struct {
 	// Namespaces limits the guard to these namespaces (all when empty); pods elsewhere are
 	// admitted at once.
 	Namespaces []string
+	// MaxConcurrentDecisions bounds the decisions in flight (default 128): one past it reads
+	// nothing live and the store decides, counted as a live-read failure of kind shed.
+	MaxConcurrentDecisions int
+	// ExpectedRequester is the user that sends what the guard judges: Argo's workflow
+	// controller, as system:serviceaccount:<namespace>:<name>. A refusal of a request from
+	// anyone else is still a refusal, but counted apart
+	// (exit_guard_unexpected_requester_decisions_total, not exit_guard_decisions_total), logged
+	// with the requester, and its Event is Normal with a reason of its own. Empty: every
+	// requester is expected.
+	ExpectedRequester string
 	// Registerer receives the guard's metrics (default controller-runtime's registry).
 	Registerer prometheus.Registerer
 	// EventSource is the reportingController of the guard's Events (default "exit-guard").
@@ -198,6 +208,12 @@ func (o *Options) complete() error {
 		if strings.TrimSpace(ns) == "" {
 			errs = append(errs, errors.New("an empty namespace name in the watched namespaces"))
 		}
+	}
+	if o.MaxConcurrentDecisions < 0 {
+		errs = append(errs, fmt.Errorf("max concurrent decisions must not be negative, got %d", o.MaxConcurrentDecisions))
+	}
+	if o.MaxConcurrentDecisions == 0 {
+		o.MaxConcurrentDecisions = defaultMaxConcurrentDecisions
 	}
 	if o.EventSource == "" {
 		o.EventSource = "exit-guard"

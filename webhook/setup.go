@@ -38,6 +38,8 @@ type guard struct {
 	extraReads chan struct{}
 	// creates remembers the TaskSet creates admitted for running workflows (row T6).
 	creates *taskSetCreates
+	// slots holds a token per decision in flight (Options.MaxConcurrentDecisions).
+	slots chan struct{}
 }
 
 // The live read GETs the owning Workflow (rbac on completionstore.Watch); the audit writes
@@ -114,7 +116,8 @@ func newGuard(reader client.Reader, store *completionstore.Store, opts Options) 
 		return nil, fmt.Errorf("webhook: %w", err)
 	}
 	g := &guard{opts: opts, store: store, reader: reader, metrics: newGuardMetrics(), denyPhases: map[argo.Phase]bool{},
-		extraReads: make(chan struct{}, maxExtraLiveReads), creates: newTaskSetCreates(time.Now)}
+		extraReads: make(chan struct{}, maxExtraLiveReads), creates: newTaskSetCreates(time.Now),
+		slots: make(chan struct{}, opts.MaxConcurrentDecisions)}
 	g.readLive = g.liveRead
 	g.readNodes = g.liveNodes
 	for _, p := range opts.DenyPhases {

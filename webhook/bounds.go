@@ -1,0 +1,47 @@
+package webhook
+
+import (
+	"context"
+	"errors"
+
+	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+)
+
+// defaultMaxConcurrentDecisions bounds the decisions in flight in one replica, first live
+// reads included. Argo's controller sends pods and TaskSet writes from its workflow workers
+// (--workflow-workers, 32 by default), each one request at a time, and its Events one at a
+// time per namespace: 128 leaves room for a controller with four times the default workers, or
+// Events of many namespaces at once, before anything is shed.
+const defaultMaxConcurrentDecisions = 128
+
+// errDecisionShed marks a decision that found every slot taken: it reads nothing live and the
+// store decides (the fallback of a failed live read), counted as a live-read failure of kind
+// shed.
+var errDecisionShed = errors.New("not read live: as many decisions in flight as --max-concurrent-decisions allows")
+
+type shedKey struct{}
+
+// admit takes a decision slot, or marks ctx shed when none is free; release gives the slot back.
+func (g *guard) admit(ctx context.Context) (_ context.Context, release func()) {
+	select {
+	case g.slots <- struct{}{}:
+		return ctx, func() { <-g.slots }
+	default:
+		return context.WithValue(ctx, shedKey{}, true), func() {}
+	}
+}
+
+// shed says that the decision of ctx found no slot: it must not read live.
+func shed(ctx context.Context) bool {
+	s, _ := ctx.Value(shedKey{}).(bool)
+	return s
+}
+
+// unexpectedRequester says whether req was sent on behalf of someone other than the workflow
+// controller the guard expects (Options.ExpectedRequester; empty: anyone is expected). It reads
+// request.userInfo.username, which the API server fills with the authenticated user that made
+// the write; a client that can reach the webhook port directly can write any name there,
+// unless --webhook-client-ca-file makes the guard answer only the API server.
+func (g *guard) unexpectedRequester(req admission.Request) bool {
+	return g.opts.ExpectedRequester != "" && req.UserInfo.Username != g.opts.ExpectedRequester
+}

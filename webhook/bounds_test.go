@@ -1,0 +1,123 @@
+package webhook
+
+import (
+	"context"
+	"sync"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	admissionv1 "k8s.io/api/admission/v1"
+	authenticationv1 "k8s.io/api/authentication/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+
+	"github.com/exit-guard/exit-guard/internal/argo"
+	"github.com/exit-guard/exit-guard/internal/fixture"
+)
+
+// exitPodRequest is the admission request of tableWorkflow's exit-handler pod, sent for user.
+func exitPodRequest(user string) admission.Request {
+	return admission.Request{AdmissionRequest: admissionv1.AdmissionRequest{
+		UID: "u", Operation: admissionv1.Create, Resource: podResource, Namespace: tableWorkflow.GetNamespace(),
+		Object:   runtime.RawExtension{Raw: fixture.JSON(fixture.ExitPod(tableWorkflow))},
+		UserInfo: authenticationv1.UserInfo{Username: user},
+	}}
+}
+
+// TestDecisionsPastTheCapAreShed: with MaxConcurrentDecisions decisions waiting on their live
+// reads, the next one reads nothing: the store decides it at once (here it knows nothing, so
+// unverified-fail-open), counted as a live-read failure of kind shed. Once a slot is free, a
+// decision reads live again.
+func TestDecisionsPastTheCapAreShed(t *testing.T) {
+	g, err := newGuard(nil, storeFor(t, tableWorkflow, storeEmpty, false), Options{MaxConcurrentDecisions: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	reads := 0
+	started, release := make(chan struct{}), make(chan struct{})
+	g.readLive = func(_ context.Context, namespace, name string, _ readPolicy) (*argo.Workflow, error) {
+		mu.Lock()
+		reads++
+		held := reads <= 2
+		mu.Unlock()
+		if held { // the two decisions that hold the slots wait
+			started <- struct{}{}
+			<-release
+		}
+		return cannedRead(liveSucceeded, new(int))(context.Background(), namespace, name, readPolicy{})
+	}
+	h := &handler{guard: g, readObject: readPod}
+	var wg sync.WaitGroup
+	for range 2 {
+		wg.Go(func() {
+			if r := h.Handle(t.Context(), exitPodRequest("")); r.Allowed {
+				t.Errorf("a decision within the cap was admitted (%s); its live read says Succeeded", r.Result.Message)
+			}
+		})
+		<-started
+	}
+	r := h.Handle(t.Context(), exitPodRequest(""))
+	if !r.Allowed || r.Result.Message != string(ReasonUnverifiedFailOpen) {
+		t.Errorf("the decision past the cap: allowed %v (%s), want admitted as %s", r.Allowed, r.Result.Message, ReasonUnverifiedFailOpen)
+	}
+	if got := value(t, g.metrics.liveReadFailures.WithLabelValues("shed")); got != 1 {
+		t.Errorf("live-read failures of kind shed = %v, want 1", got)
+	}
+	if reads != 2 {
+		t.Errorf("%d live reads, want 2: the shed decision must read nothing", reads)
+	}
+	close(release)
+	wg.Wait()
+	if r := h.Handle(t.Context(), exitPodRequest("")); r.Allowed {
+		t.Errorf("with the slots free again, the decision was admitted (%s); its live read says Succeeded", r.Result.Message)
+	}
+}
+
+// TestRefusalsForAnUnexpectedRequesterAreCountedApart: a refusal sent for the expected
+// controller counts in exit_guard_decisions_total; one sent for anyone else is still refused
+// but counts only in exit_guard_unexpected_requester_decisions_total, and says so in its audit
+// annotations. Admissions are the same for both.
+func TestRefusalsForAnUnexpectedRequesterAreCountedApart(t *testing.T) {
+	const controller = "system:serviceaccount:argo:argo-workflow-controller"
+	g, err := newGuard(nil, storeFor(t, tableWorkflow, storeEmpty, false), Options{ExpectedRequester: controller})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g.readLive = cannedRead(liveSucceeded, new(int))
+	h := &handler{guard: g, readObject: readPod}
+	for _, c := range []struct {
+		user                 string
+		decisions, unexpected float64
+		annotation           string
+	}{
+		{controller, 1, 0, ""},
+		{"system:serviceaccount:default:someone", 1, 1, "unexpected"},
+		{"", 1, 2, "unexpected"},
+	} {
+		r := h.Handle(t.Context(), exitPodRequest(c.user))
+		if r.Allowed {
+			t.Errorf("%q: admitted; a refusal stays a refusal whoever sends it", c.user)
+		}
+		if got := value(t, g.metrics.decisions.WithLabelValues(verdictDenied, string(ReasonWorkflowCompleted), string(kindPod))); got != c.decisions {
+			t.Errorf("%q: exit_guard_decisions_total = %v, want %v", c.user, got, c.decisions)
+		}
+		if got := value(t, g.metrics.unexpected.WithLabelValues(verdictDenied, string(ReasonWorkflowCompleted), string(kindPod))); got != c.unexpected {
+			t.Errorf("%q: exit_guard_unexpected_requester_decisions_total = %v, want %v", c.user, got, c.unexpected)
+		}
+		if got := r.AuditAnnotations["requester"]; got != c.annotation {
+			t.Errorf("%q: audit annotation requester = %q, want %q", c.user, got, c.annotation)
+		}
+	}
+}
+
+// value is a counter's value.
+func value(t *testing.T, c prometheus.Counter) float64 {
+	t.Helper()
+	m := &dto.Metric{}
+	if err := c.Write(m); err != nil {
+		t.Fatal(err)
+	}
+	return m.GetCounter().GetValue()
+}
