@@ -88,9 +88,9 @@ func TestRefusalsForAnUnexpectedRequesterAreCountedApart(t *testing.T) {
 	g.readLive = cannedRead(liveSucceeded, new(int))
 	h := &handler{guard: g, readObject: readPod}
 	for _, c := range []struct {
-		user                 string
+		user                  string
 		decisions, unexpected float64
-		annotation           string
+		annotation            string
 	}{
 		{controller, 1, 0, ""},
 		{"system:serviceaccount:default:someone", 1, 1, "unexpected"},
