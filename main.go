@@ -97,10 +97,11 @@ func run(ctx context.Context, f *flags, opts options, drainer *shutdown.Drainer,
 		tlsOpts = append(tlsOpts, func(c *tls.Config) { c.NextProtos = []string{"http/1.1"} })
 	}
 	webhookTLS := append([]func(*tls.Config){}, tlsOpts...)
+	var clients *clientauth.Verifier
 	if f.clientCAFile != "" {
 		// Not controller-runtime's ClientCAName: it reads the CA once, from the certificate
 		// folder, where in self mode ca.crt is the guard's own CA.
-		clients, err := clientauth.New(f.clientCAFile, metrics.Registry, ctrl.Log.WithName("clientauth"))
+		clients, err = clientauth.New(f.clientCAFile, metrics.Registry, ctrl.Log.WithName("clientauth"))
 		if err != nil {
 			return err
 		}
@@ -179,6 +180,9 @@ func run(ctx context.Context, f *flags, opts options, drainer *shutdown.Drainer,
 	// Ready only once the webhook port serves with its certificate loaded, and the store has
 	// every workflow of the initial list: before that it cannot tell completed from running.
 	checks["webhook"] = mgr.GetWebhookServer().StartedChecker()
+	if clients != nil {
+		checks["webhook"] = clients.Checker(f.webhookPort)
+	}
 	checks["workflows-synced"] = synced
 	checks["not-shutting-down"] = drainer.Ready()
 	probes.set(checks)

@@ -9,11 +9,20 @@
 package clientauth
 
 import (
+	"bytes"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
+	"crypto/x509/pkix"
 	"errors"
 	"fmt"
+	"math/big"
+	"net"
+	"net/http"
 	"os"
+	"strconv"
 	"sync"
 	"time"
 
@@ -37,6 +46,10 @@ type Verifier struct {
 	modTime time.Time
 	size    int64
 	pool    *x509.CertPool
+
+	// probe is the certificate the readiness check presents: made at start, its key never
+	// leaves the process, and it is accepted by its exact bytes.
+	probe tls.Certificate
 
 	refused       *prometheus.CounterVec
 	reloadFailure prometheus.Counter
@@ -63,6 +76,9 @@ func New(path string, reg prometheus.Registerer, log logr.Logger) (*Verifier, er
 		return nil, err
 	}
 	v.pool, v.modTime, v.size = pool, info.ModTime(), info.Size()
+	if v.probe, err = probeCertificate(); err != nil {
+		return nil, err
+	}
 	for _, r := range []string{ReasonNoCertificate, ReasonUntrusted} {
 		v.refused.WithLabelValues(r)
 	}
@@ -121,6 +137,9 @@ func (v *Verifier) verify(cs tls.ConnectionState) error {
 		v.logRefusal("", errors.New("no client certificate"))
 		return errors.New("exit-guard answers only the API server: no client certificate")
 	}
+	if bytes.Equal(cs.PeerCertificates[0].Raw, v.probe.Certificate[0]) {
+		return nil
+	}
 	inter := x509.NewCertPool()
 	for _, c := range cs.PeerCertificates[1:] {
 		inter.AddCert(c)
@@ -149,5 +168,53 @@ func (v *Verifier) logRefusal(subject string, err error) {
 	if !quiet {
 		v.log.Info("webhook client refused: not a certificate of the client CA (exit_guard_webhook_clients_refused_total counts them all)",
 			"subject", subject, "error", err.Error(), "file", v.path)
+	}
+}
+
+// probeCertificate makes the readiness check's client certificate.
+func probeCertificate() (tls.Certificate, error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return tls.Certificate{}, err
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1),
+		Subject:      pkix.Name{CommonName: "exit-guard readiness probe"},
+		NotBefore:    time.Now().Add(-time.Hour),
+		NotAfter:     time.Now().Add(100 * 365 * 24 * time.Hour),
+		KeyUsage:     x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		return tls.Certificate{}, err
+	}
+	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}, nil
+}
+
+// Checker is the readiness check of a webhook port that asks for client certificates, in
+// place of controller-runtime's StartedChecker (whose handshake presents none, and would be
+// counted as refused at every probe): a TLS handshake with the probe certificate, which must
+// be accepted.
+func (v *Verifier) Checker(port int) func(*http.Request) error {
+	cfg := &tls.Config{InsecureSkipVerify: true, Certificates: []tls.Certificate{v.probe}, MinVersion: tls.VersionTLS12} //nolint:gosec // G402: a handshake with itself, to see it serve
+	return func(*http.Request) error {
+		d := &net.Dialer{Timeout: 10 * time.Second}
+		conn, err := tls.DialWithDialer(d, "tcp", net.JoinHostPort("", strconv.Itoa(port)), cfg)
+		if err != nil {
+			return fmt.Errorf("webhook server is not reachable: %w", err)
+		}
+		defer func() { _ = conn.Close() }()
+		// With TLS 1.3 the server judges the client certificate after the client's side of
+		// the handshake: a refusal arrives on the first read.
+		_ = conn.SetReadDeadline(time.Now().Add(200 * time.Millisecond))
+		if _, err := conn.Read(make([]byte, 1)); err != nil {
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				return nil
+			}
+			return fmt.Errorf("webhook server refused the readiness probe's certificate: %w", err)
+		}
+		return nil
 	}
 }

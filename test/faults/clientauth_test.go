@@ -1,0 +1,331 @@
+//go:build envtest
+
+package faults
+
+import (
+	"bytes"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"fmt"
+	"math/big"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"testing"
+	"time"
+
+	admissionv1 "k8s.io/api/admission/v1"
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/exit-guard/exit-guard/internal/argo"
+	"github.com/exit-guard/exit-guard/internal/fixture"
+	"github.com/exit-guard/exit-guard/internal/testenv"
+	"github.com/exit-guard/exit-guard/webhook"
+)
+
+// testCA is a certificate authority made for one test.
+type testCA struct {
+	cert *x509.Certificate
+	key  *ecdsa.PrivateKey
+	pem  []byte
+}
+
+func newTestCA(t *testing.T, name string) *testCA {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: name},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, _ := x509.ParseCertificate(der)
+	return &testCA{cert: cert, key: key, pem: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})}
+}
+
+// issue signs a leaf certificate for usage, with dns and ips as its names; it returns the
+// certificate and key in PEM.
+func (ca *testCA) issue(t *testing.T, cn string, usage x509.ExtKeyUsage, dns []string, ips []net.IP) (certPEM, keyPEM []byte) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(time.Now().UnixNano()), Subject: pkix.Name{CommonName: cn},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
+		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{usage}, DNSNames: dns, IPAddresses: ips}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kder, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder})
+}
+
+// hostAddress is a non-loopback IPv4 address of this machine: an EndpointSlice may not name a
+// loopback one.
+func hostAddress(t *testing.T) net.IP {
+	t.Helper()
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range addrs {
+		if n, ok := a.(*net.IPNet); ok && !n.IP.IsLoopback() && !n.IP.IsLinkLocalUnicast() && n.IP.To4() != nil {
+			return n.IP.To4()
+		}
+	}
+	t.Fatalf("this test needs a non-loopback IPv4 address on this machine (the API server reaches the guard through an EndpointSlice, which refuses loopback); found none in %v", addrs)
+	return nil
+}
+
+// TestOnlyTheAPIServerIsAnswered runs the guard with --webhook-client-ca-file against a real
+// API server that presents a client certificate to webhooks, as a cluster sets it up: its
+// admission configuration gives the validating and the mutating webhook plugins a kubeconfig
+// whose user is named after the webhook's Service, exit-guard.<namespace>.svc. The webhooks
+// name that Service (no URL); the API server routes to its EndpointSlice, an address of this
+// machine. Both webhooks fail closed, so an ordinary pod is admitted only if the guard answered
+// both.
+//
+// The guard starts with the wrong client CA: the API server's calls are refused, and counted
+// (exit_guard_webhook_clients_refused_total, which the chart's alert reads: with failurePolicy
+// Ignore they would fail open without a word). The CA file is then replaced, and the guard
+// reads it again without a restart: the calls are answered, a stale exit handler is refused. A
+// review posted straight to the port, with no client certificate or one of another CA, gets no
+// answer: no decision, no Event.
+func TestOnlyTheAPIServerIsAnswered(t *testing.T) {
+	const svcNS, svcName = "exit-guard-system", "exit-guard"
+	svcHost := svcName + "." + svcNS + ".svc"
+	dir := t.TempDir()
+	ip := hostAddress(t)
+
+	serverCA, clientCA, otherCA := newTestCA(t, "serving CA"), newTestCA(t, "API server client CA"), newTestCA(t, "another CA")
+	crt, key := serverCA.issue(t, svcHost, x509.ExtKeyUsageServerAuth, []string{svcHost}, []net.IP{ip})
+	certDir := filepath.Join(dir, "serving")
+	clientCAFile := filepath.Join(dir, "client-ca", "ca.crt")
+	for path, data := range map[string][]byte{filepath.Join(certDir, "tls.crt"): crt, filepath.Join(certDir, "tls.key"): key, clientCAFile: otherCA.pem} {
+		if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, data, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// The API server's side: its client certificate, in the kubeconfig of both plugins.
+	apiCrt, apiKey := clientCA.issue(t, "kube-apiserver-admission", x509.ExtKeyUsageClientAuth, nil, nil)
+	kc := clientcmdapi.NewConfig()
+	kc.AuthInfos[svcHost] = &clientcmdapi.AuthInfo{ClientCertificateData: apiCrt, ClientKeyData: apiKey}
+	kcPath := filepath.Join(dir, "admission-kubeconfig")
+	if err := clientcmd.WriteToFile(*kc, kcPath); err != nil {
+		t.Fatal(err)
+	}
+	admissionConfig := fmt.Sprintf(`apiVersion: apiserver.config.k8s.io/v1
+kind: AdmissionConfiguration
+plugins:
+  - name: ValidatingAdmissionWebhook
+    configuration:
+      apiVersion: apiserver.config.k8s.io/v1
+      kind: WebhookAdmissionConfiguration
+      kubeConfigFile: %[1]s
+  - name: MutatingAdmissionWebhook
+    configuration:
+      apiVersion: apiserver.config.k8s.io/v1
+      kind: WebhookAdmissionConfiguration
+      kubeConfigFile: %[1]s
+`, kcPath)
+	acPath := filepath.Join(dir, "admission-config.yaml")
+	if err := os.WriteFile(acPath, []byte(admissionConfig), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	e, err := testenv.Start(testenv.Options{APIServerFlags: map[string]string{
+		"admission-control-config-file": acPath,
+		// Service webhooks are called at an endpoint of the Service (there is no kube-proxy
+		// for a cluster IP here).
+		"enable-aggregator-routing": "true",
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = e.Stop() })
+	c := e.Client
+
+	addr, err := testenv.FreeAddr()
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, portStr, _ := net.SplitHostPort(addr)
+	port, _ := strconv.Atoi(portStr)
+	out := &testenv.Output{}
+	g, err := testenv.StartGuard(t.Context(), guardBin, e.KubeConfig(), []string{"--webhook-port=" + portStr,
+		"--webhook-cert-path=" + certDir, "--webhook-client-ca-file=" + clientCAFile, "--shutdown-delay=0s"}, out)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	t.Cleanup(func() { _ = g.Stop() })
+	r := &replica{name: "mtls", g: g, out: out}
+
+	for _, o := range []client.Object{
+		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: svcNS}},
+		&corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: svcNS, Name: svcName},
+			Spec: corev1.ServiceSpec{Ports: []corev1.ServicePort{{Name: "webhook", Port: 443, TargetPort: intstr.FromInt(port)}}}},
+		&discoveryv1.EndpointSlice{ObjectMeta: metav1.ObjectMeta{Namespace: svcNS, Name: svcName,
+			Labels: map[string]string{discoveryv1.LabelServiceName: svcName}},
+			AddressType: discoveryv1.AddressTypeIPv4,
+			Endpoints:   []discoveryv1.Endpoint{{Addresses: []string{ip.String()}, Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(true)}}},
+			Ports:       []discoveryv1.EndpointPort{{Name: ptr.To("webhook"), Port: ptr.To(int32(port)), Protocol: ptr.To(corev1.ProtocolTCP)}}},
+	} {
+		if err := c.Create(t.Context(), o); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ns := "mtls-" + strconv.FormatInt(time.Now().UnixNano()%100000, 10)
+	if err := c.Create(t.Context(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns, Labels: map[string]string{"exit-guard-mtls": "true"}}}); err != nil {
+		t.Fatal(err)
+	}
+	fail := admissionregistrationv1.Fail
+	none := admissionregistrationv1.SideEffectClassNone
+	rule := []admissionregistrationv1.RuleWithOperations{{Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Create},
+		Rule: admissionregistrationv1.Rule{APIGroups: []string{""}, APIVersions: []string{"v1"}, Resources: []string{"pods"}}}}
+	ref := func(path string) admissionregistrationv1.WebhookClientConfig {
+		return admissionregistrationv1.WebhookClientConfig{CABundle: serverCA.pem,
+			Service: &admissionregistrationv1.ServiceReference{Namespace: svcNS, Name: svcName, Path: ptr.To(path), Port: ptr.To(int32(443))}}
+	}
+	sel := &metav1.LabelSelector{MatchLabels: map[string]string{"exit-guard-mtls": "true"}}
+	vwc := &admissionregistrationv1.ValidatingWebhookConfiguration{ObjectMeta: metav1.ObjectMeta{Name: "exit-guard-mtls"},
+		Webhooks: []admissionregistrationv1.ValidatingWebhook{{Name: "validate.exit-guard.io", ClientConfig: ref(webhook.ValidatePath),
+			Rules: rule, FailurePolicy: &fail, SideEffects: &none, AdmissionReviewVersions: []string{"v1"}, NamespaceSelector: sel}}}
+	mwc := &admissionregistrationv1.MutatingWebhookConfiguration{ObjectMeta: metav1.ObjectMeta{Name: "exit-guard-mtls"},
+		Webhooks: []admissionregistrationv1.MutatingWebhook{{Name: "mutate.exit-guard.io", ClientConfig: ref(webhook.MutatePath),
+			Rules: rule, FailurePolicy: &fail, SideEffects: &none, AdmissionReviewVersions: []string{"v1"}, NamespaceSelector: sel}}}
+	for _, o := range []client.Object{vwc, mwc} {
+		if err := c.Create(t.Context(), o); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	wf := testenv.CreateWorkflow(t, c, ns, "notify", argo.PhaseSucceeded)
+	plain := func(name string) *corev1.Pod {
+		return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+			Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "busybox"}}}}
+	}
+	untrusted := `exit_guard_webhook_clients_refused_total{reason="untrusted"}`
+	noCert := `exit_guard_webhook_clients_refused_total{reason="no-certificate"}`
+	denied := `exit_guard_decisions_total{kind="Pod",reason="workflow-completed",verdict="denied"}`
+
+	t.Run("the wrong client CA: the API server's calls are refused, and counted", func(t *testing.T) {
+		// The webhook's endpoint may take a moment to be known to the API server: until then
+		// the call fails too, but is not counted by the guard.
+		waitFor(t, "a refused handshake of the API server's call", func() bool {
+			err := c.Create(t.Context(), plain("plain-"+strconv.FormatInt(time.Now().UnixNano()%1000000, 10)))
+			return err != nil && r.metric(t, untrusted) > 0
+		})
+		if got := r.metric(t, noCert); got != 0 {
+			t.Errorf("%s = %v: the API server presents a certificate, and the readiness probe its own", noCert, got)
+		}
+	})
+
+	t.Run("the client CA replaced: read again, both webhooks answered", func(t *testing.T) {
+		if err := os.WriteFile(clientCAFile+".new", clientCA.pem, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(clientCAFile+".new", clientCAFile); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, "an ordinary pod admitted through both webhooks", func() bool {
+			return c.Create(t.Context(), plain("plain-"+strconv.FormatInt(time.Now().UnixNano()%1000000, 10))) == nil
+		})
+		err := c.Create(t.Context(), fixture.ExitPod(wf))
+		if reason, ok := webhook.RefusalReason(err); !ok || reason != webhook.ReasonWorkflowCompleted {
+			t.Fatalf("the exit handler of a Succeeded workflow: %v, want the guard's refusal (workflow-completed)", err)
+		}
+		for _, path := range []string{webhook.ValidatePath, webhook.MutatePath} {
+			if got := r.metric(t, `controller_runtime_webhook_requests_total{code="200",webhook="`+path+`"}`); got < 1 {
+				t.Errorf("requests answered on %s: %v, want at least 1", path, got)
+			}
+		}
+		waitFor(t, "the refusal's Event", func() bool { return countEvents(t, c, wf, webhook.EventReasonDenied) == 1 })
+	})
+
+	t.Run("a review posted to the port without the API server's certificate gets no answer", func(t *testing.T) {
+		review := admissionv1.AdmissionReview{TypeMeta: metav1.TypeMeta{APIVersion: "admission.k8s.io/v1", Kind: "AdmissionReview"},
+			Request: &admissionv1.AdmissionRequest{UID: "forged", Operation: admissionv1.Create, Namespace: ns,
+				Kind:     metav1.GroupVersionKind{Version: "v1", Kind: "Pod"},
+				Resource: metav1.GroupVersionResource{Version: "v1", Resource: "pods"},
+				Object:   runtime.RawExtension{Raw: fixture.JSON(fixture.ExitPod(wf))}}}
+		body := fixture.JSON(review)
+		pool := x509.NewCertPool()
+		pool.AppendCertsFromPEM(serverCA.pem)
+		otherCrt, otherKey := otherCA.issue(t, "kube-apiserver-admission", x509.ExtKeyUsageClientAuth, nil, nil)
+		other, err := tls.X509KeyPair(otherCrt, otherKey)
+		if err != nil {
+			t.Fatal(err)
+		}
+		before := r.metric(t, denied)
+		for _, tc := range []struct {
+			name  string
+			certs []tls.Certificate
+		}{{"no client certificate", nil}, {"a client certificate of another CA", []tls.Certificate{other}}} {
+			hc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{
+				RootCAs: pool, ServerName: svcHost, Certificates: tc.certs, MinVersion: tls.VersionTLS12}}}
+			resp, err := hc.Post("https://"+net.JoinHostPort(ip.String(), portStr)+webhook.ValidatePath, "application/json", bytes.NewReader(body))
+			if err == nil {
+				_ = resp.Body.Close()
+				t.Errorf("%s: answered %s; want the handshake refused", tc.name, resp.Status)
+			}
+		}
+		if got := r.metric(t, noCert); got < 1 {
+			t.Errorf("%s = %v, want the review without a certificate counted", noCert, got)
+		}
+		// The guard writes its Events asynchronously: give a forged one time to appear. The
+		// recorder folds a repeat into the Event already written (its series), so the decision
+		// counter is the witness that nothing was decided; the Event count that no new Event
+		// was made.
+		time.Sleep(2 * time.Second)
+		if got := r.metric(t, denied); got != before {
+			t.Errorf("%s went from %v to %v: a forged review was decided", denied, before, got)
+		}
+		if n := countEvents(t, c, wf, webhook.EventReasonDenied); n != 1 {
+			t.Errorf("%d %s Events on the workflow, want the 1 of the API server's request: a forged review wrote one", n, webhook.EventReasonDenied)
+		}
+	})
+}
+
+// countEvents counts the guard's Events of reason about wf.
+func countEvents(t *testing.T, c client.Client, wf client.Object, reason string) int {
+	t.Helper()
+	var list corev1.EventList
+	if err := c.List(t.Context(), &list, client.InNamespace(wf.GetNamespace())); err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, ev := range list.Items {
+		if ev.Reason == reason && ev.InvolvedObject.UID == wf.GetUID() {
+			n++
+		}
+	}
+	return n
+}
