@@ -123,10 +123,15 @@ func kubeconfigAs(t *testing.T, namespace, name string) []byte {
 func guardArgs(t *testing.T, objs []*unstructured.Unstructured, overrides ...string) []string {
 	t.Helper()
 	dep := convert[appsv1.Deployment](t, only(t, objs, "Deployment"))
-	// No drain on Stop: these tests call the guard directly, with no Service to leave.
-	args := append(append([]string{}, dep.Spec.Template.Spec.Containers[0].Args...), "--shutdown-delay=0s")
+	// No drain on Stop: these tests call the guard directly, with no Service to leave. They
+	// create the workflows' objects as the API server's administrator, "admin", standing in
+	// for Argo's controller.
+	args := append(append([]string{}, dep.Spec.Template.Spec.Containers[0].Args...), "--shutdown-delay=0s", "--expected-requester="+testRequester)
 	return append(args, overrides...)
 }
+
+// testRequester is the user of env.Client (envtest's administrator).
+const testRequester = "admin"
 
 func createWorkflow(t *testing.T, ns string, phase argo.Phase) *unstructured.Unstructured {
 	t.Helper()
@@ -162,7 +167,7 @@ func TestGuardDoesItsJobWithTheChartsPermissions(t *testing.T) {
 	webhooks := install(t, objs)
 	sa := only(t, objs, "ServiceAccount").GetName()
 
-	_, out := startChartGuard(t, ns, objs)
+	g, out := startChartGuard(t, ns, objs)
 	if len(webhooks) != 1 {
 		t.Fatalf("the default profile rendered %d webhook configurations, want 1 (pods and TaskSets)", len(webhooks))
 	}
@@ -174,6 +179,7 @@ func TestGuardDoesItsJobWithTheChartsPermissions(t *testing.T) {
 		t.Fatalf("stale exit-handler pod: err = %v, want refused by exit-guard\n%s", err, out)
 	}
 	waitDeniedEvent(t, done)
+	checkUnexpectedRequester(t, g, done)
 	running := createWorkflow(t, ns, argo.PhaseRunning)
 	if err := env.Client.Create(t.Context(), fixture.ExitPod(running)); err != nil {
 		t.Errorf("exit-handler pod of a running workflow: %v", err)
@@ -195,6 +201,54 @@ func TestGuardDoesItsJobWithTheChartsPermissions(t *testing.T) {
 	checkTaskSets(t, ns, true)
 	checkEvents(t, ns, true)
 	checkPermissions(t, ns, sa, out)
+}
+
+// checkUnexpectedRequester creates wf's exit-handler pod as a user other than the expected
+// requester: still refused, but counted apart from stale exit handlers, with a Normal Event of
+// its own reason.
+func checkUnexpectedRequester(t *testing.T, g *testenv.Guard, wf *unstructured.Unstructured) {
+	t.Helper()
+	cfg, err := env.AddUser("someone-else", "system:masters")
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := client.New(cfg, client.Options{Scheme: env.Scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	labels := map[string]string{"kind": "Pod", "reason": "workflow-completed", "verdict": "denied"}
+	const denied, apart = "exit_guard_decisions_total", "exit_guard_unexpected_requester_decisions_total"
+	counts := func() (float64, float64) {
+		mfs, err := g.Metrics(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return testenv.SumSeries(mfs, denied, labels), testenv.SumSeries(mfs, apart, labels)
+	}
+	before, beforeApart := counts()
+	pod := fixture.ExitPod(wf)
+	pod.Name += "-again"
+	if err := other.Create(t.Context(), pod); !webhook.IsRefusal(err) {
+		t.Fatalf("the exit-handler pod sent by another user: err = %v, want refused by exit-guard", err)
+	}
+	if got, gotApart := counts(); got != before || gotApart != beforeApart+1 {
+		t.Errorf("%s %v → %v and %s %v → %v: want the refusal counted apart alone", denied, before, got, apart, beforeApart, gotApart)
+	}
+	err = wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		var list eventsv1.EventList
+		if err := env.Client.List(ctx, &list, client.InNamespace(wf.GetNamespace())); err != nil {
+			return false, err
+		}
+		for _, e := range list.Items {
+			if e.Regarding.UID == wf.GetUID() && e.Reason == webhook.EventReasonUnexpectedRequester {
+				return e.Type == corev1.EventTypeNormal && strings.Contains(e.Note, "someone-else"), nil
+			}
+		}
+		return false, nil
+	})
+	if err != nil {
+		t.Errorf("no Normal %s Event naming the requester on %s: %v", webhook.EventReasonUnexpectedRequester, wf.GetName(), err)
+	}
 }
 
 // checkTaskSets plays an HTTP exit handler's WorkflowTaskSet writes through the chart's TaskSet

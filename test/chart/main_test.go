@@ -96,6 +96,9 @@ var profiles = []profile{
 	{name: "sidecar-network-policy", set: []string{"installMode=sidecar", "networkPolicy.enabled=true", "networkPolicy.metricsFrom[0].podSelector.matchLabels.app=prometheus"}},
 	// hostNetwork is not allowed by the restricted or baseline Pod Security profiles.
 	{name: "host-network", podSecurity: "privileged", set: []string{"hostNetwork=true", "webhook.port=9445", "metrics.port=9446", "probePort=9447"}},
+	{name: "client-auth", set: []string{"webhook.clientAuth.caConfigMap=apiserver-client-ca", "webhook.clientAuth.caKey=client-ca.pem",
+		"networkPolicy.enabled=true", "networkPolicy.webhookFrom[0].ipBlock.cidr=10.0.0.10/32",
+		"guard.expectedRequester=system:serviceaccount:workflows:controller", "guard.maxConcurrentDecisions=64"}},
 	{name: "dns-policy-percentage-budget", set: []string{"dnsPolicy=Default", "podDisruptionBudget.minAvailable=50%"}},
 	{name: "everything", set: []string{
 		"image.digest=sha256:" + strings.Repeat("ab", 32),

@@ -113,7 +113,7 @@ func TestSidecarSnippetMatchesTheChart(t *testing.T) {
 func sidecarArgs(c corev1.Container, ns, certDir string) []string {
 	return append(append([]string{}, c.Args...),
 		"--webhook-port="+strconv.Itoa(env.WebhookPort), "--webhook-cert-path="+certDir,
-		"--cert-namespace="+ns, "--cert-extra-dns-names=localhost", "--shutdown-delay=0s")
+		"--cert-namespace="+ns, "--cert-extra-dns-names=localhost", "--shutdown-delay=0s", "--expected-requester="+testRequester)
 }
 
 // TestSidecarRunsAsTheControllersServiceAccount installs the sidecar profile, runs the guard

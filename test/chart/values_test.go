@@ -12,6 +12,7 @@ import (
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -87,6 +88,50 @@ func TestTuningValuesLandWhereTheySay(t *testing.T) {
 		}
 		if !reader {
 			t.Errorf("metrics.secure renders no metrics-reader ClusterRole to bind to Prometheus")
+		}
+	})
+	t.Run("client certificates, the API server's addresses, the expected requester", func(t *testing.T) {
+		objs := render(t, profileNamed(t, "client-auth"), "eg", "argo")
+		spec := convert[appsv1.Deployment](t, only(t, objs, "Deployment")).Spec.Template.Spec
+		c := spec.Containers[0]
+		for _, want := range []string{"--webhook-client-ca-file=/etc/exit-guard/client-ca/client-ca.pem",
+			"--expected-requester=system:serviceaccount:workflows:controller", "--max-concurrent-decisions=64"} {
+			if !slices.Contains(c.Args, want) {
+				t.Errorf("args lack %s: %v", want, c.Args)
+			}
+		}
+		mounted := slices.ContainsFunc(c.VolumeMounts, func(m corev1.VolumeMount) bool {
+			return m.Name == "exit-guard-client-ca" && m.MountPath == "/etc/exit-guard/client-ca"
+		})
+		volume := slices.ContainsFunc(spec.Volumes, func(v corev1.Volume) bool {
+			return v.Name == "exit-guard-client-ca" && v.ConfigMap != nil && v.ConfigMap.Name == "apiserver-client-ca"
+		})
+		if !mounted || !volume {
+			t.Errorf("the client CA ConfigMap is not mounted where the flag points: mounts %v, volumes %v", c.VolumeMounts, spec.Volumes)
+		}
+		np := convert[networkingv1.NetworkPolicy](t, only(t, objs, "NetworkPolicy"))
+		var webhookFrom []networkingv1.NetworkPolicyPeer
+		for _, r := range np.Spec.Ingress {
+			if len(r.Ports) == 1 && r.Ports[0].Port.IntValue() == 9443 {
+				webhookFrom = r.From
+			}
+		}
+		if len(webhookFrom) != 1 || webhookFrom[0].IPBlock == nil || webhookFrom[0].IPBlock.CIDR != "10.0.0.10/32" {
+			t.Errorf("the webhook port is open to %v, want the API server's address alone", webhookFrom)
+		}
+		for _, tc := range []struct{ set, want string }{
+			{"", "--expected-requester=system:serviceaccount:argo:argo-workflows-workflow-controller"},
+			{"sidecar.controllerServiceAccount=wfc", "--expected-requester=system:serviceaccount:argo:wfc"},
+			{"guard.expectedRequester=", "--expected-requester="},
+		} {
+			p := profile{name: "requester"}
+			if tc.set != "" {
+				p.set = []string{tc.set}
+			}
+			args := convert[appsv1.Deployment](t, only(t, render(t, p, "eg", "argo"), "Deployment")).Spec.Template.Spec.Containers[0].Args
+			if !slices.Contains(args, tc.want) {
+				t.Errorf("with %q the args lack %s: %v", tc.set, tc.want, args)
+			}
 		}
 	})
 	t.Run("sidecar network policy keeps the controller's ports open", func(t *testing.T) {

@@ -126,6 +126,11 @@ wins, so it would override the value past the chart's checks (timings, certifica
 - --completion-ttl={{ .Values.guard.completionTTL }}
 - --lock-check-interval={{ .Values.guard.lockCheckInterval }}
 - --lock-stuck-after={{ .Values.guard.lockStuckAfter }}
+- --max-concurrent-decisions={{ .Values.guard.maxConcurrentDecisions }}
+- --expected-requester={{ include "exit-guard.expectedRequester" . }}
+{{- if .Values.webhook.clientAuth.caConfigMap }}
+- --webhook-client-ca-file=/etc/exit-guard/client-ca/{{ .Values.webhook.clientAuth.caKey }}
+{{- end }}
 - --shutdown-delay={{ .Values.shutdownDelay }}
 - --webhook-port={{ .Values.webhook.port }}
 - --webhook-cert-path=/tmp/k8s-webhook-server/serving-certs
@@ -206,6 +211,27 @@ volumeMounts:
   - name: exit-guard-webhook-tls
     mountPath: /tmp/k8s-webhook-server/serving-certs
     readOnly: true
+  {{- if .Values.webhook.clientAuth.caConfigMap }}
+  - name: exit-guard-client-ca
+    mountPath: /etc/exit-guard/client-ca
+    readOnly: true
+  {{- end }}
+{{- end }}
+
+{{/* The user the guard expects to send what it judges (guard.expectedRequester). */}}
+{{- define "exit-guard.expectedRequester" -}}
+{{- if eq .Values.guard.expectedRequester "auto" }}
+{{- printf "system:serviceaccount:%s:%s" .Release.Namespace .Values.sidecar.controllerServiceAccount }}
+{{- else }}
+{{- .Values.guard.expectedRequester }}
+{{- end }}
+{{- end }}
+
+{{/* The volume of the API server's client CA (webhook.clientAuth). */}}
+{{- define "exit-guard.clientCAVolume" -}}
+name: exit-guard-client-ca
+configMap:
+  name: {{ .Values.webhook.clientAuth.caConfigMap }}
 {{- end }}
 
 {{/* The volume holding the serving certificate. */}}
