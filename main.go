@@ -121,10 +121,18 @@ func run(ctx context.Context, f *flags, opts options, drainer *shutdown.Drainer,
 	webhookServer = certs.WaitFor(webhookServer, certsReady)
 	webhookServer = drainer.Server(webhookServer)
 
+	certDir := f.webhookCertPath
+	if certDir == "" { // controller-runtime's default
+		certDir = filepath.Join(os.TempDir(), "k8s-webhook-server", "serving-certs")
+	}
 	metricsOpts := metricsserver.Options{BindAddress: f.metricsAddr, TLSOpts: tlsOpts}
 	if f.metricsSecure {
 		metricsOpts.SecureServing = true
 		metricsOpts.FilterProvider = metricsauth.FilterProvider
+		// The webhook's certificate, whose CA the chart knows, rather than a self-signed one
+		// of controller-runtime's: the ServiceMonitor verifies it.
+		serving := certs.FileCertificate(filepath.Join(certDir, f.webhookCertName), filepath.Join(certDir, f.webhookKeyName))
+		metricsOpts.TLSOpts = append(append([]func(*tls.Config){}, tlsOpts...), func(c *tls.Config) { c.GetCertificate = serving })
 	}
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:                  scheme,
@@ -147,12 +155,8 @@ func run(ctx context.Context, f *flags, opts options, drainer *shutdown.Drainer,
 		}
 		checks["certificate"] = certsChecker
 	} else {
-		dir := f.webhookCertPath
-		if dir == "" { // controller-runtime's default
-			dir = filepath.Join(os.TempDir(), "k8s-webhook-server", "serving-certs")
-		}
 		go certs.WaitForFiles(ctx, certsReady, ctrl.Log.WithName("setup"),
-			filepath.Join(dir, f.webhookCertName), filepath.Join(dir, f.webhookKeyName))
+			filepath.Join(certDir, f.webhookCertName), filepath.Join(certDir, f.webhookKeyName))
 	}
 
 	store, err := completionstore.New(storeOpts)

@@ -11,11 +11,13 @@ package certs
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net/http"
 	"os"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -222,5 +224,50 @@ func WaitForFiles(ctx context.Context, ready chan<- struct{}, log logr.Logger, f
 			return
 		case <-t.C:
 		}
+	}
+}
+
+// FileCertificate is a tls.Config GetCertificate that serves the key pair of certFile and
+// keyFile, read again when either changes (checked at each handshake, at most once a second):
+// the metrics endpoint serves the webhook's certificate, whose CA the chart knows (the Secret's
+// ca.crt), so that a scraper can verify it. Until the files exist (a self-managed certificate
+// is written after the start) the handshake fails.
+func FileCertificate(certFile, keyFile string) func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
+	var (
+		mu      sync.Mutex
+		checked time.Time
+		stamp   string
+		current *tls.Certificate
+	)
+	return func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		if current != nil && time.Since(checked) < time.Second {
+			return current, nil
+		}
+		checked = time.Now()
+		var s strings.Builder
+		for _, f := range []string{certFile, keyFile} {
+			info, err := os.Stat(f) //nolint:gosec // G703: the certificate files the flags name
+			if err != nil {
+				if current != nil {
+					return current, nil
+				}
+				return nil, fmt.Errorf("the serving certificate is not there yet: %w", err)
+			}
+			fmt.Fprintf(&s, "%d/%d;", info.ModTime().UnixNano(), info.Size())
+		}
+		if current != nil && s.String() == stamp {
+			return current, nil
+		}
+		pair, err := tls.LoadX509KeyPair(certFile, keyFile)
+		if err != nil {
+			if current != nil { // half-written: keep the last good one until it settles
+				return current, nil
+			}
+			return nil, err
+		}
+		current, stamp = &pair, s.String()
+		return current, nil
 	}
 }

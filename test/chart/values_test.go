@@ -79,6 +79,13 @@ func TestTuningValuesLandWhereTheySay(t *testing.T) {
 		if e["scheme"] != "https" || e["scrapeTimeout"] != "10s" || e["honorLabels"] != true || e["relabelings"] == nil || e["metricRelabelings"] == nil || e["bearerTokenFile"] == nil {
 			t.Errorf("ServiceMonitor endpoint %v lacks the values", e)
 		}
+		serverName, _, _ := unstructured.NestedString(e, "tlsConfig", "serverName")
+		caSecret, _, _ := unstructured.NestedString(e, "tlsConfig", "ca", "secret", "name")
+		caKey, _, _ := unstructured.NestedString(e, "tlsConfig", "ca", "secret", "key")
+		if skip, _, _ := unstructured.NestedBool(e, "tlsConfig", "insecureSkipVerify"); skip || serverName != "eg-exit-guard-webhook.argo.svc" ||
+			caSecret != "eg-exit-guard-webhook-tls" || caKey != "ca.crt" {
+			t.Errorf("ServiceMonitor tlsConfig %v: want the certificate verified with the Secret's ca.crt under the webhook Service's name", e["tlsConfig"])
+		}
 		if sm.GetAnnotations()["note"] != "guard" {
 			t.Errorf("ServiceMonitor annotations %v", sm.GetAnnotations())
 		}
