@@ -18,6 +18,8 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -27,6 +29,7 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
@@ -271,12 +274,7 @@ plugins:
 	})
 
 	t.Run("a review posted to the port without the API server's certificate gets no answer", func(t *testing.T) {
-		review := admissionv1.AdmissionReview{TypeMeta: metav1.TypeMeta{APIVersion: "admission.k8s.io/v1", Kind: "AdmissionReview"},
-			Request: &admissionv1.AdmissionRequest{UID: "forged", Operation: admissionv1.Create, Namespace: ns,
-				Kind:     metav1.GroupVersionKind{Version: "v1", Kind: "Pod"},
-				Resource: metav1.GroupVersionResource{Version: "v1", Resource: "pods"},
-				Object:   runtime.RawExtension{Raw: fixture.JSON(fixture.ExitPod(wf))}}}
-		body := fixture.JSON(review)
+		body := forgedReview(fixture.ExitPod(wf), "forged")
 		pool := x509.NewCertPool()
 		pool.AppendCertsFromPEM(serverCA.pem)
 		otherCrt, otherKey := otherCA.issue(t, "kube-apiserver-admission", x509.ExtKeyUsageClientAuth, nil, nil)
@@ -328,4 +326,74 @@ func countEvents(t *testing.T, c client.Client, wf client.Object, reason string)
 		}
 	}
 	return n
+}
+
+// forgedReview is the AdmissionReview of pod's create, as a client that reaches the webhook
+// port directly would send it.
+func forgedReview(pod *corev1.Pod, uid string) []byte {
+	return fixture.JSON(admissionv1.AdmissionReview{TypeMeta: metav1.TypeMeta{APIVersion: "admission.k8s.io/v1", Kind: "AdmissionReview"},
+		Request: &admissionv1.AdmissionRequest{UID: types.UID(uid), Operation: admissionv1.Create, Namespace: pod.Namespace,
+			Kind:     metav1.GroupVersionKind{Version: "v1", Kind: "Pod"},
+			Resource: metav1.GroupVersionResource{Version: "v1", Resource: "pods"},
+			Object:   runtime.RawExtension{Raw: fixture.JSON(pod)}}})
+}
+
+// TestForgedReviewsDoBoundedWork: without client certificates anyone who reaches the port can
+// post reviews. With the API server's reads hanging, a burst of forged reviews of a real
+// workflow's exit handler makes the guard read live for --max-concurrent-decisions of them
+// only (each read bounded by its attempts); the rest are shed at once to the store, counted.
+func TestForgedReviewsDoBoundedWork(t *testing.T) {
+	const slots, burst = 4, 60
+	p := startAPIProxy(t, env.Config)
+	addr, err := testenv.FreeAddr()
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, port, _ := net.SplitHostPort(addr)
+	out := &testenv.Output{}
+	g, err := testenv.StartGuard(t.Context(), guardBin, p.kubeconfig(t), []string{"--webhook-port=" + port, "--webhook-cert-path=" + env.WebhookCertDir,
+		"--shutdown-delay=0s", "--max-concurrent-decisions=" + strconv.Itoa(slots), "--live-read-timeout=300ms", "--live-read-budget=2s"}, out)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	t.Cleanup(func() { _ = g.Stop() })
+	r := &replica{name: "forged", g: g, out: out}
+	ns := newNamespace(t)
+	wf := createWorkflow(t, ns, "notify", argo.PhaseSucceeded)
+	waitFor(t, "the guard's store to hold the completion", func() bool { return r.metric(t, `exit_guard_store_records{state="terminal"}`) >= 1 })
+	p.hangReads.Store(true)
+
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(env.WebhookCAData)
+	hc := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: burst,
+		TLSClientConfig: &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}}}
+	url := "https://" + net.JoinHostPort(env.WebhookHost, port) + webhook.ValidatePath
+	var wg sync.WaitGroup
+	var answered atomic.Int64
+	for i := range burst {
+		wg.Go(func() {
+			resp, err := hc.Post(url, "application/json", bytes.NewReader(forgedReview(fixture.ExitPod(wf), "forged-"+strconv.Itoa(i))))
+			if err != nil {
+				t.Errorf("forged review %d: %v", i, err)
+				return
+			}
+			_ = resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				answered.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	shed := r.metric(t, `exit_guard_live_read_failures_total{kind="shed"}`)
+	t.Logf("%d forged reviews answered; %v shed; %d live-read requests reached the hanging API server", answered.Load(), shed, p.hung.Load())
+	if answered.Load() != burst {
+		t.Errorf("%d of %d reviews answered", answered.Load(), burst)
+	}
+	// Each decision that holds a slot makes at most 8 attempts (maxLiveReadAttempts).
+	if hung := p.hung.Load(); hung == 0 || hung > slots*8 {
+		t.Errorf("%d live-read requests reached the API server for %d reviews, want between 1 and %d (%d decisions of at most 8 attempts)", hung, burst, slots*8, slots)
+	}
+	if shed < burst-2*slots {
+		t.Errorf("%v decisions shed, want at least %d of %d: the others found the %d slots taken", shed, burst-2*slots, burst, slots)
+	}
 }
