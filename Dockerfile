@@ -11,6 +11,7 @@ COPY completionstore/ completionstore/
 COPY internal/argo/ internal/argo/
 COPY internal/certs/ internal/certs/
 COPY internal/check/ internal/check/
+COPY internal/clientauth/ internal/clientauth/
 COPY internal/lockwatch/ internal/lockwatch/
 COPY internal/metricsauth/ internal/metricsauth/
 COPY internal/shutdown/ internal/shutdown/

@@ -97,11 +97,15 @@ func run(ctx context.Context, f *flags, opts options, drainer *shutdown.Drainer,
 		tlsOpts = append(tlsOpts, func(c *tls.Config) { c.NextProtos = []string{"http/1.1"} })
 	}
 	webhookTLS := append([]func(*tls.Config){}, tlsOpts...)
+	clientMetrics, err := clientauth.NewMetrics(metrics.Registry)
+	if err != nil {
+		return err
+	}
 	var clients *clientauth.Verifier
 	if f.clientCAFile != "" {
 		// Not controller-runtime's ClientCAName: it reads the CA once, from the certificate
 		// folder, where in self mode ca.crt is the guard's own CA.
-		clients, err = clientauth.New(f.clientCAFile, metrics.Registry, ctrl.Log.WithName("clientauth"))
+		clients, err = clientauth.New(f.clientCAFile, clientMetrics, ctrl.Log.WithName("clientauth"))
 		if err != nil {
 			return err
 		}

@@ -152,7 +152,7 @@ func auditAnnotations(f facts, d decision, verdict string) map[string]string {
 	if d.phase != "" {
 		a["phase"] = string(d.phase)
 	}
-	if d.deny && f.unexpected {
+	if d.deny && f.unexpected && !f.dryRun {
 		a["requester"] = "unexpected"
 	}
 	return a

@@ -3,6 +3,7 @@ package webhook
 import (
 	"context"
 	"errors"
+	"unicode/utf8"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -34,8 +35,9 @@ const (
 func (g *guard) audit(ctx context.Context, req admission.Request, f facts, d decision, verdict string) {
 	spec := f.object.spec()
 	// A refusal for someone other than the expected controller is counted apart: it may be a
-	// forged review, which must not raise the alerts on stale exit handlers.
-	unexpected := d.deny && f.unexpected
+	// forged review, which must not raise the alerts on stale exit handlers. Not a dry run's
+	// (exit-guard check, helm test), which persists nothing and is counted as before.
+	unexpected := d.deny && f.unexpected && !f.dryRun
 	if unexpected {
 		g.metrics.unexpected.WithLabelValues(verdict, string(d.reason), string(spec.kind)).Inc()
 	} else {
@@ -109,7 +111,7 @@ func (g *guard) audit(ctx context.Context, req admission.Request, f facts, d dec
 	if unexpected {
 		eventType, reason = corev1.EventTypeNormal, EventReasonUnexpectedRequester
 		note += "; sent for %q, not the expected workflow controller"
-		args = append(args, f.requester)
+		args = append(args, truncate(f.requester, 128))
 	}
 	regarding := &argo.Workflow{
 		TypeMeta:   metav1.TypeMeta{APIVersion: argo.GroupVersion.String(), Kind: argo.Kind},
@@ -128,4 +130,16 @@ func phaseOrGone(d decision) string {
 		return "deleted (the WorkflowTaskSet still names it as its owner)"
 	}
 	return string(d.phase)
+}
+
+// truncate shortens s to at most n bytes (on a rune boundary), marking the cut: an Event's
+// note is limited to 1 kB, and a requester's name comes from the request.
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n] + "…"
 }

@@ -22,10 +22,16 @@ var errDecisionShed = errors.New("not read live: as many decisions in flight as 
 type shedKey struct{}
 
 // admit takes a decision slot, or marks ctx shed when none is free; release gives the slot back.
-func (g *guard) admit(ctx context.Context) (_ context.Context, release func()) {
+// Requests for someone other than the expected requester take their slots from a pool of
+// their own (an eighth of the cap), so that they cannot crowd out the controller's decisions.
+func (g *guard) admit(ctx context.Context, unexpected bool) (_ context.Context, release func()) {
+	slots := g.slots
+	if unexpected {
+		slots = g.otherSlots
+	}
 	select {
-	case g.slots <- struct{}{}:
-		return ctx, func() { <-g.slots }
+	case slots <- struct{}{}:
+		return ctx, func() { <-slots }
 	default:
 		return context.WithValue(ctx, shedKey{}, true), func() {}
 	}

@@ -10,6 +10,7 @@ import (
 	admissionv1 "k8s.io/api/admission/v1"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	"github.com/exit-guard/exit-guard/internal/argo"
@@ -110,6 +111,19 @@ func TestRefusalsForAnUnexpectedRequesterAreCountedApart(t *testing.T) {
 			t.Errorf("%q: audit annotation requester = %q, want %q", c.user, got, c.annotation)
 		}
 	}
+	// A dry run (exit-guard check, helm test) persists nothing: counted as before, whoever
+	// sends it, so that the install check does not raise the unexpected-requester alert.
+	req := exitPodRequest("system:serviceaccount:argo:exit-guard-check")
+	req.DryRun = ptr.To(true)
+	if r := h.Handle(t.Context(), req); r.Allowed {
+		t.Error("a dry run was admitted")
+	}
+	if got := value(t, g.metrics.unexpected.WithLabelValues(verdictDenied, string(ReasonWorkflowCompleted), string(kindPod))); got != 2 {
+		t.Errorf("after a dry run for another user, exit_guard_unexpected_requester_decisions_total = %v, want 2 still", got)
+	}
+	if got := value(t, g.metrics.decisions.WithLabelValues(verdictDenied, string(ReasonWorkflowCompleted), string(kindPod))); got != 2 {
+		t.Errorf("after a dry run for another user, exit_guard_decisions_total = %v, want 2", got)
+	}
 }
 
 // value is a counter's value.
@@ -120,4 +134,44 @@ func value(t *testing.T, c prometheus.Counter) float64 {
 		t.Fatal(err)
 	}
 	return m.GetCounter().GetValue()
+}
+
+// TestUnexpectedRequestersHaveSlotsOfTheirOwn: requests for someone other than the expected
+// controller decide in a pool of an eighth of the cap; when it is full they are shed, and the
+// controller's own decisions still read live.
+func TestUnexpectedRequestersHaveSlotsOfTheirOwn(t *testing.T) {
+	const controller = "system:serviceaccount:argo:argo-workflow-controller"
+	g, err := newGuard(nil, storeFor(t, tableWorkflow, storeEmpty, false), Options{MaxConcurrentDecisions: 8, ExpectedRequester: controller})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	reads := 0
+	started, release := make(chan struct{}), make(chan struct{})
+	g.readLive = func(_ context.Context, namespace, name string, _ readPolicy) (*argo.Workflow, error) {
+		mu.Lock()
+		reads++
+		first := reads == 1
+		mu.Unlock()
+		if first { // the first unexpected decision holds its pool's only slot
+			started <- struct{}{}
+			<-release
+		}
+		return cannedRead(liveSucceeded, new(int))(context.Background(), namespace, name, readPolicy{})
+	}
+	h := &handler{guard: g, readObject: readPod}
+	var wg sync.WaitGroup
+	wg.Go(func() { h.Handle(t.Context(), exitPodRequest("someone")) })
+	<-started
+	if r := h.Handle(t.Context(), exitPodRequest("someone-else")); !r.Allowed || r.Result.Message != string(ReasonUnverifiedFailOpen) {
+		t.Errorf("a second unexpected requester's decision: allowed %v (%s), want shed and admitted as %s", r.Allowed, r.Result.Message, ReasonUnverifiedFailOpen)
+	}
+	if r := h.Handle(t.Context(), exitPodRequest(controller)); r.Allowed {
+		t.Errorf("the controller's decision was admitted (%s): with the other pool full it must still read live, and the read says Succeeded", r.Result.Message)
+	}
+	close(release)
+	wg.Wait()
+	if reads != 2 {
+		t.Errorf("%d live reads, want 2 (the held unexpected one and the controller's)", reads)
+	}
 }

@@ -32,7 +32,7 @@ func (h *handler) Handle(ctx context.Context, req admission.Request) admission.R
 	}
 	f.dryRun, f.received = req.DryRun != nil && *req.DryRun, received
 	f.requester, f.unexpected = req.UserInfo.Username, h.unexpectedRequester(req)
-	ctx, release := h.admit(ctx)
+	ctx, release := h.admit(ctx, f.unexpected)
 	defer release()
 	d := h.decide(ctx, f)
 	v := verdictOf(d, h.opts.Mode)

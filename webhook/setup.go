@@ -38,8 +38,9 @@ type guard struct {
 	extraReads chan struct{}
 	// creates remembers the TaskSet creates admitted for running workflows (row T6).
 	creates *taskSetCreates
-	// slots holds a token per decision in flight (Options.MaxConcurrentDecisions).
-	slots chan struct{}
+	// slots holds a token per decision in flight (Options.MaxConcurrentDecisions), otherSlots
+	// one per decision for an unexpected requester (an eighth of it, at least one).
+	slots, otherSlots chan struct{}
 }
 
 // The live read GETs the owning Workflow (rbac on completionstore.Watch); the audit writes
@@ -117,7 +118,7 @@ func newGuard(reader client.Reader, store *completionstore.Store, opts Options) 
 	}
 	g := &guard{opts: opts, store: store, reader: reader, metrics: newGuardMetrics(), denyPhases: map[argo.Phase]bool{},
 		extraReads: make(chan struct{}, maxExtraLiveReads), creates: newTaskSetCreates(time.Now),
-		slots: make(chan struct{}, opts.MaxConcurrentDecisions)}
+		slots: make(chan struct{}, opts.MaxConcurrentDecisions), otherSlots: make(chan struct{}, max(1, opts.MaxConcurrentDecisions/8))}
 	g.readLive = g.liveRead
 	g.readNodes = g.liveNodes
 	for _, p := range opts.DenyPhases {

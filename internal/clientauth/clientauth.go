@@ -55,9 +55,16 @@ type Verifier struct {
 	reloadFailure prometheus.Counter
 }
 
-// New reads the CA file (it must hold at least one certificate) and registers the metrics.
-func New(path string, reg prometheus.Registerer, log logr.Logger) (*Verifier, error) {
-	v := &Verifier{path: path, log: log,
+// Metrics are the counters of refused handshakes and failed reloads. They are registered
+// whether or not the mode is on, at 0, so that the chart's alert and dashboard read a series.
+type Metrics struct {
+	refused       *prometheus.CounterVec
+	reloadFailure prometheus.Counter
+}
+
+// NewMetrics makes the metrics and registers them with reg.
+func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
+	m := &Metrics{
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "exit_guard_webhook_clients_refused_total",
 			Help: "TLS handshakes on the webhook port refused for want of a client certificate signed by the --webhook-client-ca-file CA, by reason (no-certificate, untrusted).",
@@ -67,6 +74,20 @@ func New(path string, reg prometheus.Registerer, log logr.Logger) (*Verifier, er
 			Help: "Changes of the --webhook-client-ca-file that could not be read as PEM certificates; the CA read before stays in use.",
 		}),
 	}
+	for _, r := range []string{ReasonNoCertificate, ReasonUntrusted} {
+		m.refused.WithLabelValues(r)
+	}
+	for _, c := range []prometheus.Collector{m.refused, m.reloadFailure} {
+		if err := reg.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
+}
+
+// New reads the CA file (it must hold at least one certificate); m counts what it refuses.
+func New(path string, m *Metrics, log logr.Logger) (*Verifier, error) {
+	v := &Verifier{path: path, log: log, refused: m.refused, reloadFailure: m.reloadFailure}
 	info, err := os.Stat(path)
 	if err != nil {
 		return nil, fmt.Errorf("the webhook client CA: %w", err)
@@ -78,14 +99,6 @@ func New(path string, reg prometheus.Registerer, log logr.Logger) (*Verifier, er
 	v.pool, v.modTime, v.size = pool, info.ModTime(), info.Size()
 	if v.probe, err = probeCertificate(); err != nil {
 		return nil, err
-	}
-	for _, r := range []string{ReasonNoCertificate, ReasonUntrusted} {
-		v.refused.WithLabelValues(r)
-	}
-	for _, c := range []prometheus.Collector{v.refused, v.reloadFailure} {
-		if err := reg.Register(c); err != nil {
-			return nil, err
-		}
 	}
 	return v, nil
 }
@@ -196,18 +209,25 @@ func probeCertificate() (tls.Certificate, error) {
 // place of controller-runtime's StartedChecker (whose handshake presents none, and would be
 // counted as refused at every probe): a TLS handshake with the probe certificate, which must
 // be accepted.
+//
+// Its result is kept for a second: the readiness gauge of the metrics calls it at every scrape.
 func (v *Verifier) Checker(port int) func(*http.Request) error {
 	cfg := &tls.Config{InsecureSkipVerify: true, Certificates: []tls.Certificate{v.probe}, MinVersion: tls.VersionTLS12} //nolint:gosec // G402: a handshake with itself, to see it serve
-	return func(*http.Request) error {
-		d := &net.Dialer{Timeout: 10 * time.Second}
+	var (
+		mu      sync.Mutex
+		checked time.Time
+		last    error
+	)
+	check := func() error {
+		d := &net.Dialer{Timeout: 2 * time.Second}
 		conn, err := tls.DialWithDialer(d, "tcp", net.JoinHostPort("", strconv.Itoa(port)), cfg)
 		if err != nil {
 			return fmt.Errorf("webhook server is not reachable: %w", err)
 		}
 		defer func() { _ = conn.Close() }()
 		// With TLS 1.3 the server judges the client certificate after the client's side of
-		// the handshake: a refusal arrives on the first read.
-		_ = conn.SetReadDeadline(time.Now().Add(200 * time.Millisecond))
+		// the handshake: a refusal arrives on the first read, within milliseconds on loopback.
+		_ = conn.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
 		if _, err := conn.Read(make([]byte, 1)); err != nil {
 			var ne net.Error
 			if errors.As(err, &ne) && ne.Timeout() {
@@ -216,5 +236,13 @@ func (v *Verifier) Checker(port int) func(*http.Request) error {
 			return fmt.Errorf("webhook server refused the readiness probe's certificate: %w", err)
 		}
 		return nil
+	}
+	return func(*http.Request) error {
+		mu.Lock()
+		defer mu.Unlock()
+		if time.Since(checked) > time.Second {
+			last, checked = check(), time.Now()
+		}
+		return last
 	}
 }

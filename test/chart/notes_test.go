@@ -29,6 +29,7 @@ func TestNotesTellWhatWasInstalledAndHowToCheckIt(t *testing.T) {
 			`exit_guard_decisions_total{verdict="denied"}`,
 			"prometheusRule.enabled=true adds alerts",
 			"is not published", "make image",
+			"It expects them from system:serviceaccount:argo:argo-workflows-workflow-controller (guard.expectedRequester)",
 		}},
 		{profile{name: "warn", set: []string{"guard.mode=warn", "prometheusRule.enabled=true", "image.repository=registry.example.com/platform/exit-guard"}}, []string{
 			"mode warn", "reason=ExitHandlerWouldBeDenied", "kubectl get pods -A -l exit-guard.io/suspect",
