@@ -153,6 +153,17 @@ e2e-argo: argo-controllers $(HELM) $(PROMTOOL) ## Reproduce the stale exit handl
 	@assets=$$(hack/envtest-binaries.sh $(E2E_ASSETS)) && \
 	  KUBEBUILDER_ASSETS="$$assets" HELM="$(HELM)" PROMTOOL="$(PROMTOOL)" E2E_CAPTURE_DIR="$(E2E_CAPTURE_DIR)" E2E_TRIES=$(E2E_TRIES) $(GO) test -tags e2e -count=1 -v -timeout 120m -run '$(E2E_RUN)' ./test/e2e
 
+.PHONY: ops-binaries
+ops-binaries: ## Build the real Prometheus and Alertmanager from Go modules into the user cache (first run a few minutes).
+	@hack/ops-binaries.sh ensure
+
+# Which tests of the day-2 suite run (go test -run).
+OPS_RUN ?= .
+.PHONY: e2e-ops
+e2e-ops: $(HELM) ## The chart's alerts on a real Prometheus and Alertmanager, each brought about by its real cause (docs/alerts.md).
+	@assets=$$(hack/envtest-binaries.sh ensure) && ops=$$(hack/ops-binaries.sh ensure) && \
+	  KUBEBUILDER_ASSETS="$$assets" EXIT_GUARD_OPS_BIN="$$ops" HELM="$(HELM)" $(GO) test -tags e2e -count=1 -v -timeout 60m -run '$(OPS_RUN)' ./test/ops
+
 ##@ Generate and check
 
 .PHONY: manifests

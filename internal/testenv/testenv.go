@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
+	"testing"
 	"time"
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
@@ -164,6 +165,20 @@ func (e *Env) AddUser(name string, groups ...string) (*rest.Config, error) {
 		return nil, err
 	}
 	return u.Config(), nil
+}
+
+// ClientAs is an uncached client of Scheme that authenticates as a new user name in groups.
+func (e *Env) ClientAs(t testing.TB, name string, groups ...string) client.Client {
+	t.Helper()
+	cfg, err := e.AddUser(name, groups...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := client.New(cfg, client.Options{Scheme: e.Scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
 }
 
 // Stop stops the API server and etcd and removes their data.

@@ -208,14 +208,7 @@ func TestGuardDoesItsJobWithTheChartsPermissions(t *testing.T) {
 // its own reason.
 func checkUnexpectedRequester(t *testing.T, g *testenv.Guard, wf *unstructured.Unstructured) {
 	t.Helper()
-	cfg, err := env.AddUser("someone-else", "system:masters")
-	if err != nil {
-		t.Fatal(err)
-	}
-	other, err := client.New(cfg, client.Options{Scheme: env.Scheme})
-	if err != nil {
-		t.Fatal(err)
-	}
+	other := env.ClientAs(t, "someone-else", "system:masters")
 	labels := map[string]string{"kind": "Pod", "reason": "workflow-completed", "verdict": "denied"}
 	const denied, apart = "exit_guard_decisions_total", "exit_guard_unexpected_requester_decisions_total"
 	counts := func() (float64, float64) {
@@ -234,7 +227,7 @@ func checkUnexpectedRequester(t *testing.T, g *testenv.Guard, wf *unstructured.U
 	if got, gotApart := counts(); got != before || gotApart != beforeApart+1 {
 		t.Errorf("%s %v → %v and %s %v → %v: want the refusal counted apart alone", denied, before, got, apart, beforeApart, gotApart)
 	}
-	err = wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+	err := wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
 		var list eventsv1.EventList
 		if err := env.Client.List(ctx, &list, client.InNamespace(wf.GetNamespace())); err != nil {
 			return false, err

@@ -1,0 +1,238 @@
+package testenv
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"k8s.io/apimachinery/pkg/util/wait"
+)
+
+// OpsDir is the folder holding the real Prometheus and Alertmanager that hack/ops-binaries.sh
+// builds: $EXIT_GUARD_OPS_BIN when set, else the script's cache folder. It fails with a
+// message that says how to get them when they are missing.
+func OpsDir() (string, error) {
+	dir := os.Getenv("EXIT_GUARD_OPS_BIN")
+	if dir == "" {
+		script := filepath.Join(RepoRoot(), "hack", "ops-binaries.sh")
+		out, err := exec.Command(script, "path").Output() //nolint:gosec // G204: the repository's own script
+		if err != nil {
+			return "", fmt.Errorf("finding the Prometheus and Alertmanager binaries with %s: %w", script, err)
+		}
+		dir = strings.TrimSpace(string(out))
+	}
+	for _, bin := range []string{"prometheus", "alertmanager"} {
+		if _, err := os.Stat(filepath.Join(dir, bin)); err != nil { //nolint:gosec // G703: a test-support path chosen by the developer
+			return "", fmt.Errorf("the day-2 suite needs a real %s, and %s has none: run 'make e2e-ops' (it builds "+
+				"Prometheus and Alertmanager from Go modules, a few minutes the first time) or 'make ops-binaries'", bin, dir)
+		}
+	}
+	return dir, nil
+}
+
+// Process is a tool run by a test: Prometheus or Alertmanager.
+type Process struct {
+	// Addr is its HTTP address on loopback.
+	Addr string
+	cmd  *exec.Cmd
+	done chan struct{}
+	err  error
+}
+
+// startProcess runs bin with args, its output into out, and waits until GET ready on Addr
+// answers 200.
+func startProcess(ctx context.Context, bin, addr string, args []string, out io.Writer, ready string) (*Process, error) {
+	p := &Process{Addr: addr, done: make(chan struct{})}
+	p.cmd = exec.Command(bin, args...) //nolint:gosec // G204: a binary this repository built
+	p.cmd.Stdout, p.cmd.Stderr = out, out
+	if err := p.cmd.Start(); err != nil {
+		return nil, err
+	}
+	go func() { p.err = p.cmd.Wait(); close(p.done) }()
+	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 60*time.Second, true, func(ctx context.Context) (bool, error) {
+		select {
+		case <-p.done:
+			return false, fmt.Errorf("%s exited before it was ready: %w", filepath.Base(bin), p.err)
+		default:
+		}
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+ready, nil)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return false, nil
+		}
+		_ = resp.Body.Close()
+		return resp.StatusCode == http.StatusOK, nil
+	})
+	if err != nil {
+		return nil, errors.Join(err, p.Stop())
+	}
+	return p, nil
+}
+
+// Stop ends the process and waits for it.
+func (p *Process) Stop() error {
+	select {
+	case <-p.done:
+		return nil
+	default:
+	}
+	_ = p.cmd.Process.Signal(os.Interrupt)
+	select {
+	case <-p.done:
+	case <-time.After(10 * time.Second):
+		_ = p.cmd.Process.Kill()
+		<-p.done
+	}
+	return nil
+}
+
+// StartPrometheus runs the real Prometheus of dir (OpsDir) with the configuration file config,
+// its data in a folder of its own under work, on a free loopback port.
+func StartPrometheus(ctx context.Context, dir, work, config string, out io.Writer) (*Process, error) {
+	addr, err := FreeAddr()
+	if err != nil {
+		return nil, err
+	}
+	data := filepath.Join(work, "prometheus-data")
+	return startProcess(ctx, filepath.Join(dir, "prometheus"), addr, []string{
+		"--config.file=" + config, "--storage.tsdb.path=" + data, "--web.listen-address=" + addr,
+		"--web.enable-lifecycle", "--log.level=warn",
+	}, out, "/-/ready")
+}
+
+// StartAlertmanager runs the real Alertmanager of dir with the configuration file config, on a
+// free loopback port, clustering off (it binds nothing else).
+func StartAlertmanager(ctx context.Context, dir, work, config string, out io.Writer) (*Process, error) {
+	addr, err := FreeAddr()
+	if err != nil {
+		return nil, err
+	}
+	return startProcess(ctx, filepath.Join(dir, "alertmanager"), addr, []string{
+		"--config.file=" + config, "--storage.path=" + filepath.Join(work, "alertmanager-data"),
+		"--web.listen-address=" + addr, "--cluster.listen-address=", "--log.level=warn",
+	}, out, "/-/ready")
+}
+
+// Sample is one series of an instant query's answer.
+type Sample struct {
+	Labels map[string]string
+	Value  string
+}
+
+// Query runs an instant PromQL query on the Prometheus at addr.
+func Query(ctx context.Context, addr, query string) ([]Sample, error) {
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/api/v1/query?query="+url.QueryEscape(query), nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = resp.Body.Close() }()
+	var body struct {
+		Status string `json:"status"`
+		Error  string `json:"error"`
+		Data   struct {
+			ResultType string `json:"resultType"`
+			Result     []struct {
+				Metric map[string]string `json:"metric"`
+				Value  []any             `json:"value"`
+			} `json:"result"`
+		} `json:"data"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&body); err != nil {
+		return nil, err
+	}
+	if body.Status != "success" {
+		return nil, fmt.Errorf("query %q: %s", query, body.Error)
+	}
+	var out []Sample
+	for _, r := range body.Data.Result {
+		s := Sample{Labels: r.Metric}
+		if len(r.Value) == 2 {
+			s.Value, _ = r.Value[1].(string)
+		}
+		out = append(out, s)
+	}
+	return out, nil
+}
+
+// Notification is one alert of a webhook notification from Alertmanager.
+type Notification struct {
+	Received    time.Time
+	Status      string // firing or resolved
+	Labels      map[string]string
+	Annotations map[string]string
+}
+
+// Receiver is an HTTP server that keeps what Alertmanager's webhook receiver sends it.
+type Receiver struct {
+	URL string
+	srv *http.Server
+	mu  sync.Mutex
+	got []Notification
+}
+
+// StartReceiver listens on a free loopback port.
+func StartReceiver() (*Receiver, error) {
+	addr, err := FreeAddr()
+	if err != nil {
+		return nil, err
+	}
+	r := &Receiver{URL: "http://" + addr + "/alerts"}
+	r.srv = &http.Server{Addr: addr, ReadHeaderTimeout: 10 * time.Second, Handler: http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		var msg struct {
+			Alerts []struct {
+				Status      string            `json:"status"`
+				Labels      map[string]string `json:"labels"`
+				Annotations map[string]string `json:"annotations"`
+			} `json:"alerts"`
+		}
+		if err := json.NewDecoder(req.Body).Decode(&msg); err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		now := time.Now()
+		r.mu.Lock()
+		for _, a := range msg.Alerts {
+			r.got = append(r.got, Notification{Received: now, Status: a.Status, Labels: a.Labels, Annotations: a.Annotations})
+		}
+		r.mu.Unlock()
+	})}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	go func() { _ = r.srv.Serve(ln) }()
+	return r, nil
+}
+
+// Close stops the receiver.
+func (r *Receiver) Close() error { return r.srv.Close() }
+
+// Notifications returns what was received so far.
+func (r *Receiver) Notifications() []Notification {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]Notification(nil), r.got...)
+}
+
+// First returns the first notification of alertname with status (firing, resolved) received
+// after since, if any.
+func (r *Receiver) First(alertname, status string, since time.Time) (Notification, bool) {
+	for _, n := range r.Notifications() {
+		if n.Labels["alertname"] == alertname && n.Status == status && !n.Received.Before(since) {
+			return n, true
+		}
+	}
+	return Notification{}, false
+}
