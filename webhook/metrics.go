@@ -41,7 +41,7 @@ func newGuardMetrics() *guardMetrics {
 }
 
 // initDecisions creates, at 0, the decision series that alerts count with increase(): the
-// refusals of mode and the unverified admissions, for pods and TaskSets. A series that first
+// refusals of mode and every admission, for each kind. A series that first
 // appeared at 1 would hide its first event from increase(), and that event is often the only
 // one.
 func (m *guardMetrics) initDecisions(mode Mode) {
@@ -51,7 +51,10 @@ func (m *guardMetrics) initDecisions(mode Mode) {
 			m.decisions.WithLabelValues(denyVerdict(mode), string(r), string(kind))
 			m.unexpected.WithLabelValues(denyVerdict(mode), string(r), string(kind))
 		}
-		for _, r := range []Reason{ReasonUnverifiedFailOpen, ReasonUnconfirmedCompletion} {
+		// Every admission series too: ExitGuardNeverCalled counts the pod webhook's admissions
+		// with increase(), which would miss the first admission of a series that appeared at 1
+		// (seen on the real Prometheus: the alert stayed firing after the guard was called).
+		for _, r := range admissionReasons {
 			m.decisions.WithLabelValues(verdictAllowed, string(r), string(kind))
 		}
 	}

@@ -135,6 +135,7 @@ type stack struct {
 	recv     *testenv.Receiver
 	svc      *service
 	current  *testenv.Guard // the guard running, if any
+	config   string         // Prometheus's configuration file
 }
 
 // startStack renders the chart's rules (release exit-guard in namespace, shortDurations and
@@ -142,6 +143,12 @@ type stack struct {
 // Prometheus that evaluates the rules every second on its scrapes of the guard's service and of
 // the API server.
 func startStack(t *testing.T, set ...string) *stack {
+	t.Helper()
+	return startStackWith(t, true, set...)
+}
+
+// startStackWith is startStack; without scrapeAPIServer, Prometheus scrapes the guard alone.
+func startStackWith(t *testing.T, scrapeAPIServer bool, set ...string) *stack {
 	t.Helper()
 	dir := t.TempDir()
 	out := &testenv.Output{}
@@ -204,7 +211,8 @@ scrape_configs:
     static_configs:
       - targets: [%q]
         labels: {namespace: %q, pod: exit-guard-a, service: exit-guard-metrics, endpoint: metrics, container: exit-guard}
-  - job_name: apiserver
+`, st.am.Addr, st.svc.addr, namespace)
+	apiJob := fmt.Sprintf(`  - job_name: apiserver
     scheme: https
     tls_config:
       ca_file: %s
@@ -212,9 +220,16 @@ scrape_configs:
       key_file: %s
     static_configs:
       - targets: [%q]
-`, st.am.Addr, st.svc.addr, namespace, filepath.Join(dir, "apiserver-ca.crt"), filepath.Join(dir, "admin.crt"), filepath.Join(dir, "admin.key"), api.Host)
-	write(t, filepath.Join(dir, "prometheus.yaml"), promConfig)
-	if st.prom, err = testenv.StartPrometheus(t.Context(), opsDir, dir, filepath.Join(dir, "prometheus.yaml"), out); err != nil {
+`, filepath.Join(dir, "apiserver-ca.crt"), filepath.Join(dir, "admin.crt"), filepath.Join(dir, "admin.key"), api.Host)
+	st.config = filepath.Join(dir, "prometheus.yaml")
+	if scrapeAPIServer {
+		promConfig += apiJob
+	} else {
+		// For a test to put the API server's job back (POST /-/reload).
+		write(t, st.config+".with-apiserver", promConfig+apiJob)
+	}
+	write(t, st.config, promConfig)
+	if st.prom, err = testenv.StartPrometheus(t.Context(), opsDir, dir, st.config, out); err != nil {
 		t.Fatalf("%v\n%s", err, out)
 	}
 	t.Cleanup(func() { _ = st.prom.Stop() })
