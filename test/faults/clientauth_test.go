@@ -298,13 +298,18 @@ plugins:
 		if got := r.metric(t, noCert); got < 1 {
 			t.Errorf("%s = %v, want the review without a certificate counted", noCert, got)
 		}
-		// The guard writes its Events asynchronously: give a forged one time to appear. The
+		// The guard writes its Events asynchronously, one after another: once the Event of a
+		// later refusal (through the API server) is there, a forged one would be too. The
 		// recorder folds a repeat into the Event already written (its series), so the decision
 		// counter is the witness that nothing was decided; the Event count that no new Event
 		// was made.
-		time.Sleep(2 * time.Second)
-		if got := r.metric(t, denied); got != before {
-			t.Errorf("%s went from %v to %v: a forged review was decided", denied, before, got)
+		later := testenv.CreateWorkflow(t, c, ns, "later", argo.PhaseSucceeded)
+		if err := c.Create(t.Context(), fixture.ExitPod(later)); !webhook.IsRefusal(err) {
+			t.Fatalf("a later stale exit handler through the API server: %v, want refused", err)
+		}
+		waitFor(t, "the later refusal's Event", func() bool { return countEvents(t, c, later, webhook.EventReasonDenied) == 1 })
+		if got := r.metric(t, denied); got != before+1 {
+			t.Errorf("%s went from %v to %v, want only the later refusal's 1 more: a forged review was decided", denied, before, got)
 		}
 		if n := countEvents(t, c, wf, webhook.EventReasonDenied); n != 1 {
 			t.Errorf("%d %s Events on the workflow, want the 1 of the API server's request: a forged review wrote one", n, webhook.EventReasonDenied)

@@ -14,6 +14,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/rand"
+	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/exit-guard/exit-guard/internal/argo"
 	"github.com/exit-guard/exit-guard/internal/fixture"
@@ -55,14 +56,17 @@ func (st *stack) stopGuard(t *testing.T) {
 		t.Logf("stopping the guard: %v", err)
 	}
 	st.current = nil
-	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+	err := wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
 		c, err := net.DialTimeout("tcp", net.JoinHostPort(env.WebhookHost, strconv.Itoa(env.WebhookPort)), time.Second)
 		if err != nil {
-			return
+			return true, nil
 		}
 		_ = c.Close()
+		return false, nil
+	})
+	if err != nil {
+		t.Fatalf("the webhook port still answers after the guard stopped: %v", err)
 	}
-	t.Fatal("the webhook port still answers after the guard stopped")
 }
 
 func newNamespace(t *testing.T) string {
@@ -109,15 +113,27 @@ func TestAlertsOnTheRealTools(t *testing.T) {
 			if err := env.Client.Create(t.Context(), fixture.ExitPod(running)); err != nil {
 				t.Fatalf("the exit handler of a running workflow: %v", err)
 			}
-			time.Sleep(time.Second)
 		}
-		// Longer than every short wait and window together.
-		time.Sleep(25 * time.Second)
-		if got := st.recv.Notifications(); len(got) != 0 {
-			t.Errorf("a healthy guard raised %d notifications since %s: %v", len(got), start.Format(time.TimeOnly), got)
-		}
-		if firing, _ := testenv.Query(t.Context(), st.prom.Addr, `ALERTS`); len(firing) != 0 {
-			t.Errorf("alerts pending or firing with a healthy guard: %v", firing)
+		// Watched for longer than every short wait and window together: any alert firing or
+		// delivered fails at once. (Pending is not: before the first scrapes, the first
+		// evaluations see no series, and ExitGuardNoReadyReplica and
+		// ExitGuardAPIServerMetricsMissing are pending for a second or two.)
+		var raised string
+		err := wait.PollUntilContextTimeout(t.Context(), 500*time.Millisecond, 35*time.Second, true, func(ctx context.Context) (bool, error) {
+			if got := st.recv.Notifications(); len(got) != 0 {
+				raised = fmt.Sprintf("%d notifications delivered: %v", len(got), got)
+				return true, nil
+			}
+			if alerts, err := testenv.Query(ctx, st.prom.Addr, `ALERTS{alertstate="firing"}`); err == nil && len(alerts) != 0 {
+				raised = fmt.Sprintf("alerts firing: %v", alerts)
+				return true, nil
+			}
+			return false, nil
+		})
+		if raised != "" {
+			t.Errorf("a healthy guard raised something since %s: %s", start.Format(time.TimeOnly), raised)
+		} else if !wait.Interrupted(err) {
+			t.Fatal(err)
 		}
 	})
 
@@ -189,10 +205,11 @@ func TestAlertsOnTheRealTools(t *testing.T) {
 // waitQuery waits until query returns a series.
 func waitQuery(t *testing.T, st *stack, query string) {
 	t.Helper()
-	for deadline := time.Now().Add(60 * time.Second); time.Now().Before(deadline); time.Sleep(250 * time.Millisecond) {
-		if got, err := testenv.Query(t.Context(), st.prom.Addr, query); err == nil && len(got) > 0 {
-			return
-		}
+	err := wait.PollUntilContextTimeout(t.Context(), 250*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		got, err := testenv.Query(ctx, st.prom.Addr, query)
+		return err == nil && len(got) > 0, nil
+	})
+	if err != nil {
+		t.Fatalf("%s returned nothing within a minute: %v", query, err)
 	}
-	t.Fatalf("%s returned nothing within a minute", query)
 }

@@ -24,6 +24,7 @@ import (
 
 	"github.com/go-logr/logr"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/yaml"
 
@@ -272,8 +273,8 @@ func write(t *testing.T, path, data string) {
 // since, every label of labels matching, and returns it with the time it took.
 func (st *stack) waitNotified(t *testing.T, alertname, status string, since time.Time, limit time.Duration, labels map[string]string) (testenv.Notification, time.Duration) {
 	t.Helper()
-	deadline := time.Now().Add(limit)
-	for time.Now().Before(deadline) {
+	var found testenv.Notification
+	_ = wait.PollUntilContextTimeout(t.Context(), 200*time.Millisecond, limit, true, func(context.Context) (bool, error) {
 		for _, n := range st.recv.Notifications() {
 			if n.Labels["alertname"] != alertname || n.Status != status || n.Received.Before(since) {
 				continue
@@ -283,10 +284,14 @@ func (st *stack) waitNotified(t *testing.T, alertname, status string, since time
 				ok = ok && n.Labels[k] == v
 			}
 			if ok {
-				return n, n.Received.Sub(since)
+				found = n
+				return true, nil
 			}
 		}
-		time.Sleep(200 * time.Millisecond)
+		return false, nil
+	})
+	if found.Status != "" {
+		return found, found.Received.Sub(since)
 	}
 	var seen []string
 	for _, n := range st.recv.Notifications() {
