@@ -16,6 +16,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/grafana/grafana-foundation-sdk/go/cog"
+	"github.com/grafana/grafana-foundation-sdk/go/cog/plugins"
+	"github.com/grafana/grafana-foundation-sdk/go/dashboard"
 	dto "github.com/prometheus/client_model/go"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -366,5 +369,35 @@ func TestWebhookNameMatchersCoverEveryWebhook(t *testing.T) {
 		if !guardWebhookName.MatchString(n) {
 			t.Errorf("the test's guardWebhookName misses the webhook %s", n)
 		}
+	}
+}
+
+// TestDashboardDecodesStrictly reads the dashboard as Grafana's own schema types do, strictly
+// (the foundation SDK, its default panel and query plugins registered): an unknown field, a
+// field of the wrong type or a panel Grafana does not know fails.
+func TestDashboardDecodesStrictly(t *testing.T) {
+	raw, err := os.ReadFile(dashboardFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	plugins.RegisterDefaultPlugins()
+	var d dashboard.Dashboard
+	// The SDK returns its list of errors as the error, empty (not nil) when none.
+	if err := d.UnmarshalJSONStrict(raw); err != nil {
+		if errs, ok := err.(cog.BuildErrors); !ok || len(errs) != 0 {
+			t.Fatalf("the dashboard does not decode strictly: %v", err)
+		}
+	}
+	if d.Title == nil || *d.Title != "exit-guard" || len(d.Panels) == 0 {
+		t.Errorf("decoded title %v with %d panels", d.Title, len(d.Panels))
+	}
+	// The decoder has teeth: a field Grafana does not know, in a panel, fails.
+	bad := strings.Replace(string(raw), `"type": "stat",`, `"type": "stat", "justify": "auto",`, 1)
+	if bad == string(raw) {
+		t.Fatal("no stat panel to spoil")
+	}
+	var spoiled dashboard.Dashboard
+	if errs, _ := spoiled.UnmarshalJSONStrict([]byte(bad)).(cog.BuildErrors); len(errs) == 0 {
+		t.Error("a stat panel with an unknown field decoded strictly")
 	}
 }

@@ -4,15 +4,9 @@ package faults
 
 import (
 	"bytes"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"fmt"
-	"math/big"
 	"net"
 	"net/http"
 	"os"
@@ -42,69 +36,6 @@ import (
 	"github.com/exit-guard/exit-guard/webhook"
 )
 
-// testCA is a certificate authority made for one test.
-type testCA struct {
-	cert *x509.Certificate
-	key  *ecdsa.PrivateKey
-	pem  []byte
-}
-
-func newTestCA(t *testing.T, name string) *testCA {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: name},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, _ := x509.ParseCertificate(der)
-	return &testCA{cert: cert, key: key, pem: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})}
-}
-
-// issue signs a leaf certificate for usage, with dns and ips as its names; it returns the
-// certificate and key in PEM.
-func (ca *testCA) issue(t *testing.T, cn string, usage x509.ExtKeyUsage, dns []string, ips []net.IP) (certPEM, keyPEM []byte) {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(time.Now().UnixNano()), Subject: pkix.Name{CommonName: cn},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
-		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{usage}, DNSNames: dns, IPAddresses: ips}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kder, err := x509.MarshalECPrivateKey(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder})
-}
-
-// hostAddress is a non-loopback IPv4 address of this machine: an EndpointSlice may not name a
-// loopback one.
-func hostAddress(t *testing.T) net.IP {
-	t.Helper()
-	addrs, err := net.InterfaceAddrs()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, a := range addrs {
-		if n, ok := a.(*net.IPNet); ok && !n.IP.IsLoopback() && !n.IP.IsLinkLocalUnicast() && n.IP.To4() != nil {
-			return n.IP.To4()
-		}
-	}
-	t.Fatalf("this test needs a non-loopback IPv4 address on this machine (the API server reaches the guard through an EndpointSlice, which refuses loopback); found none in %v", addrs)
-	return nil
-}
-
 // TestOnlyTheAPIServerIsAnswered runs the guard with --webhook-client-ca-file against a real
 // API server that presents a client certificate to webhooks, as a cluster sets it up: its
 // admission configuration gives the validating and the mutating webhook plugins a kubeconfig
@@ -123,13 +54,13 @@ func TestOnlyTheAPIServerIsAnswered(t *testing.T) {
 	const svcNS, svcName = "exit-guard-system", "exit-guard"
 	svcHost := svcName + "." + svcNS + ".svc"
 	dir := t.TempDir()
-	ip := hostAddress(t)
+	ip := testenv.HostAddress(t)
 
-	serverCA, clientCA, otherCA := newTestCA(t, "serving CA"), newTestCA(t, "API server client CA"), newTestCA(t, "another CA")
-	crt, key := serverCA.issue(t, svcHost, x509.ExtKeyUsageServerAuth, []string{svcHost}, []net.IP{ip})
+	serverCA, clientCA, otherCA := testenv.NewCA(t, "serving CA"), testenv.NewCA(t, "API server client CA"), testenv.NewCA(t, "another CA")
+	crt, key := serverCA.Issue(t, svcHost, x509.ExtKeyUsageServerAuth, []string{svcHost}, []net.IP{ip})
 	certDir := filepath.Join(dir, "serving")
 	clientCAFile := filepath.Join(dir, "client-ca", "ca.crt")
-	for path, data := range map[string][]byte{filepath.Join(certDir, "tls.crt"): crt, filepath.Join(certDir, "tls.key"): key, clientCAFile: otherCA.pem} {
+	for path, data := range map[string][]byte{filepath.Join(certDir, "tls.crt"): crt, filepath.Join(certDir, "tls.key"): key, clientCAFile: otherCA.PEM} {
 		if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 			t.Fatal(err)
 		}
@@ -139,7 +70,7 @@ func TestOnlyTheAPIServerIsAnswered(t *testing.T) {
 	}
 
 	// The API server's side: its client certificate, in the kubeconfig of both plugins.
-	apiCrt, apiKey := clientCA.issue(t, "kube-apiserver-admission", x509.ExtKeyUsageClientAuth, nil, nil)
+	apiCrt, apiKey := clientCA.Issue(t, "kube-apiserver-admission", x509.ExtKeyUsageClientAuth, nil, nil)
 	kc := clientcmdapi.NewConfig()
 	kc.AuthInfos[svcHost] = &clientcmdapi.AuthInfo{ClientCertificateData: apiCrt, ClientKeyData: apiKey}
 	kcPath := filepath.Join(dir, "admission-kubeconfig")
@@ -214,7 +145,7 @@ plugins:
 	rule := []admissionregistrationv1.RuleWithOperations{{Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Create},
 		Rule: admissionregistrationv1.Rule{APIGroups: []string{""}, APIVersions: []string{"v1"}, Resources: []string{"pods"}}}}
 	ref := func(path string) admissionregistrationv1.WebhookClientConfig {
-		return admissionregistrationv1.WebhookClientConfig{CABundle: serverCA.pem,
+		return admissionregistrationv1.WebhookClientConfig{CABundle: serverCA.PEM,
 			Service: &admissionregistrationv1.ServiceReference{Namespace: svcNS, Name: svcName, Path: ptr.To(path), Port: ptr.To(int32(443))}}
 	}
 	sel := &metav1.LabelSelector{MatchLabels: map[string]string{"exit-guard-mtls": "true"}}
@@ -252,7 +183,7 @@ plugins:
 	})
 
 	t.Run("the client CA replaced: read again, both webhooks answered", func(t *testing.T) {
-		if err := os.WriteFile(clientCAFile+".new", clientCA.pem, 0o600); err != nil {
+		if err := os.WriteFile(clientCAFile+".new", clientCA.PEM, 0o600); err != nil {
 			t.Fatal(err)
 		}
 		if err := os.Rename(clientCAFile+".new", clientCAFile); err != nil {
@@ -276,8 +207,8 @@ plugins:
 	t.Run("a review posted to the port without the API server's certificate gets no answer", func(t *testing.T) {
 		body := forgedReview(fixture.ExitPod(wf), "forged")
 		pool := x509.NewCertPool()
-		pool.AppendCertsFromPEM(serverCA.pem)
-		otherCrt, otherKey := otherCA.issue(t, "kube-apiserver-admission", x509.ExtKeyUsageClientAuth, nil, nil)
+		pool.AppendCertsFromPEM(serverCA.PEM)
+		otherCrt, otherKey := otherCA.Issue(t, "kube-apiserver-admission", x509.ExtKeyUsageClientAuth, nil, nil)
 		other, err := tls.X509KeyPair(otherCrt, otherKey)
 		if err != nil {
 			t.Fatal(err)
@@ -349,14 +280,14 @@ func forgedReview(pod *corev1.Pod, uid string) []byte {
 // only (each read bounded by its attempts); the rest are shed at once to the store, counted.
 func TestForgedReviewsDoBoundedWork(t *testing.T) {
 	const slots, burst = 4, 60
-	p := startAPIProxy(t, env.Config)
+	p := testenv.StartAPIProxy(t, env.Config)
 	addr, err := testenv.FreeAddr()
 	if err != nil {
 		t.Fatal(err)
 	}
 	_, port, _ := net.SplitHostPort(addr)
 	out := &testenv.Output{}
-	g, err := testenv.StartGuard(t.Context(), guardBin, p.kubeconfig(t), []string{"--webhook-port=" + port, "--webhook-cert-path=" + env.WebhookCertDir,
+	g, err := testenv.StartGuard(t.Context(), guardBin, p.KubeConfig(t), []string{"--webhook-port=" + port, "--webhook-cert-path=" + env.WebhookCertDir,
 		"--shutdown-delay=0s", "--max-concurrent-decisions=" + strconv.Itoa(slots), "--live-read-timeout=300ms", "--live-read-budget=2s"}, out)
 	if err != nil {
 		t.Fatalf("%v\n%s", err, out)
@@ -366,7 +297,7 @@ func TestForgedReviewsDoBoundedWork(t *testing.T) {
 	ns := newNamespace(t)
 	wf := createWorkflow(t, ns, "notify", argo.PhaseSucceeded)
 	waitFor(t, "the guard's store to hold the completion", func() bool { return r.metric(t, `exit_guard_store_records{state="terminal"}`) >= 1 })
-	p.hangReads.Store(true)
+	p.HangReads.Store(true)
 
 	pool := x509.NewCertPool()
 	pool.AppendCertsFromPEM(env.WebhookCAData)
@@ -390,12 +321,12 @@ func TestForgedReviewsDoBoundedWork(t *testing.T) {
 	}
 	wg.Wait()
 	shed := r.metric(t, `exit_guard_live_read_failures_total{kind="shed"}`)
-	t.Logf("%d forged reviews answered; %v shed; %d live-read requests reached the hanging API server", answered.Load(), shed, p.hung.Load())
+	t.Logf("%d forged reviews answered; %v shed; %d live-read requests reached the hanging API server", answered.Load(), shed, p.Hung.Load())
 	if answered.Load() != burst {
 		t.Errorf("%d of %d reviews answered", answered.Load(), burst)
 	}
 	// Each decision that holds a slot makes at most 8 attempts (maxLiveReadAttempts).
-	if hung := p.hung.Load(); hung == 0 || hung > slots*8 {
+	if hung := p.Hung.Load(); hung == 0 || hung > slots*8 {
 		t.Errorf("%d live-read requests reached the API server for %d reviews, want between 1 and %d (%d decisions of at most 8 attempts)", hung, burst, slots*8, slots)
 	}
 	if shed < burst-2*slots {

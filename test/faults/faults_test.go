@@ -96,17 +96,17 @@ func decideAll(t *testing.T, c *tally, want map[*unstructured.Unstructured]bool)
 // whole object (from etcd), and every exit handler is still decided live, inside the deadline.
 func TestListsRefusedWhileTheWatchCacheInitializesAreDecidedByAGet(t *testing.T) {
 	b := newService(t)
-	p := startAPIProxy(t, env.Config)
-	r := startReplicaWith(t, b, "a", p.kubeconfig(t), "--live-read-timeout=300ms", "--live-read-budget=2s")
+	p := testenv.StartAPIProxy(t, env.Config)
+	r := startReplicaWith(t, b, "a", p.KubeConfig(t), "--live-read-timeout=300ms", "--live-read-budget=2s")
 
 	running, succeeded, deleted := threeWorkflows(t)
-	p.throttleLists.Store(true)
+	p.ThrottleLists.Store(true)
 	c := &tally{}
 	for range 3 {
 		decideAll(t, c, map[*unstructured.Unstructured]bool{running: false, succeeded: true, deleted: true})
 	}
-	t.Logf("lists refused 429: %s; %d lists refused", c, p.throttled.Load())
-	if p.throttled.Load() == 0 {
+	t.Logf("lists refused 429: %s; %d lists refused", c, p.Throttled.Load())
+	if p.Throttled.Load() == 0 {
 		t.Error("no live read was refused 429: the test proved nothing")
 	}
 	// Absent (-1) until the first failure.
@@ -128,8 +128,8 @@ func TestListsRefusedWhileTheWatchCacheInitializesAreDecidedByAGet(t *testing.T)
 // may be behind it). The deleted workflow's is refused throughout, the running one's admitted.
 func TestLiveReadsThatHangAreDecidedInsideTheDeadline(t *testing.T) {
 	b := newService(t)
-	p := startAPIProxy(t, env.Config)
-	r := startReplicaWith(t, b, "a", p.kubeconfig(t), "--live-read-timeout=300ms", "--live-read-budget=1s")
+	p := testenv.StartAPIProxy(t, env.Config)
+	r := startReplicaWith(t, b, "a", p.KubeConfig(t), "--live-read-timeout=300ms", "--live-read-budget=1s")
 
 	running, succeeded, deleted := threeWorkflows(t)
 	waitFor(t, "the guard's store to hold the deletion and the completion", func() bool {
@@ -144,15 +144,15 @@ func TestLiveReadsThatHangAreDecidedInsideTheDeadline(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, "the guard's watch to deliver the last write", func() bool { return r.metric(t, "exit_guard_watch_resource_version") > rv })
-	p.stall.Store(true)
-	p.hangReads.Store(true)
+	p.Stall.Store(true)
+	p.HangReads.Store(true)
 	quiet := time.Now()
 
 	c := &tally{}
 	decideAll(t, c, map[*unstructured.Unstructured]bool{succeeded: true})
 	took := time.Since(quiet)
-	t.Logf("live reads hanging, watch stalled: %s in %s; %d reads held until the guard gave up", c, took.Round(time.Millisecond), p.hung.Load())
-	if p.hung.Load() == 0 {
+	t.Logf("live reads hanging, watch stalled: %s in %s; %d reads held until the guard gave up", c, took.Round(time.Millisecond), p.Hung.Load())
+	if p.Hung.Load() == 0 {
 		t.Error("no live read reached the hanging proxy: the test proved nothing")
 	}
 	if took > 4*time.Second {
@@ -181,7 +181,7 @@ func TestLiveReadsThatHangAreDecidedInsideTheDeadline(t *testing.T) {
 // DeletedFinalStateUnknown), and admissions flow through it all.
 func TestWatchExpiresWhileWorkflowsCompleteAndAreDeleted(t *testing.T) {
 	b := newService(t)
-	p := startAPIProxy(t, env.Config)
+	p := testenv.StartAPIProxy(t, env.Config)
 	ns := newNamespace(t)
 	const n = 5
 	var toComplete, toDelete []*unstructured.Unstructured
@@ -189,7 +189,7 @@ func TestWatchExpiresWhileWorkflowsCompleteAndAreDeleted(t *testing.T) {
 		toComplete = append(toComplete, createWorkflow(t, ns, "complete-"+strconv.Itoa(i), argo.PhaseRunning))
 		toDelete = append(toDelete, createWorkflow(t, ns, "delete-"+strconv.Itoa(i), argo.PhaseRunning))
 	}
-	r := startReplicaWith(t, b, "a", p.kubeconfig(t), "--live-read-timeout=300ms", "--live-read-budget=1s", "--store-fallback=completion")
+	r := startReplicaWith(t, b, "a", p.KubeConfig(t), "--live-read-timeout=300ms", "--live-read-budget=1s", "--store-fallback=completion")
 	waitFor(t, "the guard's store to hold the running workflows", func() bool {
 		return r.metric(t, `exit_guard_store_records{state="active"}`) >= 2*n
 	})
@@ -198,8 +198,8 @@ func TestWatchExpiresWhileWorkflowsCompleteAndAreDeleted(t *testing.T) {
 	loadCtx, stopLoad := context.WithCancel(t.Context())
 	c, wait := load(loadCtx, running, succeeded, 2, 20)
 
-	p.stall.Store(true)
-	p.cutWatches() // the guard watches again, into the stall
+	p.Stall.Store(true)
+	p.CutWatches() // the guard watches again, into the stall
 	for i := range n {
 		wf := toComplete[i]
 		fixture.MarkPhase(wf, argo.PhaseSucceeded)
@@ -224,10 +224,10 @@ func TestWatchExpiresWhileWorkflowsCompleteAndAreDeleted(t *testing.T) {
 	rv := strconv.FormatFloat(r.metric(t, "exit_guard_watch_resource_version"), 'f', 0, 64)
 	waitFor(t, "etcd to compact past the guard's watch", func() bool { return compacted(t, ns, rv) })
 	relists := r.metric(t, `exit_guard_store_observations_total{result="applied"}`)
-	lists := p.lists.Load()
-	p.stall.Store(false)
-	p.cutWatches()
-	p.hangReads.Store(true) // from here the store alone decides
+	lists := p.Lists.Load()
+	p.Stall.Store(false)
+	p.CutWatches()
+	p.HangReads.Store(true) // from here the store alone decides
 	waitFor(t, "the guard's store to hold every completion and deletion", func() bool {
 		return r.metric(t, `exit_guard_store_records{state="deleted"}`) >= n && r.metric(t, `exit_guard_store_records{state="terminal"}`) >= n+1
 	})
@@ -243,7 +243,7 @@ func TestWatchExpiresWhileWorkflowsCompleteAndAreDeleted(t *testing.T) {
 	if c.failed.Load() != 0 || c.wrong.Load() != 0 {
 		t.Errorf("admissions lost or decided wrong: %s; first failures %q", c, c.failures)
 	}
-	if p.lists.Load() == lists {
+	if p.Lists.Load() == lists {
 		t.Error("the guard never listed Workflows again after its watch expired: no 410, no relist; the test proved nothing")
 	}
 }

@@ -26,9 +26,16 @@ import (
 // first), its metrics behind st's service.
 func (st *stack) guard(t *testing.T, args ...string) *testenv.Guard {
 	t.Helper()
+	return st.guardVia(t, env.KubeConfig(), args...)
+}
+
+// guardVia is guard, the guard reaching the API server with kubeconfig (a fault proxy's). A
+// flag in args overrides the same flag set here.
+func (st *stack) guardVia(t *testing.T, kubeconfig []byte, args ...string) *testenv.Guard {
+	t.Helper()
 	st.stopGuard(t)
 	out := &testenv.Output{}
-	g, err := testenv.StartGuard(t.Context(), guardBin, env.KubeConfig(), append([]string{
+	g, err := testenv.StartGuard(t.Context(), guardBin, kubeconfig, append([]string{
 		"--webhook-port=" + strconv.Itoa(env.WebhookPort), "--webhook-cert-path=" + env.WebhookCertDir,
 		"--shutdown-delay=0s", "--expected-requester=" + adminUser}, args...), out)
 	if err != nil {

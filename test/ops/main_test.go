@@ -10,9 +10,8 @@ package ops
 import (
 	"context"
 	"fmt"
+	"io"
 	"net"
-	"net/http"
-	"net/http/httputil"
 	"net/url"
 	"os"
 	"os/exec"
@@ -91,11 +90,12 @@ func run(m *testing.M) int {
 }
 
 // service is what a Service in front of the guard's metrics port is to Prometheus: a fixed
-// address, forwarding to the guard of the moment, or refusing while there is none.
+// address, forwarding each connection (plain or TLS, as the guard serves it) to the guard of the
+// moment, or closing it while there is none.
 type service struct {
 	addr    string
 	mu      sync.Mutex
-	backend *url.URL
+	backend string
 }
 
 func startService(t *testing.T) *service {
@@ -105,29 +105,44 @@ func startService(t *testing.T) *service {
 		t.Fatal(err)
 	}
 	s := &service{addr: ln.Addr().String()}
-	srv := &http.Server{ReadHeaderTimeout: 5 * time.Second, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		s.mu.Lock()
-		b := s.backend
-		s.mu.Unlock()
-		if b == nil {
-			http.Error(w, "no endpoints", http.StatusServiceUnavailable)
-			return
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go s.forward(c)
 		}
-		httputil.NewSingleHostReverseProxy(b).ServeHTTP(w, r)
-	})}
-	go func() { _ = srv.Serve(ln) }()
-	t.Cleanup(func() { _ = srv.Close() })
+	}()
+	t.Cleanup(func() { _ = ln.Close() })
 	return s
 }
 
-// route sends the service's traffic to the guard whose metrics listen on addr ("" for none).
+func (s *service) forward(c net.Conn) {
+	defer func() { _ = c.Close() }()
+	s.mu.Lock()
+	b := s.backend
+	s.mu.Unlock()
+	if b == "" {
+		return
+	}
+	up, err := net.DialTimeout("tcp", b, time.Second)
+	if err != nil {
+		return
+	}
+	defer func() { _ = up.Close() }()
+	done := make(chan struct{}, 2)
+	go func() { _, _ = io.Copy(up, c); done <- struct{}{} }()
+	go func() { _, _ = io.Copy(c, up); done <- struct{}{} }()
+	<-done
+}
+
+// route sends the service's connections to the guard whose metrics listen on addr ("" for
+// none).
 func (s *service) route(addr string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.backend = nil
-	if addr != "" {
-		s.backend = &url.URL{Scheme: "http", Host: addr}
-	}
+	s.backend = addr
 }
 
 // stack is a running Prometheus and Alertmanager, and the receiver Alertmanager delivers to.

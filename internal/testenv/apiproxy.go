@@ -1,6 +1,4 @@
-//go:build envtest
-
-package faults
+package testenv
 
 import (
 	"context"
@@ -18,31 +16,34 @@ import (
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 )
 
-// apiProxy is a plain-HTTP proxy on loopback between a guard and the test API server. It
+// APIProxy is a plain-HTTP proxy on loopback between a guard and the test API server. It
 // forwards every request with the test's credentials, and injects the faults a loaded API
-// server shows its clients: reads of single workflows (isSingleRead) that hang until the client gives up,
-// and Workflow watch streams that stall (events held back) or are cut.
-type apiProxy struct {
+// server shows its clients: reads of single workflows (isSingleRead) that hang until the
+// client gives up, and Workflow watch streams that stall (events held back) or are cut.
+type APIProxy struct {
 	target *url.URL
 	rt     http.RoundTripper
 	srv    *http.Server
 	addr   string
 
-	hangReads atomic.Bool
-	// throttleLists answers every LIST of workflows by name 429 with a Retry-After, as the
+	// HangReads holds every read of a single workflow until its client gives up.
+	HangReads atomic.Bool
+	// ThrottleLists answers every LIST of workflows by name 429 with a Retry-After, as the
 	// API server does while its watch cache (re)initializes.
-	throttleLists atomic.Bool
-	throttled     atomic.Int64
-	stall         atomic.Bool
-	hung          atomic.Int64 // reads held until their client gave up
-	lists         atomic.Int64 // lists of Workflows: an informer's initial list, or its relist
+	ThrottleLists atomic.Bool
+	Throttled     atomic.Int64 // lists answered 429
+	// Stall holds back the events of every Workflow watch stream.
+	Stall atomic.Bool
+	Hung  atomic.Int64 // reads held until their client gave up
+	Lists atomic.Int64 // lists of Workflows: an informer's initial list, or its relist
 
 	mu      sync.Mutex
 	watches map[int]context.CancelFunc
 	nextID  int
 }
 
-func startAPIProxy(t *testing.T, cfg *rest.Config) *apiProxy {
+// StartAPIProxy starts a proxy to the API server of cfg, stopped when t ends.
+func StartAPIProxy(t *testing.T, cfg *rest.Config) *APIProxy {
 	t.Helper()
 	target, err := url.Parse(cfg.Host)
 	if err != nil {
@@ -56,15 +57,15 @@ func startAPIProxy(t *testing.T, cfg *rest.Config) *apiProxy {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &apiProxy{target: target, rt: rt, addr: ln.Addr().String(), watches: map[int]context.CancelFunc{}}
+	p := &APIProxy{target: target, rt: rt, addr: ln.Addr().String(), watches: map[int]context.CancelFunc{}}
 	p.srv = &http.Server{Handler: p, ReadHeaderTimeout: 10 * time.Second}
 	go func() { _ = p.srv.Serve(ln) }()
 	t.Cleanup(func() { _ = p.srv.Close() })
 	return p
 }
 
-// kubeconfig reaches the proxy over plain HTTP with no credentials (the proxy adds them).
-func (p *apiProxy) kubeconfig(t *testing.T) []byte {
+// KubeConfig reaches the proxy over plain HTTP with no credentials (the proxy adds them).
+func (p *APIProxy) KubeConfig(t *testing.T) []byte {
 	t.Helper()
 	kc := clientcmdapi.NewConfig()
 	kc.Clusters["proxy"] = &clientcmdapi.Cluster{Server: "http://" + p.addr}
@@ -78,9 +79,9 @@ func (p *apiProxy) kubeconfig(t *testing.T) []byte {
 	return out
 }
 
-// cutWatches ends every Workflow watch stream in flight: the client sees its watch close and
+// CutWatches ends every Workflow watch stream in flight: the client sees its watch close and
 // watches again from the last resourceVersion it had.
-func (p *apiProxy) cutWatches() {
+func (p *APIProxy) CutWatches() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for _, cancel := range p.watches {
@@ -106,7 +107,7 @@ func isWatch(r *http.Request) bool {
 	return w == "true" || w == "1"
 }
 
-func (p *apiProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+func (p *APIProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
 	workflowWatch := isWorkflowPath(r) && isWatch(r)
 	if workflowWatch {
@@ -124,13 +125,13 @@ func (p *apiProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			cancel()
 		}()
 	}
-	if p.hangReads.Load() && isSingleRead(r) {
-		p.hung.Add(1)
+	if p.HangReads.Load() && isSingleRead(r) {
+		p.Hung.Add(1)
 		<-ctx.Done()
 		return
 	}
-	if p.throttleLists.Load() && isSingleRead(r) && strings.HasSuffix(r.URL.Path, "/workflows") {
-		p.throttled.Add(1)
+	if p.ThrottleLists.Load() && isSingleRead(r) && strings.HasSuffix(r.URL.Path, "/workflows") {
+		p.Throttled.Add(1)
 		w.Header().Set("Retry-After", "1")
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(http.StatusTooManyRequests)
@@ -141,7 +142,7 @@ func (p *apiProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// the initial events.
 	if r.Method == http.MethodGet && isWorkflowPath(r) && strings.HasSuffix(r.URL.Path, "/workflows") && !isSingleRead(r) &&
 		(!isWatch(r) || r.URL.Query().Get("sendInitialEvents") == "true") {
-		p.lists.Add(1)
+		p.Lists.Add(1)
 	}
 	out := r.Clone(ctx)
 	out.URL.Scheme, out.URL.Host, out.Host, out.RequestURI = p.target.Scheme, p.target.Host, p.target.Host, ""
@@ -163,7 +164,7 @@ func (p *apiProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		n, err := resp.Body.Read(buf)
 		if n > 0 {
 			// A stalled watch holds its events back; they are lost if the stream is cut.
-			for workflowWatch && p.stall.Load() && ctx.Err() == nil {
+			for workflowWatch && p.Stall.Load() && ctx.Err() == nil {
 				select {
 				case <-ctx.Done():
 				case <-time.After(10 * time.Millisecond):
