@@ -164,6 +164,15 @@ e2e-ops: $(HELM) ## The chart's alerts on a real Prometheus and Alertmanager, ea
 	@assets=$$(hack/envtest-binaries.sh ensure) && ops=$$(hack/ops-binaries.sh ensure) && \
 	  KUBEBUILDER_ASSETS="$$assets" EXIT_GUARD_OPS_BIN="$$ops" HELM="$(HELM)" $(GO) test -tags e2e -count=1 -v -timeout 60m -run '$(OPS_RUN)' ./test/ops
 
+.PHONY: argocd-binaries
+argocd-binaries: ## Build Argo CD's application controller and repo server from Go modules into the user cache (first run about 10 minutes).
+	@hack/argocd-binaries.sh ensure
+
+.PHONY: e2e-argocd
+e2e-argocd: $(HELM) ## The Argo CD recipe (docs/gitops.md) on a real Argo CD: the chart synced from a local git repository around a running guard.
+	@assets=$$(hack/envtest-binaries.sh ensure) && acd=$$(hack/argocd-binaries.sh ensure) && \
+	  KUBEBUILDER_ASSETS="$$assets" EXIT_GUARD_ARGOCD_BIN="$$acd" HELM="$(HELM)" $(GO) test -tags 'envtest e2e' -count=1 -v -timeout 30m -run '^TestArgoCD' ./test/chart
+
 ##@ Generate and check
 
 .PHONY: manifests

@@ -41,7 +41,7 @@ func OpsDir() (string, error) {
 	return dir, nil
 }
 
-// Process is a tool run by a test: Prometheus or Alertmanager.
+// Process is a tool run by a test: Prometheus, Alertmanager, a part of Argo CD.
 type Process struct {
 	// Addr is its HTTP address on loopback.
 	Addr string
@@ -51,10 +51,11 @@ type Process struct {
 }
 
 // startProcess runs bin with args, its output into out, and waits until GET ready on Addr
-// answers 200.
-func startProcess(ctx context.Context, bin, addr string, args []string, out io.Writer, ready string) (*Process, error) {
+// answers 200. With environ, the process has that environment instead of the test's.
+func startProcess(ctx context.Context, bin, addr string, args, environ []string, out io.Writer, ready string) (*Process, error) {
 	p := &Process{Addr: addr, done: make(chan struct{})}
 	p.cmd = exec.Command(bin, args...) //nolint:gosec // G204: a binary this repository built
+	p.cmd.Env = environ
 	p.cmd.Stdout, p.cmd.Stderr = out, out
 	if err := p.cmd.Start(); err != nil {
 		return nil, err
@@ -108,7 +109,7 @@ func StartPrometheus(ctx context.Context, dir, work, config string, out io.Write
 	return startProcess(ctx, filepath.Join(dir, "prometheus"), addr, []string{
 		"--config.file=" + config, "--storage.tsdb.path=" + data, "--web.listen-address=" + addr,
 		"--web.enable-lifecycle", "--log.level=warn",
-	}, out, "/-/ready")
+	}, nil, out, "/-/ready")
 }
 
 // StartAlertmanager runs the real Alertmanager of dir with the configuration file config, on a
@@ -121,7 +122,7 @@ func StartAlertmanager(ctx context.Context, dir, work, config string, out io.Wri
 	return startProcess(ctx, filepath.Join(dir, "alertmanager"), addr, []string{
 		"--config.file=" + config, "--storage.path=" + filepath.Join(work, "alertmanager-data"),
 		"--web.listen-address=" + addr, "--cluster.listen-address=", "--log.level=warn",
-	}, out, "/-/ready")
+	}, nil, out, "/-/ready")
 }
 
 // Sample is one series of an instant query's answer.

@@ -5,6 +5,7 @@ package chart
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -381,10 +382,13 @@ func TestDashboardDecodesStrictly(t *testing.T) {
 		t.Fatal(err)
 	}
 	plugins.RegisterDefaultPlugins()
-	var d dashboard.Dashboard
+	// The classic dashboard model, which file-provisioned (sidecar) dashboards use; the SDK's
+	// dashboardv2 is the model of Grafana's v2 API.
+	var d dashboard.Dashboard //nolint:staticcheck // SA1019: see above
 	// The SDK returns its list of errors as the error, empty (not nil) when none.
 	if err := d.UnmarshalJSONStrict(raw); err != nil {
-		if errs, ok := err.(cog.BuildErrors); !ok || len(errs) != 0 {
+		var errs cog.BuildErrors
+		if !errors.As(err, &errs) || len(errs) != 0 {
 			t.Fatalf("the dashboard does not decode strictly: %v", err)
 		}
 	}
@@ -396,8 +400,9 @@ func TestDashboardDecodesStrictly(t *testing.T) {
 	if bad == string(raw) {
 		t.Fatal("no stat panel to spoil")
 	}
-	var spoiled dashboard.Dashboard
-	if errs, _ := spoiled.UnmarshalJSONStrict([]byte(bad)).(cog.BuildErrors); len(errs) == 0 {
+	var spoiled dashboard.Dashboard //nolint:staticcheck // SA1019: the classic model, as above
+	var errs cog.BuildErrors
+	if err := spoiled.UnmarshalJSONStrict([]byte(bad)); err == nil || (errors.As(err, &errs) && len(errs) == 0) {
 		t.Error("a stat panel with an unknown field decoded strictly")
 	}
 }

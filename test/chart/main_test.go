@@ -42,7 +42,10 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, "FAIL:", err)
 		os.Exit(1)
 	}
-	code := testenv.Main(m, testenv.Options{CRDDirs: []string{filepath.Join("testdata", "crds")}}, &env)
+	// Aggregator routing: the API server calls a webhook's Service at an endpoint of its
+	// EndpointSlice (no kube-proxy routes a cluster IP here), as the Argo CD proof needs.
+	code := testenv.Main(m, testenv.Options{CRDDirs: []string{filepath.Join("testdata", "crds")},
+		APIServerFlags: map[string]string{"enable-aggregator-routing": "true"}}, &env)
 	_ = os.RemoveAll(dir)
 	os.Exit(code)
 }

@@ -1,0 +1,118 @@
+package testenv
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/cgi" //nolint:gosec // G504: Httpoxy concerns Go before 1.6.3; git http-backend for a test
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// ArgoCDDir is the folder holding the real Argo CD (its application controller and repo server
+// in one binary, argocd, and its CRDs in crds/) that hack/argocd-binaries.sh builds:
+// $EXIT_GUARD_ARGOCD_BIN when set, else the script's cache folder. It fails with a message
+// that says how to get it when it is missing.
+func ArgoCDDir() (string, error) {
+	dir := os.Getenv("EXIT_GUARD_ARGOCD_BIN")
+	if dir == "" {
+		script := filepath.Join(RepoRoot(), "hack", "argocd-binaries.sh")
+		out, err := exec.Command(script, "path").Output() //nolint:gosec // G204: the repository's own script
+		if err != nil {
+			return "", fmt.Errorf("finding the Argo CD binary with %s: %w", script, err)
+		}
+		dir = strings.TrimSpace(string(out))
+	}
+	for _, f := range []string{"argocd", filepath.Join("crds", "application-crd.yaml"), filepath.Join("crds", "appproject-crd.yaml")} {
+		if _, err := os.Stat(filepath.Join(dir, f)); err != nil { //nolint:gosec // G703: a test-support path chosen by the developer
+			return "", fmt.Errorf("the GitOps proof needs a real Argo CD, and %s has no %s: run 'make e2e-argocd' (it builds "+
+				"Argo CD's application controller and repo server from Go modules, about 10 minutes the first time) or 'make argocd-binaries'", dir, f)
+		}
+	}
+	return dir, nil
+}
+
+// ArgoCD is what an Argo CD part needs to run beside the test API server: the Argo CD folder
+// (ArgoCDDir), a work folder, the Redis address, a kubeconfig file whose context's namespace
+// is Argo CD's, and a folder of tools it runs (helm, found on its PATH with git).
+type ArgoCD struct {
+	Dir, Work, Redis, KubeConfig, Tools string
+}
+
+// environ is the environment of a part: run as Argo CD runs its own end-to-end tests outside
+// a cluster (ARGOCD_FAKE_IN_CLUSTER), with no GPG and its data folders under Work.
+func (a ArgoCD) environ() []string {
+	// Argo CD's folder too: the repo server runs its git-verify-wrapper.sh.
+	path := strings.Join([]string{a.Tools, a.Dir, os.Getenv("PATH")}, string(os.PathListSeparator))
+	return []string{
+		"PATH=" + path, "HOME=" + filepath.Join(a.Work, "home"), "KUBECONFIG=" + a.KubeConfig,
+		"ARGOCD_FAKE_IN_CLUSTER=true", "ARGOCD_GPG_ENABLED=false",
+		"ARGOCD_TLS_DATA_PATH=" + filepath.Join(a.Work, "tls"), "ARGOCD_SSH_DATA_PATH=" + filepath.Join(a.Work, "ssh"),
+		"ARGOCD_GNUPGHOME=" + filepath.Join(a.Work, "gpg"), "HOSTNAME=argocd-application-controller-0",
+	}
+}
+
+// StartRepoServer runs Argo CD's repo server, plain gRPC on a free loopback port (grpcAddr;
+// Process.Addr is its metrics address).
+func (a ArgoCD) StartRepoServer(ctx context.Context, out io.Writer) (p *Process, grpcAddr string, err error) {
+	for _, d := range []string{"home", "tls", "ssh", "gpg"} {
+		if err := os.MkdirAll(filepath.Join(a.Work, d), 0o700); err != nil {
+			return nil, "", err
+		}
+	}
+	if grpcAddr, err = FreeAddr(); err != nil {
+		return nil, "", err
+	}
+	metrics, err := FreeAddr()
+	if err != nil {
+		return nil, "", err
+	}
+	_, port, _ := net.SplitHostPort(grpcAddr)
+	_, mport, _ := net.SplitHostPort(metrics)
+	p, err = startProcess(ctx, filepath.Join(a.Dir, "argocd"), metrics, []string{"repo-server",
+		"--address=127.0.0.1", "--port=" + port, "--metrics-address=127.0.0.1", "--metrics-port=" + mport,
+		"--redis=" + a.Redis, "--disable-tls", "--client-ca-path=", "--loglevel=info", "--logformat=text",
+	}, a.environ(), out, "/healthz")
+	return p, grpcAddr, err
+}
+
+// StartApplicationController runs Argo CD's application controller on the repo server at
+// repoServer, reconciling every Application every resync.
+func (a ArgoCD) StartApplicationController(ctx context.Context, repoServer string, resync time.Duration, out io.Writer) (*Process, error) {
+	metrics, err := FreeAddr()
+	if err != nil {
+		return nil, err
+	}
+	_, mport, _ := net.SplitHostPort(metrics)
+	return startProcess(ctx, filepath.Join(a.Dir, "argocd"), metrics, []string{"application-controller",
+		"--kubeconfig=" + a.KubeConfig, "--repo-server=" + repoServer, "--repo-server-plaintext",
+		"--redis=" + a.Redis, "--metrics-port=" + mport, "--app-resync=" + fmt.Sprint(int(resync.Seconds())),
+		"--status-processors=2", "--operation-processors=2", "--loglevel=info", "--logformat=text",
+	}, a.environ(), out, "/healthz")
+}
+
+// ServeGit serves the git repositories under root over HTTP (git's smart protocol, git
+// http-backend), on a free loopback port, until t ends; it returns the base URL.
+func ServeGit(t *testing.T, root string) string {
+	t.Helper()
+	backend, err := exec.Command("git", "--exec-path").Output()
+	if err != nil {
+		t.Fatalf("the GitOps proof needs git (Debian's git package): %v", err)
+	}
+	h := &cgi.Handler{Path: filepath.Join(strings.TrimSpace(string(backend)), "git-http-backend"),
+		Env: []string{"GIT_PROJECT_ROOT=" + root, "GIT_HTTP_EXPORT_ALL=1"}}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { _ = srv.Close() })
+	return "http://" + ln.Addr().String()
+}
