@@ -106,16 +106,19 @@ LOAD_WORKFLOWS ?= 10000
 LOAD_SIZE_KB ?= 32
 LOAD_LARGE_KB ?= 300
 LOAD_LARGE_EVERY ?= 100
+# Where make load draws its plots (docs/performance.md shows them).
+LOAD_PLOTS ?= docs/img
 
 ##@ Measure
 
 .PHONY: load
-load: build $(HELM) ## Measure the guard on a local API server, loopback only, bounded (LOAD_SCENARIOS); prints Markdown tables.
+load: build $(HELM) ## Measure the guard on a local API server, loopback only, bounded (LOAD_SCENARIOS); prints Markdown tables, draws plots into LOAD_PLOTS.
 	@assets=$$(hack/envtest-binaries.sh ensure) && export KUBEBUILDER_ASSETS="$$assets" HELM="$(HELM)" && \
 	  $(GO) build -o $(BIN)/load ./test/load && \
 	  for s in $(LOAD_SCENARIOS); do \
 	    case $$s in \
-	      startup) args="--workflows $(LOAD_WORKFLOWS) --size-kb $(LOAD_SIZE_KB) --large-kb $(LOAD_LARGE_KB) --large-every $(LOAD_LARGE_EVERY)";; \
+	      startup) args="--workflows $(LOAD_WORKFLOWS) --size-kb $(LOAD_SIZE_KB) --large-kb $(LOAD_LARGE_KB) --large-every $(LOAD_LARGE_EVERY) --plot $(LOAD_PLOTS)/load-startup-$(LOAD_WORKFLOWS).svg";; \
+	      apiserver) args="--plot $(LOAD_PLOTS)/load-apiserver.svg";; \
 	      *) args="";; \
 	    esac; \
 	    echo "== load $$s $$args"; \
@@ -157,12 +160,15 @@ e2e-argo: argo-controllers $(HELM) $(PROMTOOL) ## Reproduce the stale exit handl
 ops-binaries: ## Build the real Prometheus and Alertmanager from Go modules into the user cache (first run a few minutes).
 	@hack/ops-binaries.sh ensure
 
-# Which tests of the day-2 suite run (go test -run).
+# Which tests of the day-2 suite run (go test -run), and where TestDashboardOnRealData draws
+# its preview of the dashboard (empty: none).
 OPS_RUN ?= .
+OPS_PREVIEW ?=
 .PHONY: e2e-ops
 e2e-ops: $(HELM) ## The chart's alerts on a real Prometheus and Alertmanager, each brought about by its real cause (docs/alerts.md).
 	@assets=$$(hack/envtest-binaries.sh ensure) && ops=$$(hack/ops-binaries.sh ensure) && \
-	  KUBEBUILDER_ASSETS="$$assets" EXIT_GUARD_OPS_BIN="$$ops" HELM="$(HELM)" $(GO) test -tags e2e -count=1 -v -timeout 60m -run '$(OPS_RUN)' ./test/ops
+	  KUBEBUILDER_ASSETS="$$assets" EXIT_GUARD_OPS_BIN="$$ops" HELM="$(HELM)" EXIT_GUARD_DASHBOARD_PREVIEW="$(if $(OPS_PREVIEW),$(abspath $(OPS_PREVIEW)))" \
+	  $(GO) test -tags e2e -count=1 -v -timeout 60m -run '$(OPS_RUN)' ./test/ops
 
 .PHONY: argocd-binaries
 argocd-binaries: ## Build Argo CD's application controller and repo server from Go modules into the user cache (first run about 10 minutes).

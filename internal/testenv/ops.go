@@ -6,12 +6,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/http"
 	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -133,31 +135,17 @@ type Sample struct {
 
 // Query runs an instant PromQL query on the Prometheus at addr.
 func Query(ctx context.Context, addr, query string) ([]Sample, error) {
-	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/api/v1/query?query="+url.QueryEscape(query), nil)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return nil, err
+	var data struct {
+		Result []struct {
+			Metric map[string]string `json:"metric"`
+			Value  []any             `json:"value"`
+		} `json:"result"`
 	}
-	defer func() { _ = resp.Body.Close() }()
-	var body struct {
-		Status string `json:"status"`
-		Error  string `json:"error"`
-		Data   struct {
-			ResultType string `json:"resultType"`
-			Result     []struct {
-				Metric map[string]string `json:"metric"`
-				Value  []any             `json:"value"`
-			} `json:"result"`
-		} `json:"data"`
-	}
-	if err := json.NewDecoder(resp.Body).Decode(&body); err != nil {
-		return nil, err
-	}
-	if body.Status != "success" {
-		return nil, fmt.Errorf("query %q: %s", query, body.Error)
+	if err := promAPI(ctx, addr, "/api/v1/query", url.Values{"query": {query}}, &data); err != nil {
+		return nil, fmt.Errorf("query %q: %w", query, err)
 	}
 	var out []Sample
-	for _, r := range body.Data.Result {
+	for _, r := range data.Result {
 		s := Sample{Labels: r.Metric}
 		if len(r.Value) == 2 {
 			s.Value, _ = r.Value[1].(string)
@@ -165,6 +153,77 @@ func Query(ctx context.Context, addr, query string) ([]Sample, error) {
 		out = append(out, s)
 	}
 	return out, nil
+}
+
+// Series is one series of a range query's answer: its labels, and its values that are
+// numbers (not NaN) with their times (Unix seconds).
+type Series struct {
+	Labels map[string]string
+	At, V  []float64
+}
+
+// QueryRange runs a range query on the Prometheus at addr, as Grafana's Prometheus data source
+// does for a time-series panel.
+func QueryRange(ctx context.Context, addr, query string, start, end time.Time, step time.Duration) ([]Series, error) {
+	var data struct {
+		Result []struct {
+			Metric map[string]string `json:"metric"`
+			Values [][2]any          `json:"values"`
+		} `json:"result"`
+	}
+	q := url.Values{"query": {query}, "start": {strconv.FormatInt(start.Unix(), 10)}, "end": {strconv.FormatInt(end.Unix(), 10)},
+		"step": {strconv.FormatFloat(step.Seconds(), 'f', -1, 64)}}
+	if err := promAPI(ctx, addr, "/api/v1/query_range", q, &data); err != nil {
+		return nil, fmt.Errorf("query %q: %w", query, err)
+	}
+	var out []Series
+	for _, r := range data.Result {
+		s := Series{Labels: r.Metric}
+		for _, v := range r.Values {
+			str, _ := v[1].(string)
+			f, err := strconv.ParseFloat(str, 64)
+			if at, ok := v[0].(float64); ok && err == nil && !math.IsNaN(f) {
+				s.At, s.V = append(s.At, at), append(s.V, f)
+			}
+		}
+		out = append(out, s)
+	}
+	return out, nil
+}
+
+// LabelValues is Prometheus's answer to Grafana's label_values(metric, label) over a range.
+func LabelValues(ctx context.Context, addr, label, metric string, start, end time.Time) ([]string, error) {
+	var data []string
+	q := url.Values{"match[]": {metric}, "start": {strconv.FormatInt(start.Unix(), 10)}, "end": {strconv.FormatInt(end.Unix(), 10)}}
+	if err := promAPI(ctx, addr, "/api/v1/label/"+url.PathEscape(label)+"/values", q, &data); err != nil {
+		return nil, fmt.Errorf("label values of %s on %s: %w", label, metric, err)
+	}
+	return data, nil
+}
+
+// promAPI GETs path of Prometheus's HTTP API at addr and decodes the answer's data into data.
+func promAPI(ctx context.Context, addr, path string, query url.Values, data any) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+path+"?"+query.Encode(), nil)
+	if err != nil {
+		return err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = resp.Body.Close() }()
+	var body struct {
+		Status string          `json:"status"`
+		Error  string          `json:"error"`
+		Data   json.RawMessage `json:"data"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&body); err != nil {
+		return err
+	}
+	if body.Status != "success" {
+		return errors.New(body.Error)
+	}
+	return json.Unmarshal(body.Data, data)
 }
 
 // Notification is one alert of a webhook notification from Alertmanager.

@@ -21,6 +21,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/exit-guard/exit-guard/internal/argo"
+	"github.com/exit-guard/exit-guard/internal/figure"
 	"github.com/exit-guard/exit-guard/internal/fixture"
 	"github.com/exit-guard/exit-guard/internal/testenv"
 )
@@ -51,6 +52,7 @@ func runAPIServer(args []string) error {
 	c.register(fs, 60*time.Minute)
 	sizesFlag := fs.String("retained", "0,1000,10000,100000", "Retained Succeeded workflows at each step, comma-separated, growing.")
 	rounds := fs.Int("rounds", 2000, "Pod creates per column at each step.")
+	plotPath := fs.String("plot", "", "Also draw the latencies against the retained workflows as an SVG at this path.")
 	slowBudget := fs.Duration("slow-budget", 60*time.Second, "At each step, a column stops once its creates have taken this long in all.")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -157,6 +159,8 @@ func runAPIServer(args []string) error {
 	fmt.Printf("Exit-handler pod creates (server-side dry run, %d KB pods as Argo makes them) through kube-apiserver, the columns interleaved in a random order each round; %d rounds per step, a column stopped after %s of creates in a step. Retained workflows are Succeeded, small, in the ValidatingAdmissionPolicy's namespace (its binding selects them as params).\n",
 		podSize(&pods.exit)/1000, *rounds, *slowBudget)
 	retained := 0
+	// The quantiles of each column at each step, for the plot.
+	drawn := map[string][][3]time.Duration{}
 	for _, step := range steps {
 		fmt.Fprintf(os.Stderr, "retaining %d workflows\n", step)
 		_, rv, err := createRetained(ctx, cl, columnNamespace(colVAP), retained, step, sizes{size: 2000}, nil)
@@ -209,6 +213,7 @@ func runAPIServer(args []string) error {
 		base := quantiles(lat[colNone])
 		for _, col := range columns {
 			q := quantiles(lat[col])
+			drawn[col] = append(drawn[col], q)
 			fmt.Printf("| %s | %d | %s | %s | %s | %.2f | %.2f | %d | %d |\n", col, len(lat[col]), ms(q[0]), ms(q[1]), ms(q[2]),
 				float64(q[0])/float64(base[0]), float64(q[1])/float64(base[1]), errs[col], timeouts[col])
 		}
@@ -221,7 +226,29 @@ func runAPIServer(args []string) error {
 			return err
 		}
 	}
-	return nil
+	return plotAPIServer(*plotPath, steps, columns, drawn)
+}
+
+// plotAPIServer draws p50, p99 and p99.9 of each column against the retained workflows, on a
+// logarithmic latency axis (a column answered nothing at a step: no point).
+func plotAPIServer(path string, steps []int, columns []string, drawn map[string][][3]time.Duration) error {
+	ticks := make([]string, len(steps))
+	for i, s := range steps {
+		ticks[i] = strconv.Itoa(s)
+	}
+	var panels []figure.Panel
+	for qi, name := range []string{"p50", "p99", "p99.9"} {
+		pn := figure.Panel{Title: name + " of an exit-handler pod create", YLabel: "ms (log)"}
+		for _, col := range columns {
+			y := make([]float64, len(steps))
+			for i, q := range drawn[col] {
+				y[i] = figure.Ms(q[qi])
+			}
+			pn.Lines = append(pn.Lines, figure.Line{Name: col, Y: y})
+		}
+		panels = append(panels, pn)
+	}
+	return figure.Write(path, "retained Succeeded workflows", ticks, true, panels...)
 }
 
 // countUnconcerned creates pods the guard's policy does not concern in its column (step pods of

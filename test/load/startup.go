@@ -14,6 +14,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/exit-guard/exit-guard/internal/argo"
+	"github.com/exit-guard/exit-guard/internal/figure"
 	"github.com/exit-guard/exit-guard/internal/fixture"
 	"github.com/exit-guard/exit-guard/internal/testenv"
 )
@@ -31,6 +32,7 @@ func runStartup(args []string) error {
 	large := fs.Int("large-kb", 300, "Size of the large workflows, in KB.")
 	largeEvery := fs.Int("large-every", 100, "One workflow in this many is large (0: none).")
 	settle := fs.Duration("settle", 15*time.Second, "How long after Ready the steady memory is read.")
+	plotPath := fs.String("plot", "", "Also draw time to Ready and memory per workflow as an SVG at this path.")
 	watchers := fs.String("watchers", "exit-guard,"+shapePhase+","+shapeFull, "The watchers measured, in order.")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -129,7 +131,20 @@ func runStartup(args []string) error {
 		fmt.Printf("| %s | %d | %s | %s | %s | %s | %s | %.2f |\n", r.watcher, r.workflows, r.ready.Round(time.Millisecond),
 			mib(r.at.peak), mib(r.at.rss), mib(r.settled.rss), per, float64(r.at.peak)/float64(r.settled.rss))
 	}
-	return nil
+	// The runs with the workflows (not the guard's empty one), each watcher a point.
+	ready := figure.Panel{Title: fmt.Sprintf("Ready after a restart, %d workflows", *n), YLabel: "seconds (log)", Dots: true}
+	peak := figure.Panel{Title: "peak RSS", YLabel: "MiB (log)", Dots: true}
+	perWorkflow := figure.Panel{Title: "settled RSS per workflow", YLabel: "KB (log)", Dots: true}
+	for _, r := range rows[1:] {
+		base := empty.settled.rss
+		if r.watcher != "exit-guard" {
+			base = 0
+		}
+		ready.Lines = append(ready.Lines, figure.Line{Name: r.watcher, Y: []float64{r.ready.Seconds()}})
+		peak.Lines = append(peak.Lines, figure.Line{Name: r.watcher, Y: []float64{float64(r.at.peak) / (1 << 20)}})
+		perWorkflow.Lines = append(perWorkflow.Lines, figure.Line{Name: r.watcher, Y: []float64{(float64(r.settled.rss) - float64(base)) / float64(r.workflows) / 1000}})
+	}
+	return figure.Write(*plotPath, "", nil, true, ready, peak, perWorkflow)
 }
 
 // checkGuard asks the API server, through the guard, about two exit handlers: that of a

@@ -166,6 +166,14 @@ func startStack(t *testing.T, set ...string) *stack {
 // startStackWith is startStack; without scrapeAPIServer, Prometheus scrapes the guard alone.
 func startStackWith(t *testing.T, scrapeAPIServer bool, set ...string) *stack {
 	t.Helper()
+	return startStackScraping(t, scrapeAPIServer, nil, set...)
+}
+
+// startStackScraping is startStackWith, guardScrape (given the service's address) the settings
+// of the guard's scrape job (YAML lines of a scrape_config, indented four spaces: scheme,
+// tls_config, authorization) and any further jobs after it.
+func startStackScraping(t *testing.T, scrapeAPIServer bool, guardScrape func(service string) string, set ...string) *stack {
+	t.Helper()
 	dir := t.TempDir()
 	out := &testenv.Output{}
 	t.Cleanup(func() {
@@ -228,6 +236,9 @@ scrape_configs:
       - targets: [%q]
         labels: {namespace: %q, pod: exit-guard-a, service: exit-guard-metrics, endpoint: metrics, container: exit-guard}
 `, st.am.Addr, st.svc.addr, namespace)
+	if guardScrape != nil {
+		promConfig += guardScrape(st.svc.addr)
+	}
 	apiJob := fmt.Sprintf(`  - job_name: apiserver
     scheme: https
     tls_config:

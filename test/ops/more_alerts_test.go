@@ -14,6 +14,7 @@ import (
 	"time"
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/exit-guard/exit-guard/internal/argo"
@@ -39,6 +40,23 @@ func createExitHandlers(t *testing.T, ns, prefix string) (stop func()) {
 		}
 	}()
 	return func() { cancel(); <-done }
+}
+
+// waitOnLock creates a Succeeded workflow and a Pending one waiting on lock, which the first
+// holds (as Argo's controller writes it), and returns the waiter and when it began to wait.
+func waitOnLock(t *testing.T, ns, lock string) (*unstructured.Unstructured, time.Time) {
+	t.Helper()
+	done := testenv.CreateWorkflow(t, env.Client, ns, "holder", argo.PhaseSucceeded)
+	waiter := testenv.CreateWorkflow(t, env.Client, ns, "waiter", argo.PhasePending)
+	status := waiter.Object["status"].(map[string]any)
+	status["message"] = "Waiting for " + lock + " lock. Lock status: 0/1"
+	status["synchronization"] = map[string]any{"mutex": map[string]any{
+		"waiting": []any{map[string]any{"mutex": lock, "holder": ns + "/" + done.GetName()}}}}
+	cause := time.Now()
+	if err := env.Client.Update(t.Context(), waiter); err != nil {
+		t.Fatal(err)
+	}
+	return waiter, cause
 }
 
 // setFailurePolicy sets the failure policy of the chart's pod webhook as registered (not on
@@ -119,17 +137,8 @@ func TestMoreAlertsOnTheRealTools(t *testing.T) {
 		st := startStack(t)
 		st.guard(t, "--lock-check-interval=1s", "--lock-stuck-after=1s")
 		ns := newNamespace(t)
-		done := testenv.CreateWorkflow(t, env.Client, ns, "holder", argo.PhaseSucceeded)
-		waiter := testenv.CreateWorkflow(t, env.Client, ns, "waiter", argo.PhasePending)
 		lock := ns + "/Mutex/probe"
-		status := waiter.Object["status"].(map[string]any)
-		status["message"] = "Waiting for " + lock + " lock. Lock status: 0/1"
-		status["synchronization"] = map[string]any{"mutex": map[string]any{
-			"waiting": []any{map[string]any{"mutex": lock, "holder": ns + "/" + done.GetName()}}}}
-		cause := time.Now()
-		if err := env.Client.Update(t.Context(), waiter); err != nil {
-			t.Fatal(err)
-		}
+		waiter, cause := waitOnLock(t, ns, lock)
 		n, fired := st.waitNotified(t, "ExitGuardSyncLockStuck", "firing", cause, 120*time.Second,
 			map[string]string{"workflow_namespace": ns, "lock": lock})
 		if !strings.Contains(n.Annotations["summary"], "Workflows in "+ns+" wait on "+lock) {
