@@ -66,9 +66,10 @@ package tools
 
 import _ "github.com/prometheus/alertmanager/cmd/alertmanager"
 GO
-    go get "github.com/prometheus/alertmanager@${ALERTMANAGER_VERSION}" >&2
-    go mod tidy >&2
-    CGO_ENABLED=0 go build -trimpath -o "$out.tmp" github.com/prometheus/alertmanager/cmd/alertmanager >&2
+    # (errexit does not hold in a subshell left of ||: each step says so itself.)
+    go get "github.com/prometheus/alertmanager@${ALERTMANAGER_VERSION}" >&2 || exit 1
+    go mod tidy >&2 || exit 1
+    CGO_ENABLED=0 go build -trimpath -o "$out.tmp" github.com/prometheus/alertmanager/cmd/alertmanager >&2 || exit 1
   ) || fail "alertmanager $ALERTMANAGER_VERSION did not build"
   mv "$out.tmp" "$out"
   echo "$ALERTMANAGER_VERSION" >"$out.version"
