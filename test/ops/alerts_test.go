@@ -92,6 +92,16 @@ type timing struct {
 	fired, resolved time.Duration
 }
 
+// logTimings logs the rows of docs/alerts.md's table that *timings holds when it is called.
+func logTimings(t *testing.T, timings *[]timing) {
+	t.Helper()
+	var b strings.Builder
+	for _, tm := range *timings {
+		fmt.Fprintf(&b, "\n| `%s` | %s | %s |", tm.alert, tm.fired.Round(100*time.Millisecond), tm.resolved.Round(100*time.Millisecond))
+	}
+	t.Logf("cause to notification, end of cause to resolution:%s", b.String())
+}
+
 // TestAlertsOnTheRealTools: with the chart's rules (short waits) in a real Prometheus and a
 // real Alertmanager, a healthy guard raises nothing (the negative control); then each cause in
 // turn brings about its alert, delivered to the receiver with its annotations rendered, and
@@ -101,13 +111,7 @@ func TestAlertsOnTheRealTools(t *testing.T) {
 	st.guard(t)
 	ns := newNamespace(t)
 	var timings []timing
-	defer func() {
-		var b strings.Builder
-		for _, tm := range timings {
-			fmt.Fprintf(&b, "\n| `%s` | %s | %s |", tm.alert, tm.fired.Round(100*time.Millisecond), tm.resolved.Round(100*time.Millisecond))
-		}
-		t.Logf("cause to notification, end of cause to resolution:%s", b.String())
-	}()
+	defer logTimings(t, &timings)
 
 	t.Run("negative control: a healthy guard at work raises nothing", func(t *testing.T) {
 		start := time.Now()

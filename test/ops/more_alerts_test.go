@@ -81,13 +81,7 @@ func setFailurePolicy(t *testing.T, p admissionregistrationv1.FailurePolicyType)
 // TestMoreAlertsOnTheRealTools: further alerts, each from its real cause, on a stack of its own.
 func TestMoreAlertsOnTheRealTools(t *testing.T) {
 	var timings []timing
-	defer func() {
-		var b strings.Builder
-		for _, tm := range timings {
-			fmt.Fprintf(&b, "\n| `%s` | %s | %s |", tm.alert, tm.fired.Round(100*time.Millisecond), tm.resolved.Round(100*time.Millisecond))
-		}
-		t.Logf("cause to notification, end of cause to resolution:%s", b.String())
-	}()
+	defer logTimings(t, &timings)
 
 	t.Run("ExitGuardWebhookRejectingWithErrors: failurePolicy Fail and no guard", func(t *testing.T) {
 		st := startStack(t)

@@ -24,13 +24,7 @@ var fastReads = []string{"--live-read-timeout=300ms", "--live-read-budget=1s"}
 // workflows or holds back its Workflow watch.
 func TestOverloadAlertsOnTheRealTools(t *testing.T) {
 	var timings []timing
-	defer func() {
-		var b strings.Builder
-		for _, tm := range timings {
-			fmt.Fprintf(&b, "\n| `%s` | %s | %s |", tm.alert, tm.fired.Round(100*time.Millisecond), tm.resolved.Round(100*time.Millisecond))
-		}
-		t.Logf("cause to notification, end of cause to resolution:%s", b.String())
-	}()
+	defer logTimings(t, &timings)
 
 	t.Run("ExitGuardLiveReadsFailing: the API server's reads hang", func(t *testing.T) {
 		st := startStack(t)
