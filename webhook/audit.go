@@ -8,7 +8,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
-	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	"github.com/exit-guard/exit-guard/internal/argo"
 )
@@ -32,7 +31,7 @@ const (
 // audit records a decision with its verdict: a metric always; a log line (V(1) for
 // admissions); for a refusal (or a would-be refusal in warn mode) a Warning Event on the
 // workflow, unless the request is a dry run.
-func (g *guard) audit(ctx context.Context, req admission.Request, f facts, d decision, verdict string) {
+func (g *guard) audit(ctx context.Context, req request, f facts, d decision, verdict string) {
 	spec := f.object.spec()
 	// A refusal for someone other than the expected controller is counted apart: it may be a
 	// forged review, which must not raise the alerts on stale exit handlers. Not a dry run's
@@ -61,7 +60,7 @@ func (g *guard) audit(ctx context.Context, req admission.Request, f facts, d dec
 		return
 	}
 	log = log.WithValues(f.object.logValues()...)
-	log = log.WithValues("reason", d.reason, "row", d.row, "verdict", verdict, "mode", g.opts.Mode, "uid", req.UID)
+	log = log.WithValues("reason", d.reason, "row", d.row, "verdict", verdict, "mode", g.opts.Mode, "uid", req.uid)
 	if f.owner != nil {
 		log = log.WithValues("workflow", d.wfNamespace+"/"+d.wfName, "workflowUID", d.wfUID,
 			"phase", d.phase, "resourceVersion", d.resourceVersion, "source", d.source)
@@ -83,7 +82,7 @@ func (g *guard) audit(ctx context.Context, req admission.Request, f facts, d dec
 		}
 		return
 	}
-	dryRunRequest := req.DryRun != nil && *req.DryRun
+	dryRunRequest := req.dryRun
 	refusedMsg := msgs.refused
 	if d.reason == ReasonTaskSetOwnerGone {
 		refusedMsg = "WorkflowTaskSet update refused: it still belongs to a deleted workflow (perhaps the write of a workflow that reused the name, which waits for the garbage collector)"
@@ -117,7 +116,7 @@ func (g *guard) audit(ctx context.Context, req admission.Request, f facts, d dec
 		TypeMeta:   metav1.TypeMeta{APIVersion: argo.GroupVersion.String(), Kind: argo.Kind},
 		ObjectMeta: metav1.ObjectMeta{Namespace: d.wfNamespace, Name: d.wfName, UID: d.wfUID},
 	}
-	g.recorder.Eventf(regarding, nil, eventType, reason, f.object.eventAction(req.Operation), note, args...)
+	g.recorder.Eventf(regarding, nil, eventType, reason, f.object.eventAction(req.operation), note, args...)
 }
 
 func phaseOrGone(d decision) string {

@@ -3,8 +3,6 @@ package webhook
 import (
 	"context"
 	"errors"
-
-	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 )
 
 // defaultMaxConcurrentDecisions bounds the decisions in flight in one replica, first live
@@ -48,6 +46,6 @@ func shed(ctx context.Context) bool {
 // request.userInfo.username, which the API server fills with the authenticated user that made
 // the write; a client that can reach the webhook port directly can write any name there,
 // unless --webhook-client-ca-file makes the guard answer only the API server.
-func (g *guard) unexpectedRequester(req admission.Request) bool {
-	return g.opts.ExpectedRequester != "" && req.UserInfo.Username != g.opts.ExpectedRequester
+func (g *guard) unexpectedRequester(req request) bool {
+	return g.opts.ExpectedRequester != "" && req.username != g.opts.ExpectedRequester
 }

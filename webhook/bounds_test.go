@@ -11,19 +11,18 @@ import (
 	authenticationv1 "k8s.io/api/authentication/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/utils/ptr"
-	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	"github.com/exit-guard/exit-guard/internal/argo"
 	"github.com/exit-guard/exit-guard/internal/fixture"
 )
 
 // exitPodRequest is the admission request of tableWorkflow's exit-handler pod, sent for user.
-func exitPodRequest(user string) admission.Request {
-	return admission.Request{AdmissionRequest: admissionv1.AdmissionRequest{
+func exitPodRequest(user string) admissionv1.AdmissionRequest {
+	return admissionv1.AdmissionRequest{
 		UID: "u", Operation: admissionv1.Create, Resource: podResource, Namespace: tableWorkflow.GetNamespace(),
 		Object:   runtime.RawExtension{Raw: fixture.JSON(fixture.ExitPod(tableWorkflow))},
 		UserInfo: authenticationv1.UserInfo{Username: user},
-	}}
+	}
 }
 
 // TestDecisionsPastTheCapAreShed: with MaxConcurrentDecisions decisions waiting on their live
@@ -49,17 +48,17 @@ func TestDecisionsPastTheCapAreShed(t *testing.T) {
 		}
 		return cannedRead(liveSucceeded, new(int))(context.Background(), namespace, name, readPolicy{})
 	}
-	h := &handler{guard: g, readObject: readPod}
+	h := g.path(ValidatePath, readPodReview)
 	var wg sync.WaitGroup
 	for range 2 {
 		wg.Go(func() {
-			if r := h.Handle(t.Context(), exitPodRequest("")); r.Allowed {
+			if r := answerOf(t, h, exitPodRequest("")); r.Allowed {
 				t.Errorf("a decision within the cap was admitted (%s); its live read says Succeeded", r.Result.Message)
 			}
 		})
 		<-started
 	}
-	r := h.Handle(t.Context(), exitPodRequest(""))
+	r := answerOf(t, h, exitPodRequest(""))
 	if !r.Allowed || r.Result.Message != string(ReasonUnverifiedFailOpen) {
 		t.Errorf("the decision past the cap: allowed %v (%s), want admitted as %s", r.Allowed, r.Result.Message, ReasonUnverifiedFailOpen)
 	}
@@ -71,7 +70,7 @@ func TestDecisionsPastTheCapAreShed(t *testing.T) {
 	}
 	close(release)
 	wg.Wait()
-	if r := h.Handle(t.Context(), exitPodRequest("")); r.Allowed {
+	if r := answerOf(t, h, exitPodRequest("")); r.Allowed {
 		t.Errorf("with the slots free again, the decision was admitted (%s); its live read says Succeeded", r.Result.Message)
 	}
 }
@@ -87,7 +86,7 @@ func TestRefusalsForAnUnexpectedRequesterAreCountedApart(t *testing.T) {
 		t.Fatal(err)
 	}
 	g.readLive = cannedRead(liveSucceeded, new(int))
-	h := &handler{guard: g, readObject: readPod}
+	h := g.path(ValidatePath, readPodReview)
 	for _, c := range []struct {
 		user                  string
 		decisions, unexpected float64
@@ -97,7 +96,7 @@ func TestRefusalsForAnUnexpectedRequesterAreCountedApart(t *testing.T) {
 		{"system:serviceaccount:default:someone", 1, 1, "unexpected"},
 		{"", 1, 2, "unexpected"},
 	} {
-		r := h.Handle(t.Context(), exitPodRequest(c.user))
+		r := answerOf(t, h, exitPodRequest(c.user))
 		if r.Allowed {
 			t.Errorf("%q: admitted; a refusal stays a refusal whoever sends it", c.user)
 		}
@@ -115,7 +114,7 @@ func TestRefusalsForAnUnexpectedRequesterAreCountedApart(t *testing.T) {
 	// sends it, so that the install check does not raise the unexpected-requester alert.
 	req := exitPodRequest("system:serviceaccount:argo:exit-guard-check")
 	req.DryRun = ptr.To(true)
-	if r := h.Handle(t.Context(), req); r.Allowed {
+	if r := answerOf(t, h, req); r.Allowed {
 		t.Error("a dry run was admitted")
 	}
 	if got := value(t, g.metrics.unexpected.WithLabelValues(verdictDenied, string(ReasonWorkflowCompleted), string(kindPod))); got != 2 {
@@ -159,14 +158,14 @@ func TestUnexpectedRequestersHaveSlotsOfTheirOwn(t *testing.T) {
 		}
 		return cannedRead(liveSucceeded, new(int))(context.Background(), namespace, name, readPolicy{})
 	}
-	h := &handler{guard: g, readObject: readPod}
+	h := g.path(ValidatePath, readPodReview)
 	var wg sync.WaitGroup
-	wg.Go(func() { h.Handle(t.Context(), exitPodRequest("someone")) })
+	wg.Go(func() { answerOf(t, h, exitPodRequest("someone")) })
 	<-started
-	if r := h.Handle(t.Context(), exitPodRequest("someone-else")); !r.Allowed || r.Result.Message != string(ReasonUnverifiedFailOpen) {
+	if r := answerOf(t, h, exitPodRequest("someone-else")); !r.Allowed || r.Result.Message != string(ReasonUnverifiedFailOpen) {
 		t.Errorf("a second unexpected requester's decision: allowed %v (%s), want shed and admitted as %s", r.Allowed, r.Result.Message, ReasonUnverifiedFailOpen)
 	}
-	if r := h.Handle(t.Context(), exitPodRequest(controller)); r.Allowed {
+	if r := answerOf(t, h, exitPodRequest(controller)); r.Allowed {
 		t.Errorf("the controller's decision was admitted (%s): with the other pool full it must still read live, and the read says Succeeded", r.Result.Message)
 	}
 	close(release)

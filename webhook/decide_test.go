@@ -22,7 +22,6 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	"github.com/exit-guard/exit-guard/completionstore"
 	"github.com/exit-guard/exit-guard/internal/argo"
@@ -152,9 +151,9 @@ func cannedRead(a liveAnswer, calls *int) func(context.Context, string, string, 
 // podFacts are the facts the pod webhook reads from pod.
 func podFacts(t *testing.T, pod any) facts {
 	t.Helper()
-	f, resp := readPod(admission.Request{AdmissionRequest: admissionv1.AdmissionRequest{
+	_, f, resp := readPodReview(reviewBody(admissionv1.AdmissionRequest{
 		UID: "u", Operation: admissionv1.Create, Resource: podResource, Object: runtime.RawExtension{Raw: fixture.JSON(pod)},
-	}})
+	}))
 	if resp != nil {
 		t.Fatalf("reading a pod: answered %v", resp.Result)
 	}
@@ -174,14 +173,14 @@ func taskSetFacts(t *testing.T, wf client.Object, oldTasks []string, oldComplete
 		ts.SetLabels(map[string]string{argo.LabelCompleted: completed})
 		return runtime.RawExtension{Raw: fixture.JSON(ts.Object)}
 	}
-	req := admission.Request{AdmissionRequest: admissionv1.AdmissionRequest{
+	req := admissionv1.AdmissionRequest{
 		UID: "u", Operation: admissionv1.Create, Namespace: wf.GetNamespace(), Name: wf.GetName(),
 		Resource: taskSetResource, Object: object(newTasks, newCompleted),
-	}}
+	}
 	if oldTasks != nil {
 		req.Operation, req.OldObject = admissionv1.Update, object(oldTasks, oldCompleted)
 	}
-	f, resp := readTaskSet(req)
+	_, f, resp := readTaskSetReview(reviewBody(req))
 	if resp != nil {
 		t.Fatalf("reading a TaskSet write: answered %v", resp.Result)
 	}
@@ -192,9 +191,9 @@ func taskSetFacts(t *testing.T, wf client.Object, oldTasks []string, oldComplete
 func eventFacts(t *testing.T, wf client.Object, reason string) facts {
 	t.Helper()
 	ev := fixture.WorkflowEvent(wf, reason, "child 'x' failed")
-	f, resp := readEvent(admission.Request{AdmissionRequest: admissionv1.AdmissionRequest{
+	_, f, resp := readEventReview(reviewBody(admissionv1.AdmissionRequest{
 		UID: "u", Operation: admissionv1.Create, Namespace: wf.GetNamespace(), Resource: eventResource, Object: runtime.RawExtension{Raw: fixture.JSON(ev)},
-	}})
+	}))
 	if resp != nil {
 		t.Fatalf("reading an Event: answered %v", resp.Result)
 	}
@@ -262,8 +261,8 @@ func decisionCases() []decisionCase {
 	podEvent := func(t *testing.T) facts {
 		ev := fixture.WorkflowEvent(wf, EventReasonWorkflowFailed, "x")
 		ev.InvolvedObject.Kind, ev.InvolvedObject.APIVersion = "Pod", "v1"
-		f, resp := readEvent(admission.Request{AdmissionRequest: admissionv1.AdmissionRequest{UID: "u", Operation: admissionv1.Create,
-			Resource: eventResource, Object: runtime.RawExtension{Raw: fixture.JSON(ev)}}})
+		_, f, resp := readEventReview(reviewBody(admissionv1.AdmissionRequest{UID: "u", Operation: admissionv1.Create,
+			Resource: eventResource, Object: runtime.RawExtension{Raw: fixture.JSON(ev)}}))
 		if resp != nil {
 			t.Fatal(resp.Result)
 		}

@@ -1,7 +1,6 @@
 package webhook
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -69,32 +68,26 @@ type eventFields struct {
 	ReportingComponent string `json:"reportingComponent"`
 }
 
+// readEventReview is the reader of the Event path: the review decoded once, the fields of the
+// Event that say what it claims about which workflow.
+var readEventReview = readReview("an Event", readEvent)
+
 // readEvent checks that req is a CREATE or UPDATE (the correlator's PATCH of a repeated Event)
 // of a core/v1 Event and reads what it claims. A nil response means go on; otherwise it is the
 // answer: allowed for requests that are not ours, 400 for malformed ones.
-func readEvent(req admission.Request) (facts, *admission.Response) {
+func readEvent(req *reviewRequest[eventFields]) (facts, *admission.Response) {
 	ev := &eventObject{}
 	f := facts{object: ev, role: roleFailureClaim}
-	if resp := checkUID(req); resp != nil {
-		return f, resp
-	}
 	if req.Resource != eventResource || req.SubResource != "" {
-		r := admission.Allowed(fmt.Sprintf("exit-guard's Event path only reviews core/v1 events, not %s", resourceName(req)))
-		return f, &r
+		return f, allowed(fmt.Sprintf("exit-guard's Event path only reviews core/v1 events, not %s", resourceName(req.Resource, req.SubResource)))
 	}
 	if req.Operation != admissionv1.Create && req.Operation != admissionv1.Update {
-		r := admission.Allowed(fmt.Sprintf("exit-guard only reviews Event creation and updates, not %s", req.Operation))
-		return f, &r
+		return f, allowed(fmt.Sprintf("exit-guard only reviews Event creation and updates, not %s", req.Operation))
 	}
-	if len(req.Object.Raw) == 0 {
-		r := admission.Errored(http.StatusBadRequest, errors.New("malformed AdmissionReview: request.object is empty"))
-		return f, &r
+	if req.Object == nil {
+		return f, errored(http.StatusBadRequest, errors.New("malformed AdmissionReview: request.object is empty"))
 	}
-	var e eventFields
-	if err := json.Unmarshal(req.Object.Raw, &e); err != nil {
-		r := admission.Errored(http.StatusBadRequest, fmt.Errorf("malformed AdmissionReview: request.object is not an Event: %w", err))
-		return f, &r
-	}
+	e := req.Object
 	ev.name, ev.reason, ev.eventType, ev.rv = e.Metadata.Name, e.Reason, e.Type, e.InvolvedObject.ResourceVersion
 	ev.component = e.Source.Component
 	if ev.component == "" {

@@ -20,11 +20,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	k8sruntime "k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	"github.com/exit-guard/exit-guard/completionstore"
 	"github.com/exit-guard/exit-guard/internal/argo"
@@ -238,10 +236,10 @@ func FuzzAdmissionReview(f *testing.F) {
 	}
 	f.Add(eventReviewOf(admissionv1.Create, []byte(`{"involvedObject":{"kind":"Pod"},"reason":"WorkflowFailed"}`)))
 	f.Add(eventReviewOf(admissionv1.Create, []byte(`{"involvedObject":null,"reason":7}`)))
-	validate := serve(&handler{guard: fuzzGuard(f, Options{}), readObject: readPod})
-	events := serve(&handler{guard: fuzzGuard(f, Options{}), readObject: readEvent})
-	mutate := serve(mutatingPath(fuzzGuard(f, Options{Mode: ModeWarn, Hooks: true, Strict: true})))
-	taskSets := serve(&handler{guard: fuzzGuard(f, Options{}), readObject: readTaskSet})
+	validate := fuzzGuard(f, Options{}).path(ValidatePath, readPodReview)
+	events := fuzzGuard(f, Options{}).path(ValidateEventPath, readEventReview)
+	mutate := mutatingPath(fuzzGuard(f, Options{Mode: ModeWarn, Hooks: true, Strict: true}))
+	taskSets := fuzzGuard(f, Options{}).path(ValidateTaskSetPath, readTaskSetReview)
 	f.Fuzz(func(t *testing.T, body []byte) {
 		for _, h := range []struct {
 			handler  http.Handler
@@ -310,7 +308,7 @@ func FuzzClassify(f *testing.F) {
 // one nested too deep for encoding/json an HTTP 400, and the memory a request may take stays a
 // small multiple of the limit.
 func TestHugeAndDeeplyNestedBodies(t *testing.T) {
-	h := serve(&handler{guard: fuzzGuard(t, Options{}), readObject: readPod})
+	h := fuzzGuard(t, Options{}).path(ValidatePath, readPodReview)
 	big := reviewOf(admissionv1.Create, []byte(`{"metadata":{"annotations":{"a":"`+strings.Repeat("x", 8<<20)+`"}}}`))
 	deep := reviewOf(admissionv1.Create, []byte(strings.Repeat(`{"a":`, 20000)+`1`+strings.Repeat(`}`, 20000)))
 	nearLimit := reviewOf(admissionv1.Create, []byte(`{"metadata":{"annotations":{"a":"`+strings.Repeat("x", 6<<20)+`"}}}`))
@@ -357,10 +355,9 @@ func FuzzRead(f *testing.F) {
 	f.Add([]byte(`[]`))
 	f.Add([]byte(``))
 	f.Fuzz(func(t *testing.T, raw []byte) {
-		req := admission.Request{AdmissionRequest: admissionv1.AdmissionRequest{
-			UID: "f", Resource: metav1.GroupVersionResource{Version: "v1", Resource: "pods"}, Operation: admissionv1.Create,
-			Object: k8sruntime.RawExtension{Raw: raw}}}
-		f, resp := readPod(req)
+		// The pod inside a review, as the API server would send it were raw a JSON value.
+		body := []byte(`{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"f","resource":{"version":"v1","resource":"pods"},"operation":"CREATE","object":` + string(raw) + `}}`)
+		_, f, resp := readPodReview(body)
 		if (f.object == nil) == (resp == nil) {
 			t.Fatalf("readPod returned facts %+v and response %v; want exactly one", f, resp)
 		}

@@ -2,61 +2,47 @@ package webhook
 
 import (
 	"context"
-	"errors"
-	"net/http"
 	"time"
 
+	"github.com/go-logr/logr"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 )
 
 // handler is the one admission pipeline that every path runs, whatever the kind of object:
-// read the request into facts, decide, apply the mode (the verdict), audit, answer.
+// decode the review once and read its object into facts, decide, apply the mode (the
+// verdict), audit, answer. Its HTTP side is in review.go.
 type handler struct {
 	*guard
-	// readObject turns a request of the path's kind into facts, or answers it: allowed for a
-	// request that is not ours, 400 for a malformed one.
-	readObject func(admission.Request) (facts, *admission.Response)
+	// read decodes a review of the path's kind and turns its request into facts, or answers
+	// it: allowed for a request that is not ours, 400 for a malformed one (readReview).
+	read func([]byte) (request, facts, *admission.Response)
 	// mutating: the path marks the suspect objects it admits (the pod path of warn and dry-run
 	// mode).
 	mutating bool
+	// readOnly, when set, is the admission of every request that reads: the mutating path in
+	// enforce mode, where the validating path decides.
+	readOnly string
+	// log is the path's logger, which the audit reads from the request's context.
+	log logr.Logger
 }
 
-var _ admission.Handler = (*handler)(nil)
-
-// Handle decides one admission request.
-func (h *handler) Handle(ctx context.Context, req admission.Request) admission.Response {
+// handle decides the review in body; req is filled as soon as the review is read.
+func (h *handler) handle(ctx context.Context, body []byte, req *request) admission.Response {
 	received := time.Now()
-	f, resp := h.readObject(req)
-	if resp != nil {
+	r, f, resp := h.read(body)
+	*req = r
+	switch {
+	case resp != nil:
 		return *resp
+	case h.readOnly != "":
+		return admission.Allowed(h.readOnly)
 	}
-	f.dryRun, f.received = req.DryRun != nil && *req.DryRun, received
-	f.requester, f.unexpected = req.UserInfo.Username, h.unexpectedRequester(req)
+	f.dryRun, f.received = r.dryRun, received
+	f.requester, f.unexpected = r.username, h.unexpectedRequester(r)
 	ctx, release := h.admit(ctx, f.unexpected)
 	defer release()
 	d := h.decide(ctx, f)
 	v := verdictOf(d, h.opts.Mode)
-	h.audit(ctx, req, f, d, v)
+	h.audit(ctx, r, f, d, v)
 	return h.answer(ctx, f, d, v)
-}
-
-// checkUID answers a request that has no uid (the API server always sets one) with a 400.
-func checkUID(req admission.Request) *admission.Response {
-	if req.UID == "" {
-		r := admission.Errored(http.StatusBadRequest, errors.New("malformed AdmissionReview: request.uid is empty"))
-		return &r
-	}
-	return nil
-}
-
-// resourceName names the resource of a request, for the answers to requests that are not ours.
-func resourceName(req admission.Request) string {
-	r := req.Resource.Resource
-	if req.Resource.Group != "" {
-		r += "." + req.Resource.Group
-	}
-	if req.SubResource != "" {
-		r += "/" + req.SubResource
-	}
-	return r
 }

@@ -50,14 +50,6 @@ func post(t *testing.T, path, contentType string, body []byte) (int, admissionv1
 	return resp.StatusCode, review, string(raw)
 }
 
-func review(req admissionv1.AdmissionRequest) []byte {
-	b, _ := json.Marshal(admissionv1.AdmissionReview{
-		TypeMeta: metav1.TypeMeta{APIVersion: "admission.k8s.io/v1", Kind: "AdmissionReview"},
-		Request:  &req,
-	})
-	return b
-}
-
 func TestMalformedRequestsGetA400WithAReason(t *testing.T) {
 	startGuard(t, Options{}, harnessOptions{})
 	podGVR := metav1.GroupVersionResource{Version: "v1", Resource: "pods"}
@@ -69,10 +61,10 @@ func TestMalformedRequestsGetA400WithAReason(t *testing.T) {
 	}{
 		{"an empty body", "application/json", nil, "request body is empty"},
 		{"not JSON", "application/json", []byte("{not json"), "invalid character"},
-		{"the wrong content type", "text/plain", review(admissionv1.AdmissionRequest{UID: "1"}), "contentType=text/plain"},
-		{"a review with no request uid", "application/json", review(admissionv1.AdmissionRequest{Resource: podGVR, Operation: admissionv1.Create}), "request.uid is empty"},
-		{"a pod create with no object", "application/json", review(admissionv1.AdmissionRequest{UID: "2", Resource: podGVR, Operation: admissionv1.Create}), "request.object is empty"},
-		{"an object that is not a pod", "application/json", review(admissionv1.AdmissionRequest{UID: "3", Resource: podGVR, Operation: admissionv1.Create,
+		{"the wrong content type", "text/plain", reviewBody(admissionv1.AdmissionRequest{UID: "1"}), "contentType=text/plain"},
+		{"a review with no request uid", "application/json", reviewBody(admissionv1.AdmissionRequest{Resource: podGVR, Operation: admissionv1.Create}), "request.uid is empty"},
+		{"a pod create with no object", "application/json", reviewBody(admissionv1.AdmissionRequest{UID: "2", Resource: podGVR, Operation: admissionv1.Create}), "request.object is empty"},
+		{"an object that is not a pod", "application/json", reviewBody(admissionv1.AdmissionRequest{UID: "3", Resource: podGVR, Operation: admissionv1.Create,
 			Object: runtime.RawExtension{Raw: []byte(`{"metadata":"a string"}`)}}), "request.object is not a pod"},
 	}
 	for _, path := range []string{ValidatePath, MutatePath} {
@@ -108,7 +100,7 @@ func TestMalformedTaskSetWritesGetA400WithAReason(t *testing.T) {
 			Object: runtime.RawExtension{Raw: []byte(`{"spec":{"tasks":["a"]}}`)}}, "request.object is not a WorkflowTaskSet"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			code, rev, raw := post(t, ValidateTaskSetPath, "application/json", review(tt.req))
+			code, rev, raw := post(t, ValidateTaskSetPath, "application/json", reviewBody(tt.req))
 			if code != http.StatusBadRequest || rev.Response == nil || rev.Response.Allowed || rev.Response.Result == nil ||
 				rev.Response.Result.Code != http.StatusBadRequest {
 				t.Fatalf("HTTP %d %s, want a refusal with code 400", code, raw)
@@ -141,7 +133,7 @@ func TestRequestsThatAreNotPodCreatesAreAllowedWithAReason(t *testing.T) {
 			if strings.Contains(tc.name, "TaskSet") && !strings.Contains(tc.name, "pod path") {
 				path = ValidateTaskSetPath
 			}
-			code, rev, raw := post(t, path, "application/json", review(tc.req))
+			code, rev, raw := post(t, path, "application/json", reviewBody(tc.req))
 			if code != http.StatusOK || rev.Response == nil || !rev.Response.Allowed {
 				t.Fatalf("HTTP %d %s, want allowed", code, raw)
 			}
@@ -158,7 +150,7 @@ func TestDenialCarriesAuditAnnotations(t *testing.T) {
 	wf := createWorkflow(t, ns, "done", argo.PhaseSucceeded)
 	h.store.Observe(completionstore.Observation{UID: wf.GetUID(), Namespace: ns, Name: "done", ResourceVersion: wf.GetResourceVersion(), Phase: argo.PhaseSucceeded})
 	raw, _ := json.Marshal(fixture.ExitPod(wf))
-	code, rev, body := post(t, ValidatePath, "application/json", review(admissionv1.AdmissionRequest{
+	code, rev, body := post(t, ValidatePath, "application/json", reviewBody(admissionv1.AdmissionRequest{
 		UID: "audit-1", Resource: metav1.GroupVersionResource{Version: "v1", Resource: "pods"}, Operation: admissionv1.Create,
 		Namespace: ns, Object: runtime.RawExtension{Raw: raw}}))
 	if code != http.StatusOK || rev.Response == nil || rev.Response.Allowed {
@@ -180,7 +172,7 @@ func TestDenialCarriesAuditAnnotations(t *testing.T) {
 	after := fixture.TaskSet(wf, map[string]any{key: fixture.HTTPTask("notify")})
 	before := fixture.TaskSet(wf, map[string]any{})
 	before.SetLabels(map[string]string{argo.LabelCompleted: "true"})
-	code, rev, body = post(t, ValidateTaskSetPath, "application/json", review(admissionv1.AdmissionRequest{
+	code, rev, body = post(t, ValidateTaskSetPath, "application/json", reviewBody(admissionv1.AdmissionRequest{
 		UID: "audit-2", Resource: taskSetResource, Operation: admissionv1.Update, Namespace: ns, Name: "done",
 		Object: runtime.RawExtension{Raw: fixture.JSON(after.Object)}, OldObject: runtime.RawExtension{Raw: fixture.JSON(before.Object)}}))
 	if code != http.StatusOK || rev.Response == nil || rev.Response.Allowed {
@@ -218,7 +210,7 @@ func TestHandlerFailuresReachTheAPIServerAsHTTPErrors(t *testing.T) {
 	wf := createWorkflow(t, ns.Name, "done", argo.PhaseSucceeded)
 
 	raw, _ := json.Marshal(fixture.ExitPod(wf))
-	code, rev, body := post(t, ValidatePath, "application/json", review(admissionv1.AdmissionRequest{
+	code, rev, body := post(t, ValidatePath, "application/json", reviewBody(admissionv1.AdmissionRequest{
 		UID: "panic-1", Resource: metav1.GroupVersionResource{Version: "v1", Resource: "pods"}, Operation: admissionv1.Create,
 		Namespace: ns.Name, Object: runtime.RawExtension{Raw: raw}}))
 	if code != http.StatusInternalServerError {

@@ -2,7 +2,6 @@ package webhook
 
 import (
 	"bytes"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -43,30 +42,24 @@ type podMetadata struct {
 	Metadata metav1.ObjectMeta `json:"metadata"`
 }
 
+// readPodReview is the reader of the pod paths: the review decoded once, the pod's metadata
+// alone of its object.
+var readPodReview = readReview("a pod", readPod)
+
 // readPod checks that req is a Pod CREATE and reads the pod's metadata. A nil response means
 // go on; otherwise it is the answer: allowed for requests that are not ours, 400 for malformed
 // ones.
-func readPod(req admission.Request) (facts, *admission.Response) {
-	if resp := checkUID(req); resp != nil {
-		return facts{}, resp
-	}
+func readPod(req *reviewRequest[podMetadata]) (facts, *admission.Response) {
 	if req.Resource != podResource || req.SubResource != "" {
-		r := admission.Allowed(fmt.Sprintf("exit-guard only reviews pods, not %s", resourceName(req)))
-		return facts{}, &r
+		return facts{}, allowed(fmt.Sprintf("exit-guard only reviews pods, not %s", resourceName(req.Resource, req.SubResource)))
 	}
 	if req.Operation != admissionv1.Create {
-		r := admission.Allowed(fmt.Sprintf("exit-guard only reviews pod creation, not %s", req.Operation))
-		return facts{}, &r
+		return facts{}, allowed(fmt.Sprintf("exit-guard only reviews pod creation, not %s", req.Operation))
 	}
-	if len(req.Object.Raw) == 0 {
-		r := admission.Errored(http.StatusBadRequest, errors.New("malformed AdmissionReview: request.object is empty"))
-		return facts{}, &r
+	if req.Object == nil {
+		return facts{}, errored(http.StatusBadRequest, errors.New("malformed AdmissionReview: request.object is empty"))
 	}
-	var pod podMetadata
-	if err := json.Unmarshal(req.Object.Raw, &pod); err != nil {
-		r := admission.Errored(http.StatusBadRequest, fmt.Errorf("malformed AdmissionReview: request.object is not a pod: %w", err))
-		return facts{}, &r
-	}
+	pod := req.Object
 	if pod.Metadata.Namespace == "" {
 		// The API server sends the pod before defaulting its namespace from the request.
 		pod.Metadata.Namespace = req.Namespace

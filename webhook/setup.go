@@ -4,12 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/http"
 	"time"
 
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	logf "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
@@ -81,32 +81,29 @@ func setup(mgr manager.Manager, reader client.Reader, store *completionstore.Sto
 	}
 	g.metrics.initDecisions(g.opts.Mode)
 	srv := mgr.GetWebhookServer()
-	srv.Register(ValidatePath, serve(&handler{guard: g, readObject: readPod}))
-	srv.Register(MutatePath, serve(mutatingPath(g)))
-	srv.Register(ValidateTaskSetPath, serve(&handler{guard: g, readObject: readTaskSet}))
-	srv.Register(ValidateEventPath, serve(&handler{guard: g, readObject: readEvent}))
+	srv.Register(ValidatePath, g.path(ValidatePath, readPodReview))
+	srv.Register(MutatePath, mutatingPath(g))
+	srv.Register(ValidateTaskSetPath, g.path(ValidateTaskSetPath, readTaskSetReview))
+	srv.Register(ValidateEventPath, g.path(ValidateEventPath, readEventReview))
 	return nil
+}
+
+// path is the pipeline of one admission path, reading its requests with read.
+func (g *guard) path(path string, read func([]byte) (request, facts, *admission.Response)) *handler {
+	return &handler{guard: g, read: read, log: logf.Log.WithName("admission").WithValues("webhook", path)}
 }
 
 // mutatingPath is the handler of MutatePath: the pipeline in warn and dry-run mode, where it
 // marks suspect pods; in enforce mode it checks the request and changes nothing (the
 // validating path decides), should the API server call it.
-func mutatingPath(g *guard) admission.Handler {
+func mutatingPath(g *guard) *handler {
+	h := g.path(MutatePath, readPodReview)
 	if g.opts.Mode == ModeEnforce {
-		return admission.HandlerFunc(func(_ context.Context, req admission.Request) admission.Response {
-			if _, resp := readPod(req); resp != nil {
-				return *resp
-			}
-			return admission.Allowed("enforce mode: the validating webhook decides")
-		})
+		h.readOnly = "enforce mode: the validating webhook decides"
+	} else {
+		h.mutating = true
 	}
-	return &handler{guard: g, readObject: readPod, mutating: true}
-}
-
-// serve is the HTTP handler of an admission handler: controller-runtime's decoding and panic
-// recovery, then withHTTPStatus.
-func serve(h admission.Handler) http.Handler {
-	return withHTTPStatus(&admission.Webhook{Handler: h})
+	return h
 }
 
 func newGuard(reader client.Reader, store *completionstore.Store, opts Options) (*guard, error) {
@@ -124,8 +121,8 @@ func newGuard(reader client.Reader, store *completionstore.Store, opts Options) 
 	for _, p := range opts.DenyPhases {
 		g.denyPhases[p] = true
 	}
-	g.podRead = readPolicy{attempt: g.opts.LiveReadTimeout, budget: g.opts.LiveReadBudget, refuses: g.denyPhases}
-	g.eventRead = readPolicy{attempt: g.opts.EventReadTimeout, budget: g.opts.EventReadBudget,
+	g.podRead = readPolicy{attempt: g.opts.LiveReadTimeout, budget: g.opts.LiveReadBudget, getAfter: g.opts.GetBesideListAfter, refuses: g.denyPhases}
+	g.eventRead = readPolicy{attempt: g.opts.EventReadTimeout, budget: g.opts.EventReadBudget, getAfter: g.opts.GetBesideListAfter,
 		refuses: map[argo.Phase]bool{argo.PhaseSucceeded: true}}
 	if len(opts.Namespaces) > 0 {
 		g.watched = map[string]bool{}

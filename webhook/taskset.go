@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"crypto/sha256"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"slices"
@@ -44,36 +45,34 @@ type taskSet struct {
 	} `json:"spec"`
 }
 
+// readTaskSetReview is the reader of the TaskSet path: the review decoded once, of each object
+// its metadata and the keys of its tasks, each task's template kept raw for its digest.
+var readTaskSetReview = readReview("a WorkflowTaskSet", readTaskSet)
+
 // readTaskSet checks that req is a CREATE or UPDATE of a WorkflowTaskSet's main resource and
 // reads what it adds. A nil response means go on; otherwise it is the answer: allowed for
 // requests that are not ours, 400 for malformed ones.
-func readTaskSet(req admission.Request) (facts, *admission.Response) {
+func readTaskSet(req *reviewRequest[taskSet]) (facts, *admission.Response) {
 	ts := &taskSetObject{}
 	f := facts{object: ts, role: roleTaskWrite}
-	if resp := checkUID(req); resp != nil {
-		return f, resp
-	}
 	// matchPolicy Equivalent may send another version of the resource: group and resource
 	// are what count. The tasks' keys and the label mean the same in every version Argo has.
 	if req.Resource.Group != taskSetResource.Group || req.Resource.Resource != taskSetResource.Resource || req.SubResource != "" {
-		r := admission.Allowed(fmt.Sprintf("exit-guard's WorkflowTaskSet path only reviews %s.%s, not %s",
-			taskSetResource.Resource, taskSetResource.Group, resourceName(req)))
-		return f, &r
+		return f, allowed(fmt.Sprintf("exit-guard's WorkflowTaskSet path only reviews %s.%s, not %s",
+			taskSetResource.Resource, taskSetResource.Group, resourceName(req.Resource, req.SubResource)))
 	}
 	if req.Operation != admissionv1.Create && req.Operation != admissionv1.Update {
-		r := admission.Allowed(fmt.Sprintf("exit-guard only reviews WorkflowTaskSet creation and updates, not %s", req.Operation))
-		return f, &r
+		return f, allowed(fmt.Sprintf("exit-guard only reviews WorkflowTaskSet creation and updates, not %s", req.Operation))
 	}
-	var obj, old taskSet
-	if err := decodeTaskSet(req.Object.Raw, "object", &obj); err != nil {
-		r := admission.Errored(http.StatusBadRequest, err)
-		return f, &r
+	if req.Object == nil {
+		return f, errored(http.StatusBadRequest, errors.New("malformed AdmissionReview: request.object is empty"))
 	}
+	obj, old := req.Object, &taskSet{}
 	if req.Operation == admissionv1.Update {
-		if err := decodeTaskSet(req.OldObject.Raw, "oldObject", &old); err != nil {
-			r := admission.Errored(http.StatusBadRequest, err)
-			return f, &r
+		if req.OldObject == nil {
+			return f, errored(http.StatusBadRequest, errors.New("malformed AdmissionReview: request.oldObject is empty"))
 		}
+		old = req.OldObject
 	}
 	f.namespace, ts.name = obj.Metadata.Namespace, obj.Metadata.Name
 	if f.namespace == "" {
@@ -111,16 +110,6 @@ func readTaskSet(req admission.Request) (facts, *admission.Response) {
 	f.startsWork = len(ts.tasks) > 0 || ts.reopened
 	f.update = req.Operation == admissionv1.Update
 	return f, nil
-}
-
-func decodeTaskSet(raw []byte, field string, into *taskSet) error {
-	if len(raw) == 0 {
-		return fmt.Errorf("malformed AdmissionReview: request.%s is empty", field)
-	}
-	if err := json.Unmarshal(raw, into); err != nil {
-		return fmt.Errorf("malformed AdmissionReview: request.%s is not a WorkflowTaskSet: %w", field, err)
-	}
-	return nil
 }
 
 // maxTasksNamed bounds the task keys named in a message, an Event or an audit annotation.
