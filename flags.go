@@ -34,25 +34,26 @@ type flags struct {
 	zap              zap.Options
 	restartOnFailure bool
 
-	mode            string
-	denyPhases      string
-	hooks           bool
-	strict          bool
-	storeFirst      bool
-	liveReadTimeout time.Duration
-	liveReadBudget  time.Duration
-	eventTimeout    time.Duration
-	eventBudget     time.Duration
-	storeFallback   string
-	storeFreshFor   time.Duration
-	namespaces      string
-	maxDecisions    int
-	expectedUser    string
-	clientCAFile    string
-	completionTTL   time.Duration
-	sweepInterval   time.Duration
-	lockCheck       time.Duration
-	lockStuckAfter  time.Duration
+	mode               string
+	denyPhases         string
+	hooks              bool
+	strict             bool
+	storeFirst         bool
+	liveReadTimeout    time.Duration
+	liveReadBudget     time.Duration
+	getBesideListAfter time.Duration
+	eventTimeout       time.Duration
+	eventBudget        time.Duration
+	storeFallback      string
+	storeFreshFor      time.Duration
+	namespaces         string
+	maxDecisions       int
+	expectedUser       string
+	clientCAFile       string
+	completionTTL      time.Duration
+	sweepInterval      time.Duration
+	lockCheck          time.Duration
+	lockStuckAfter     time.Duration
 
 	certMode           string
 	certSecret         string
@@ -177,6 +178,7 @@ func (f *flags) guardOptions() (completionstore.Options, webhook.Options, error)
 			StoreFirst:             f.storeFirst,
 			LiveReadTimeout:        f.liveReadTimeout,
 			LiveReadBudget:         f.liveReadBudget,
+			GetBesideListAfter:     f.getBesideListAfter,
 			EventReadTimeout:       f.eventTimeout,
 			EventReadBudget:        f.eventBudget,
 			StoreFallback:          fallback,
@@ -235,6 +237,8 @@ func parseFlags(args []string) (*flags, error) {
 		"How long one attempt of the live read of a pod's workflow may take before another starts beside it.")
 	fs.DurationVar(&f.liveReadBudget, "live-read-budget", 4*time.Second,
 		"How long the live read may take in all, retries included; past it the store decides. Keep it at least a second below the webhook's timeoutSeconds.")
+	fs.DurationVar(&f.getBesideListAfter, "live-read-get-after", 25*time.Millisecond,
+		"How long the LIST of a live read may go unanswered before a GET of the workflow starts beside it (the first answer wins; negative: never).")
 	fs.DurationVar(&f.eventTimeout, "event-read-timeout", 250*time.Millisecond,
 		"For an Event that says a workflow failed: how long one attempt of the live read of its workflow may take before another starts beside it.")
 	fs.DurationVar(&f.eventBudget, "event-read-budget", time.Second,

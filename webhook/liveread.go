@@ -18,7 +18,9 @@ import (
 // the whole read, and the phases that would refuse, which are read from status.phase only.
 type readPolicy struct {
 	attempt, budget time.Duration
-	refuses         map[argo.Phase]bool
+	// getAfter: a LIST unanswered for this long gets a GET beside it (negative: never).
+	getAfter time.Duration
+	refuses  map[argo.Phase]bool
 }
 
 // errLiveReadTimeout marks a live read that ran out of its budget.
@@ -91,7 +93,7 @@ func (g *guard) liveRead(ctx context.Context, namespace, name string, p readPoli
 			// A hedge: not behind whatever holds the attempt it hedges.
 			actx = onFreshConnection(ctx)
 		}
-		wf, err := g.readWorkflow(actx, namespace, name, whole, p.refuses)
+		wf, err := g.readWorkflow(actx, namespace, name, whole, p)
 		done <- answer{wf: wf, err: err}
 	}
 	attempts, answered := 1, 0
@@ -162,26 +164,110 @@ loop:
 // the labels do not settle the phase, or settle it on one that would refuse: a refusal is
 // decided from status.phase only, so that labels can at worst admit what the status would
 // refuse, never refuse what it would admit. whole skips the LIST.
-func (g *guard) readWorkflow(ctx context.Context, namespace, name string, whole bool, refuses map[argo.Phase]bool) (*argo.Workflow, error) {
-	if !whole {
-		list := &metav1.PartialObjectMetadataList{}
-		list.SetGroupVersionKind(argo.WorkflowListGVK)
-		if err := g.reader.List(ctx, list, client.InNamespace(namespace), client.MatchingFields{"metadata.name": name}); err != nil {
-			return nil, err
-		}
-		var found *metav1.PartialObjectMetadata
-		for i := range list.Items {
-			if list.Items[i].Name == name {
-				found = &list.Items[i]
+//
+// A LIST that has not answered within p.getAfter gets a GET of the whole object beside it, the
+// first answer winning: the LIST waits for the API server's watch cache to catch up with etcd,
+// and that wait makes the read's tail, while a GET goes to etcd at once. Both are consistent
+// reads (no resourceVersion), so either answer is the workflow as it is now or later. The GET
+// takes a token of the further attempts (maxExtraLiveReads): none free, the LIST alone.
+func (g *guard) readWorkflow(ctx context.Context, namespace, name string, whole bool, p readPolicy) (*argo.Workflow, error) {
+	if whole {
+		return g.getWorkflow(ctx, namespace, name)
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel() // the loser ends with the winner
+	type answer struct {
+		wf  *argo.Workflow
+		err error
+		// get: the answer is the GET's (the whole object), not the LIST's.
+		get bool
+	}
+	// Buffered for both: the loser sends and ends on its own.
+	done := make(chan answer, 2)
+	go func() {
+		wf, err := g.listWorkflow(ctx, namespace, name, p.refuses)
+		done <- answer{wf: wf, err: err}
+	}()
+	var besides <-chan time.Time
+	if p.getAfter > 0 {
+		t := time.NewTimer(p.getAfter)
+		defer t.Stop()
+		besides = t.C
+	}
+	pending := 1
+	var listed answer
+	for pending > 0 {
+		select {
+		case a := <-done:
+			pending--
+			switch {
+			case a.get:
+				// The whole object: what the LIST would have led to at best.
+				if a.err == nil || pending == 0 {
+					return a.wf, a.err
+				}
+				// The GET failed; the LIST may still answer.
+			case a.err == nil && a.wf != nil:
+				return a.wf, nil
+			case a.err != nil && pending == 0:
+				return nil, a.err
+			case a.err != nil:
+				// The LIST failed; the GET in flight may still answer.
+				listed = a
+			default:
+				// The LIST found the workflow, and its labels did not settle the phase (or
+				// would refuse): the whole object decides, from the GET in flight or one now.
+				if pending == 0 {
+					return g.getWorkflow(ctx, namespace, name)
+				}
+				listed = a
 			}
-		}
-		if found == nil {
-			return nil, apierrors.NewNotFound(schema.GroupResource{Group: argo.Group, Resource: argo.Resource}, name)
-		}
-		if phase := argo.PhaseFromLabels(found.Labels); phase != argo.PhaseUnsettled && !refuses[phase] {
-			return &argo.Workflow{ObjectMeta: found.ObjectMeta, Status: argo.WorkflowStatus{Phase: phase}}, nil
+		case <-besides:
+			besides = nil
+			select {
+			case g.extraReads <- struct{}{}:
+			default:
+				g.metrics.liveReadAttempts.WithLabelValues("shed").Inc()
+				continue
+			}
+			g.metrics.liveReadAttempts.WithLabelValues("get-beside-list").Inc()
+			pending++
+			go func() {
+				wf, err := g.getWorkflow(ctx, namespace, name)
+				<-g.extraReads
+				done <- answer{wf: wf, err: err, get: true}
+			}()
 		}
 	}
+	return nil, listed.err
+}
+
+// listWorkflow LISTs the workflow's metadata by name. It returns the workflow with the phase
+// its labels settle, when they settle one that does not refuse; nil and no error when the
+// whole object must decide; a NotFound when no workflow has the name.
+func (g *guard) listWorkflow(ctx context.Context, namespace, name string, refuses map[argo.Phase]bool) (*argo.Workflow, error) {
+	list := &metav1.PartialObjectMetadataList{}
+	list.SetGroupVersionKind(argo.WorkflowListGVK)
+	if err := g.reader.List(ctx, list, client.InNamespace(namespace), client.MatchingFields{"metadata.name": name}); err != nil {
+		return nil, err
+	}
+	var found *metav1.PartialObjectMetadata
+	for i := range list.Items {
+		if list.Items[i].Name == name {
+			found = &list.Items[i]
+		}
+	}
+	if found == nil {
+		return nil, apierrors.NewNotFound(schema.GroupResource{Group: argo.Group, Resource: argo.Resource}, name)
+	}
+	if phase := argo.PhaseFromLabels(found.Labels); phase != argo.PhaseUnsettled && !refuses[phase] {
+		return &argo.Workflow{ObjectMeta: found.ObjectMeta, Status: argo.WorkflowStatus{Phase: phase}}, nil
+	}
+	return nil, nil
+}
+
+// getWorkflow GETs the whole workflow, decoding its metadata and status.phase.
+func (g *guard) getWorkflow(ctx context.Context, namespace, name string) (*argo.Workflow, error) {
 	wf := &argo.Workflow{}
 	if err := g.reader.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, wf); err != nil {
 		return nil, err

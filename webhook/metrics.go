@@ -34,7 +34,7 @@ func newGuardMetrics() *guardMetrics {
 		}, []string{"kind"}),
 		liveReadAttempts: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "exit_guard_live_read_retries_total",
-			Help: "Further attempts within one live read, by cause: error (the last attempt failed; retried after a pause), hedged (the last attempt had not answered within --live-read-timeout; another started beside it), shed (not started: the process had as many further attempts in flight as it allows).",
+			Help: "Further attempts within one live read, by cause: error (the last attempt failed; retried after a pause), hedged (the last attempt had not answered within --live-read-timeout; another started beside it), get-beside-list (a GET of the workflow started beside a LIST that had not answered within --live-read-get-after), shed (not started: the process had as many further attempts in flight as it allows).",
 		}, []string{"cause"}),
 		staleFailures: newStaleFailures(),
 	}
@@ -66,7 +66,7 @@ func (m *guardMetrics) register(reg prometheus.Registerer) error {
 	for _, kind := range []string{"timeout", "error", "shed"} {
 		m.liveReadFailures.WithLabelValues(kind)
 	}
-	for _, cause := range []string{"error", "hedged", "shed"} {
+	for _, cause := range []string{"error", "hedged", "shed", "get-beside-list"} {
 		m.liveReadAttempts.WithLabelValues(cause)
 	}
 	for _, c := range []prometheus.Collector{m.decisions, m.unexpected, m.liveRead, m.liveReadFailures, m.liveReadAttempts, m.staleFailures} {

@@ -88,6 +88,12 @@ const (
 	// (and its queue of 1,000 drops when full). The chart's Event webhook timeoutSeconds is 2 s.
 	defaultEventReadTimeout = 250 * time.Millisecond
 	defaultEventReadBudget  = time.Second
+	// defaultGetBesideListAfter is how long the LIST of a live read may go unanswered before
+	// a GET of the workflow starts beside it. The LIST is answered from the API server's watch
+	// cache once that cache has caught up with etcd, a wait that makes the read's tail; the GET
+	// goes to etcd at once. 25 ms is past the LIST's p99 on an idle API server (8.5 to 17 ms,
+	// docs/performance.md table 6), so that about one read in a hundred costs a second request.
+	defaultGetBesideListAfter = 25 * time.Millisecond
 	// defaultStoreFallback: see docs/reliability.md for the figures behind it.
 	defaultStoreFallback = FallbackFresh
 	// defaultStoreFreshFor: a store completion refuses only while the store's newest write is
@@ -120,6 +126,9 @@ type Options struct {
 	// LiveReadBudget bounds the live read in all, retries included (default 4 s); past it
 	// the store decides, as StoreFallback says.
 	LiveReadBudget time.Duration
+	// GetBesideListAfter is how long the LIST of a live read may go unanswered before a GET of
+	// the workflow starts beside it, the first answer winning (default 25 ms; negative: never).
+	GetBesideListAfter time.Duration
 	// EventReadTimeout and EventReadBudget are LiveReadTimeout and LiveReadBudget for the
 	// workflow of an Event (default 250 ms and 1 s).
 	EventReadTimeout time.Duration
@@ -179,6 +188,9 @@ func (o *Options) complete() error {
 	}
 	if o.LiveReadTimeout > o.LiveReadBudget {
 		errs = append(errs, fmt.Errorf("live read timeout %s is longer than the live read budget %s", o.LiveReadTimeout, o.LiveReadBudget))
+	}
+	if o.GetBesideListAfter == 0 {
+		o.GetBesideListAfter = defaultGetBesideListAfter
 	}
 	if o.EventReadTimeout < 0 || o.EventReadBudget < 0 {
 		errs = append(errs, fmt.Errorf("event read timeout and budget must not be negative, got %s and %s", o.EventReadTimeout, o.EventReadBudget))
