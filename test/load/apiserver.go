@@ -29,14 +29,20 @@ import (
 // The columns of the side-by-side run: each has a namespace of its own, and the policy under
 // test selects only that namespace.
 const (
-	colNone       = "no webhook"
-	colGuard      = "exit-guard"
-	colStoreFirst = "exit-guard --store-first"
-	colLiveGet    = "live-GET peer"
-	colVAP        = "ValidatingAdmissionPolicy peer"
+	colNone         = "no webhook"
+	colFloorHTTP    = "do-nothing webhook (net/http)"
+	colFloorRuntime = "do-nothing webhook (controller-runtime)"
+	colGuard        = "exit-guard"
+	colStoreFirst   = "exit-guard --store-first"
+	colLiveGet      = "live-GET peer"
+	colVAP          = "ValidatingAdmissionPolicy peer"
 )
 
-var columns = []string{colNone, colGuard, colStoreFirst, colLiveGet, colVAP}
+var columns = []string{colNone, colFloorHTTP, colFloorRuntime, colGuard, colStoreFirst, colLiveGet, colVAP}
+
+// floors are the columns that admit everything: they never refuse, so they are ready once the
+// API server calls them.
+var floors = map[string]string{colFloorHTTP: floorHTTP, colFloorRuntime: floorRuntime}
 
 func columnNamespace(col string) string {
 	return "col-" + strings.NewReplacer(" ", "-", "--", "").Replace(strings.ToLower(strings.Fields(col)[0]+"-"+strconv.Itoa(slices.Index(columns, col))))
@@ -112,7 +118,9 @@ func runAPIServer(args []string) error {
 		}
 	}()
 	ports := map[string]int{}
-	for _, col := range []string{colGuard, colStoreFirst, colLiveGet} {
+	procOf := map[string]*process{}
+	// The guard's two processes first: procs[:2] are waited for at each step.
+	for _, col := range []string{colGuard, colStoreFirst, colLiveGet, colFloorHTTP, colFloorRuntime} {
 		port, err := freePort()
 		if err != nil {
 			return err
@@ -126,12 +134,15 @@ func runAPIServer(args []string) error {
 			p, err = startGuard(c.guard, env, port, "--store-first")
 		case colLiveGet:
 			p, err = startLiveGet(env, port)
+		default:
+			p, err = startFloor(env, floors[col], port)
 		}
 		if err != nil {
 			return err
 		}
 		p.name = col
 		procs = append(procs, p)
+		procOf[col] = p
 		if _, err := p.waitReady(ctx); err != nil {
 			return err
 		}
@@ -151,7 +162,12 @@ func runAPIServer(args []string) error {
 		if err := cl.Create(ctx, wf); err != nil {
 			return err
 		}
-		if err := waitRefused(ctx, cl, podFor(&pods.exit, wf)); err != nil {
+		if _, floor := floors[col]; floor {
+			err = waitCalled(ctx, env, cl, col, podFor(&pods.exit, wf))
+		} else {
+			err = waitRefused(ctx, cl, podFor(&pods.exit, wf))
+		}
+		if err != nil {
 			return fmt.Errorf("%s: %w", col, err)
 		}
 	}
@@ -176,6 +192,12 @@ func runAPIServer(args []string) error {
 		lat := map[string][]time.Duration{}
 		spent := map[string]time.Duration{}
 		errs, timeouts := map[string]int{}, map[string]int{}
+		cpu0 := map[string]time.Duration{}
+		for col, p := range procOf {
+			if cpu0[col], err = p.cpu(); err != nil {
+				return err
+			}
+		}
 		order := slices.Clone(columns)
 		for range *rounds {
 			rand.Shuffle(len(order), func(i, j int) { order[i], order[j] = order[j], order[i] }) //nolint:gosec // G404: an order of columns, not a secret
@@ -207,15 +229,45 @@ func runAPIServer(args []string) error {
 				return errTimeout
 			}
 		}
+		// The CPU of each webhook's process over the step, per create sent to it.
+		cpuPer := map[string]time.Duration{}
+		for col, p := range procOf {
+			cpu1, err := p.cpu()
+			if err != nil {
+				return err
+			}
+			if n := len(lat[col]) + errs[col] + timeouts[col]; n > 0 {
+				cpuPer[col] = (cpu1 - cpu0[col]) / time.Duration(n)
+			}
+		}
 		fmt.Printf("\n**%d retained workflows**\n\n", step)
-		fmt.Println("| policy | creates answered | p50 | p99 | p99.9 | p50 / no webhook | p99 / no webhook | refused wrongly | timed out |")
-		fmt.Println("|---|---|---|---|---|---|---|---|---|")
+		fmt.Println("| policy | creates answered | p50 | p99 | p99.9 | p50 / no webhook | p99 / no webhook | webhook CPU per create | refused wrongly | timed out |")
+		fmt.Println("|---|---|---|---|---|---|---|---|---|---|")
 		base := quantiles(lat[colNone])
+		qs := map[string][3]time.Duration{}
 		for _, col := range columns {
 			q := quantiles(lat[col])
+			qs[col] = q
 			drawn[col] = append(drawn[col], q)
-			fmt.Printf("| %s | %d | %s | %s | %s | %.2f | %.2f | %d | %d |\n", col, len(lat[col]), ms(q[0]), ms(q[1]), ms(q[2]),
-				float64(q[0])/float64(base[0]), float64(q[1])/float64(base[1]), errs[col], timeouts[col])
+			cpu := "-"
+			if d, ok := cpuPer[col]; ok {
+				cpu = us(d)
+			}
+			fmt.Printf("| %s | %d | %s | %s | %s | %.2f | %.2f | %s | %d | %d |\n", col, len(lat[col]), ms(q[0]), ms(q[1]), ms(q[2]),
+				float64(q[0])/float64(base[0]), float64(q[1])/float64(base[1]), cpu, errs[col], timeouts[col])
+		}
+		fmt.Printf("\nThe webhooks as ratios to the two floors (%d retained workflows): latency of the create through the API server, and the webhook process's CPU per create.\n\n", step)
+		fmt.Println("| webhook | p50 / net/http floor | p99 / net/http floor | p99.9 / net/http floor | CPU / net/http floor | p50 / controller-runtime floor | p99 / controller-runtime floor | p99.9 / controller-runtime floor | CPU / controller-runtime floor |")
+		fmt.Println("|---|---|---|---|---|---|---|---|---|")
+		for _, col := range []string{colFloorRuntime, colGuard, colStoreFirst, colLiveGet} {
+			fmt.Printf("| %s |", col)
+			for _, floor := range []string{colFloorHTTP, colFloorRuntime} {
+				for i := range 3 {
+					fmt.Printf(" %s |", ratio(float64(qs[col][i]), float64(qs[floor][i])))
+				}
+				fmt.Printf(" %s |", ratio(float64(cpuPer[col]), float64(cpuPer[floor])))
+			}
+			fmt.Println()
 		}
 		for col, n := range errs {
 			if n > 0 {
@@ -364,6 +416,32 @@ func vapPeer(ns string) []client.Object {
 	return []client.Object{policy, binding}
 }
 
+// waitCalled creates p (dry run) until the API server has called col's webhook for it: a
+// webhook that admits everything tells nothing by its answer.
+func waitCalled(ctx context.Context, env *testenv.Env, cl client.Client, col string, p *corev1.Pod) error {
+	deadline := time.Now().Add(time.Minute)
+	for {
+		before, err := env.APIServerCounter(ctx, "apiserver_admission_webhook_request_total", map[string]string{"name": webhookName(col)})
+		if err != nil {
+			return err
+		}
+		if err := cl.Create(ctx, p.DeepCopy(), client.DryRunAll); err != nil {
+			return fmt.Errorf("refused by a webhook that admits everything: %w", err)
+		}
+		after, err := env.APIServerCounter(ctx, "apiserver_admission_webhook_request_total", map[string]string{"name": webhookName(col)})
+		if err != nil {
+			return err
+		}
+		if after > before {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return errors.New("the API server still does not call the webhook a minute after it was registered")
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
 // waitRefused creates p (dry run) until the API server refuses it: a new policy takes effect a
 // moment after it is created.
 func waitRefused(ctx context.Context, cl client.Client, p *corev1.Pod) error {
@@ -399,6 +477,16 @@ func quantiles(d []time.Duration) [3]time.Duration {
 }
 
 func ms(d time.Duration) string { return fmt.Sprintf("%.2f ms", float64(d.Microseconds())/1000) }
+
+func us(d time.Duration) string { return fmt.Sprintf("%.0f µs", float64(d.Nanoseconds())/1000) }
+
+// ratio is a/b with two decimals, or "-" when b is 0.
+func ratio(a, b float64) string {
+	if b == 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.2f", a/b)
+}
 
 func podSize(p *corev1.Pod) int {
 	raw, _ := json.Marshal(p)

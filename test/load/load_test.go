@@ -17,7 +17,7 @@ import (
 func TestMain(m *testing.M) {
 	ctrllog.SetLogger(logr.Discard())
 	if len(os.Args) > 1 {
-		child := map[string]func([]string) error{watcherCommand: runWatcher, liveGetCommand: runLiveGet}[os.Args[1]]
+		child := map[string]func([]string) error{watcherCommand: runWatcher, liveGetCommand: runLiveGet, floorCommand: runFloor}[os.Args[1]]
 		if child != nil {
 			if err := child(os.Args[2:]); err != nil {
 				_, _ = os.Stderr.WriteString(err.Error() + "\n")

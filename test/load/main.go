@@ -3,10 +3,12 @@
 // is bounded in count and time. `make load` runs it; docs/performance.md holds its results.
 //
 //	load apiserver  exit-handler pod creates through the API server, side by side: no webhook,
-//	              exit-guard (default and --store-first), a webhook that GETs the owner on
-//	              every call, a ValidatingAdmissionPolicy with Workflows as params; at growing
-//	              numbers of retained workflows
-//	load webhook  the guard's webhook alone over TLS at fixed rates, by kind of decision
+//	              two webhooks that admit everything at once (the floor), exit-guard (default
+//	              and --store-first), a webhook that GETs the owner on every call, a
+//	              ValidatingAdmissionPolicy with Workflows as params; at growing numbers of
+//	              retained workflows
+//	load webhook  the guard's webhook alone over TLS at fixed rates, by kind of decision, beside
+//	              the two floors
 //	load startup  time to Ready and peak and steady RSS after a restart, with N retained
 //	              workflows, next to watchers of whole objects over the same workflows
 //	load watch    CPU to absorb a burst of updates of large workflows, the guard's watch next
@@ -53,6 +55,8 @@ func main() {
 		err = runWatcher(os.Args[2:])
 	case liveGetCommand:
 		err = runLiveGet(os.Args[2:])
+	case floorCommand:
+		err = runFloor(os.Args[2:])
 	default:
 		usage()
 		os.Exit(2)

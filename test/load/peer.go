@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -73,7 +74,11 @@ func runLiveGet(args []string) error {
 		w.Header().Set("Content-Type", "application/json")
 		_ = json.NewEncoder(w).Encode(&review)
 	})
-	srv := &http.Server{Addr: *addr, Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	// Served as the guard is: HTTP/1.1 only.
+	tc := &tls.Config{}
+	floorTLS(tc)
+	srv := &http.Server{Addr: *addr, Handler: mux, TLSConfig: tc, ReadHeaderTimeout: 5 * time.Second,
+		TLSNextProto: map[string]func(*http.Server, *tls.Conn, http.Handler){}}
 	probeMux := http.NewServeMux()
 	probeMux.HandleFunc("/readyz", func(http.ResponseWriter, *http.Request) {})
 	probeSrv := &http.Server{Addr: *probe, Handler: probeMux, ReadHeaderTimeout: 5 * time.Second}

@@ -10,8 +10,10 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net/http"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -43,6 +45,7 @@ func runWebhook(args []string) error {
 	liveRates := fs.String("live-read-rates", "100,500,1000", "Rates of the live-read decisions (each one also reads from the API server).")
 	duration := fs.Duration("duration", 10*time.Second, "How long each rate is held.")
 	inFlight := fs.Int("max-in-flight", 256, "Requests in flight at most; a request that finds no room counts as an error.")
+	nSlices := fs.Int("slices", 5, "Each rate's time is cut into this many slices; each slice drives every webhook in turn, in a random order, so that noise hits them alike.")
 	loadRate := fs.Float64("under-load-rate", 200, "Rate of the live-read decisions measured with the API server idle, then loaded.")
 	loadWorkflows := fs.Int("load-workflows", 2000, "Workflows (30 KB each) that the background load lists whole, again and again.")
 	loadWorkers := fs.Int("load-workers", 6, "Clients of the background load, each listing every workflow and writing one.")
@@ -90,23 +93,36 @@ func runWebhook(args []string) error {
 		port  int
 		pod   *corev1.Pod
 		rates []float64
+		// guard: the target is exit-guard (not a floor).
+		guard bool
 	}
 	var targets []target
+	allRates := append(slices.Clone(rates), lrates...)
+	slices.Sort(allRates)
+	allRates = slices.Compact(allRates)
 	for _, t := range []struct {
 		name  string
+		floor string // the floor's kind; empty: exit-guard with args
 		args  []string
 		pod   *corev1.Pod
 		rates []float64
 	}{
-		{"pod not covered (step)", nil, podFor(&pods.step, wf), rates},
-		{"exit handler, --store-first", []string{"--store-first"}, podFor(&pods.exit, wf), rates},
-		{"exit handler, live read", nil, podFor(&pods.exit, wf), lrates},
+		{"do-nothing webhook (net/http), exit handler", floorHTTP, nil, podFor(&pods.exit, wf), allRates},
+		{"do-nothing webhook (controller-runtime), exit handler", floorRuntime, nil, podFor(&pods.exit, wf), allRates},
+		{"pod not covered (step)", "", nil, podFor(&pods.step, wf), rates},
+		{"exit handler, --store-first", "", []string{"--store-first"}, podFor(&pods.exit, wf), rates},
+		{"exit handler, live read", "", nil, podFor(&pods.exit, wf), lrates},
 	} {
 		port, err := freePort()
 		if err != nil {
 			return err
 		}
-		p, err := startGuard(c.guard, env, port, t.args...)
+		var p *process
+		if t.floor != "" {
+			p, err = startFloor(env, t.floor, port)
+		} else {
+			p, err = startGuard(c.guard, env, port, t.args...)
+		}
 		if err != nil {
 			return err
 		}
@@ -114,8 +130,9 @@ func runWebhook(args []string) error {
 		if _, err := p.waitReady(ctx); err != nil {
 			return err
 		}
-		targets = append(targets, target{name: t.name, proc: p, port: port, pod: t.pod, rates: t.rates})
+		targets = append(targets, target{name: t.name, proc: p, port: port, pod: t.pod, rates: t.rates, guard: t.floor == ""})
 	}
+	live := targets[len(targets)-1]
 
 	pool := x509.NewCertPool()
 	if !pool.AppendCertsFromPEM(env.WebhookCAData) {
@@ -127,7 +144,10 @@ func runWebhook(args []string) error {
 	}}
 	// The guard must refuse the exit handler of the Succeeded workflow on each port that
 	// covers exit handlers, before anything is measured.
-	for _, t := range targets[1:] {
+	for _, t := range targets {
+		if !t.guard || t.name == "pod not covered (step)" {
+			continue
+		}
 		allowed, err := review(ctx, hc, t.port, env, mustReview(podFor(&pods.exit, done)))
 		if err != nil {
 			return err
@@ -137,36 +157,67 @@ func runWebhook(args []string) error {
 		}
 	}
 
-	size := podSize(targets[0].pod)
-	fmt.Printf("\nThe guard's webhook alone, over TLS on loopback, open loop at fixed rates for %s each; pods of %.1f to %.1f KB as Argo v3.4.17 makes them (with env and volumes); the load generator shares the 2 cores. Latency from each request's scheduled time to its answer.\n\n",
-		*duration, float64(min(size, podSize(targets[1].pod)))/1000, float64(max(size, podSize(targets[1].pod)))/1000)
-	fmt.Println("| decision | rate (/s) | sent | errors | p50 | p99 | p99.9 | guard CPU per 1,000 |")
-	fmt.Println("|---|---|---|---|---|---|---|---|")
-	for _, t := range targets {
-		body := mustReview(t.pod)
-		for _, rate := range t.rates {
-			cpu0, err := t.proc.cpu()
-			if err != nil {
-				return err
+	size := podSize(podFor(&pods.step, wf))
+	exitSize := podSize(podFor(&pods.exit, wf))
+	fmt.Printf("\nThe guard's webhook alone, and two webhooks that admit everything (the floor), over TLS (HTTP/1.1) on loopback, open loop at fixed rates for %s each, cut into %d slices that drive every webhook in turn in a random order; pods of %.1f to %.1f KB as Argo v3.4.17 makes them (with env and volumes); the load generator shares the 2 cores. Latency from each request's scheduled time to its answer; CPU is the webhook process's own.\n\n",
+		*duration, *nSlices, float64(min(size, exitSize))/1000, float64(max(size, exitSize))/1000)
+	fmt.Println("| decision | rate (/s) | sent | errors | p50 | p99 | p99.9 | webhook CPU per admission | p50 / net/http floor | p99 / net/http floor | CPU / net/http floor | CPU / controller-runtime floor |")
+	fmt.Println("|---|---|---|---|---|---|---|---|---|---|---|---|")
+	type result struct {
+		lat  []time.Duration
+		errs int
+		cpu  time.Duration
+	}
+	slice := *duration / time.Duration(*nSlices)
+	for _, rate := range allRates {
+		var here []target
+		for _, t := range targets {
+			if slices.Contains(t.rates, rate) {
+				here = append(here, t)
 			}
-			lat, errs, err := drive(ctx, hc, t.port, env, body, rate, *duration, *inFlight)
-			if err != nil {
-				return err
+		}
+		res := make([]result, len(here))
+		order := make([]int, len(here))
+		for i := range order {
+			order[i] = i
+		}
+		for range *nSlices {
+			rand.Shuffle(len(order), func(i, j int) { order[i], order[j] = order[j], order[i] }) //nolint:gosec // G404: an order of webhooks, not a secret
+			for _, i := range order {
+				t := here[i]
+				cpu0, err := t.proc.cpu()
+				if err != nil {
+					return err
+				}
+				lat, errs, err := drive(ctx, hc, t.port, env, mustReview(t.pod), rate, slice, *inFlight)
+				if err != nil {
+					return err
+				}
+				cpu1, err := t.proc.cpu()
+				if err != nil {
+					return err
+				}
+				res[i].lat, res[i].errs, res[i].cpu = append(res[i].lat, lat...), res[i].errs+errs, res[i].cpu+cpu1-cpu0
 			}
-			cpu1, err := t.proc.cpu()
-			if err != nil {
-				return err
+		}
+		per := func(r result) time.Duration {
+			if n := len(r.lat) + r.errs; n > 0 {
+				return r.cpu / time.Duration(n)
 			}
-			n := len(lat) + errs
-			q := quantiles(lat)
-			fmt.Printf("| %s | %.0f | %d | %d | %s | %s | %s | %s |\n", t.name, rate, n, errs, ms(q[0]), ms(q[1]), ms(q[2]),
-				(time.Duration(float64(cpu1-cpu0) / float64(n) * 1000)).Round(time.Millisecond))
+			return 0
+		}
+		// here[0] and here[1] are the floors: they run at every rate.
+		fq, fcpu, rcpu := quantiles(res[0].lat), per(res[0]), per(res[1])
+		for i, t := range here {
+			q, cpu := quantiles(res[i].lat), per(res[i])
+			fmt.Printf("| %s | %.0f | %d | %d | %s | %s | %s | %s | %s | %s | %s | %s |\n", t.name, rate, len(res[i].lat)+res[i].errs, res[i].errs,
+				ms(q[0]), ms(q[1]), ms(q[2]), us(cpu), ratio(float64(q[0]), float64(fq[0])), ratio(float64(q[1]), float64(fq[1])),
+				ratio(float64(cpu), float64(fcpu)), ratio(float64(cpu), float64(rcpu)))
 		}
 	}
 
 	// The live read with the API server idle, then loaded by clients that list every
 	// workflow whole and write them.
-	live := targets[2]
 	fmt.Fprintf(os.Stderr, "creating %d workflows for the background load\n", *loadWorkflows)
 	if _, _, err := createRetained(ctx, cl, "bulk", 0, *loadWorkflows, sizes{size: 30000}, nil); err != nil {
 		return err
@@ -204,7 +255,7 @@ func liveReadCounters(ctx context.Context, p *process) (fallbacks, attempts floa
 		v, _ := scrapeLabelled(ctx, url, `exit_guard_live_read_failures_total{kind="`+k+`"}`)
 		fallbacks += v
 	}
-	for _, k := range []string{"error", "hedged", "shed"} {
+	for _, k := range []string{"error", "hedged", "shed", "get-beside-list"} {
 		v, _ := scrapeLabelled(ctx, url, `exit_guard_live_read_retries_total{cause="`+k+`"}`)
 		attempts += v
 	}
