@@ -1,6 +1,7 @@
 # exit-guard: build, test and verify. `make help` lists the targets.
 
 SHELL := /usr/bin/env bash -o pipefail
+comma := ,
 .SHELLFLAGS := -ec
 
 GO ?= go
@@ -155,6 +156,27 @@ argo-controllers: ## Build Argo's workflow-controller and argoexec (ARGO_VERSION
 e2e-argo: argo-controllers $(HELM) $(PROMTOOL) ## Reproduce the stale exit handler on real Argo controllers, then refuse it (E2E_TRIES per run).
 	@assets=$$(hack/envtest-binaries.sh $(E2E_ASSETS)) && \
 	  KUBEBUILDER_ASSETS="$$assets" HELM="$(HELM)" PROMTOOL="$(PROMTOOL)" E2E_CAPTURE_DIR="$(E2E_CAPTURE_DIR)" E2E_TRIES=$(E2E_TRIES) $(GO) test -tags e2e -count=1 -v -timeout 120m -run '$(E2E_RUN)' ./test/e2e
+
+# The throughput run (make e2e-throughput): Argo versions, workflows per batch, the controller's
+# parallelism, rounds, loads and configurations compared, and where the Markdown report goes.
+THROUGHPUT_VERSIONS ?= v3.4.17 v4.0.5
+THROUGHPUT_WORKFLOWS ?= 24
+THROUGHPUT_PARALLELISM ?= 8
+THROUGHPUT_ROUNDS ?= 3
+THROUGHPUT_LOADS ?= idle,loaded
+THROUGHPUT_CONFIGS ?= no webhook,exit-guard,exit-guard --store-first,live-GET peer
+THROUGHPUT_REPORT ?= $(BIN)/throughput.md
+
+.PHONY: e2e-throughput
+e2e-throughput: $(HELM) $(PROMTOOL) ## Argo's own throughput with and without the guard, on the real controllers (THROUGHPUT_*), the configurations alternated over rounds; writes THROUGHPUT_REPORT.
+	@hack/argo-controllers.sh ensure $(THROUGHPUT_VERSIONS) >/dev/null
+	@mkdir -p $(dir $(THROUGHPUT_REPORT))
+	@assets=$$(hack/envtest-binaries.sh ensure) && \
+	  KUBEBUILDER_ASSETS="$$assets" HELM="$(HELM)" PROMTOOL="$(PROMTOOL)" \
+	  E2E_THROUGHPUT_VERSIONS="$(subst $(eval) ,$(comma),$(strip $(THROUGHPUT_VERSIONS)))" E2E_THROUGHPUT_WORKFLOWS=$(THROUGHPUT_WORKFLOWS) \
+	  E2E_THROUGHPUT_PARALLELISM=$(THROUGHPUT_PARALLELISM) E2E_THROUGHPUT_ROUNDS=$(THROUGHPUT_ROUNDS) E2E_THROUGHPUT_LOADS="$(THROUGHPUT_LOADS)" \
+	  E2E_THROUGHPUT_CONFIGS="$(THROUGHPUT_CONFIGS)" E2E_THROUGHPUT_REPORT="$(abspath $(THROUGHPUT_REPORT))" \
+	  $(GO) test -tags e2e -count=1 -v -timeout 300m -run '^TestArgoThroughput$$' ./test/e2e
 
 .PHONY: ops-binaries
 ops-binaries: ## Build the real Prometheus and Alertmanager from Go modules into the user cache (first run a few minutes).

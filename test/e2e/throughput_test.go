@@ -1,0 +1,580 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/exit-guard/exit-guard/internal/argo"
+	"github.com/exit-guard/exit-guard/internal/testenv"
+)
+
+// What Argo's own throughput is with and without a webhook in front of its writes: a batch of
+// workflows of a realistic mix, created at once, run by the real controller (watching the API
+// server directly: no stale copies are provoked here) under a parallelism limit, with the
+// kubelet stand-in and Argo's real agent; once on an idle API server and once with other
+// clients loading it. The configurations alternate in a random order within each round, so
+// that this shared machine's drift hits them alike; the report gives each one's ratio to no
+// webhook in the same round, with its spread over the rounds. `make e2e-throughput` runs it at
+// length (docs/performance.md); `make e2e-argo` runs one short round.
+
+// throughputConfigs are the configurations compared: no webhook, the guard as the chart
+// installs it (default and --store-first), and the live-GET peer (pods only).
+var throughputConfigs = []string{"no webhook", "exit-guard", "exit-guard --store-first", "live-GET peer"}
+
+// throughputParams are the run's sizes, from the environment (make e2e-throughput).
+type throughputParams struct {
+	versions    []string
+	workflows   int
+	parallelism int
+	rounds      int
+	loads       []string
+	configs     []string
+	report      string
+}
+
+func throughputFromEnv(t *testing.T) throughputParams {
+	t.Helper()
+	p := throughputParams{versions: []string{"v3.4.17"}, workflows: 8, parallelism: 4, rounds: 1, loads: []string{"idle"},
+		configs: []string{"no webhook", "exit-guard"}, report: os.Getenv("E2E_THROUGHPUT_REPORT")}
+	num := func(name string, into *int) {
+		if s := os.Getenv(name); s != "" {
+			n, err := strconv.Atoi(s)
+			if err != nil || n < 1 {
+				t.Fatalf("%s=%q: want a positive number", name, s)
+			}
+			*into = n
+		}
+	}
+	list := func(name string, into *[]string, allowed []string) {
+		if s := os.Getenv(name); s != "" {
+			*into = nil
+			for _, f := range strings.Split(s, ",") {
+				f = strings.TrimSpace(f)
+				if allowed != nil && !slices.Contains(allowed, f) {
+					t.Fatalf("%s: %q is not one of %q", name, f, allowed)
+				}
+				*into = append(*into, f)
+			}
+		}
+	}
+	num("E2E_THROUGHPUT_WORKFLOWS", &p.workflows)
+	num("E2E_THROUGHPUT_PARALLELISM", &p.parallelism)
+	num("E2E_THROUGHPUT_ROUNDS", &p.rounds)
+	list("E2E_THROUGHPUT_VERSIONS", &p.versions, nil)
+	list("E2E_THROUGHPUT_LOADS", &p.loads, []string{"idle", "loaded"})
+	list("E2E_THROUGHPUT_CONFIGS", &p.configs, throughputConfigs)
+	if !slices.Contains(p.configs, "no webhook") {
+		t.Fatal("E2E_THROUGHPUT_CONFIGS must include \"no webhook\": every ratio is to it")
+	}
+	return p
+}
+
+// throughputRun is what one batch measured.
+type throughputRun struct {
+	config, load string
+	round        int
+	// perMinute: workflows completed per minute, from the first create to the last completion.
+	perMinute float64
+	// done: from each workflow's create to its completion as the test's poll saw it.
+	done []time.Duration
+	// creates: the webhook calls the API server made for the batch, and their mean duration.
+	calls    float64
+	callMean time.Duration
+	// queue: the controller's workflow queue, from its own metrics: items added, and the mean
+	// time an item waited in it; workers busy on average is not exported by every version.
+	queueAdds float64
+	queueWait time.Duration
+}
+
+func TestArgoThroughput(t *testing.T) {
+	p := throughputFromEnv(t)
+	runs.Add(1)
+	loadBin := ""
+	if slices.Contains(p.configs, "live-GET peer") {
+		loadBin = filepath.Join(t.TempDir(), "load")
+		cmd := exec.Command("go", "build", "-o", loadBin, "./test/load") //nolint:gosec // G204: this repository's own tool
+		cmd.Dir = testenv.RepoRoot()
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("building the live-GET peer (test/load): %v\n%s", err, out)
+		}
+	}
+	var report strings.Builder
+	for _, version := range p.versions {
+		var all []throughputRun
+		for round := range p.rounds {
+			for _, load := range p.loads {
+				order := slices.Clone(p.configs)
+				rand.Shuffle(len(order), func(i, j int) { order[i], order[j] = order[j], order[i] }) //nolint:gosec // G404: an order of runs, not a secret
+				for _, config := range order {
+					r := runThroughput(t, version, config, load, p, loadBin)
+					r.round = round
+					all = append(all, r)
+					t.Logf("%s, %s, %s, round %d: %.2f workflows/min, create to done p50 %s p99 %s; webhook calls %.0f (mean %s); controller queue adds %.0f, mean wait %s",
+						version, load, config, round+1, r.perMinute, q(r.done, 0.5), q(r.done, 0.99), r.calls, r.callMean.Round(10*time.Microsecond), r.queueAdds, r.queueWait.Round(10*time.Microsecond))
+				}
+			}
+		}
+		writeThroughputReport(&report, version, p, all)
+	}
+	t.Log("\n" + report.String())
+	if p.report != "" {
+		if err := os.WriteFile(p.report, []byte(report.String()), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// q is the quantile at f of d.
+func q(d []time.Duration, f float64) time.Duration {
+	if len(d) == 0 {
+		return 0
+	}
+	s := slices.Clone(d)
+	slices.Sort(s)
+	i := int(f*float64(len(s))+0.5) - 1
+	return s[max(0, min(i, len(s)-1))].Round(10 * time.Millisecond)
+}
+
+// writeThroughputReport writes one Markdown table per load: for each configuration, the median
+// over the rounds of its workflows per minute and of its ratio to no webhook in the same round
+// (with the lowest and highest ratio), create-to-done p50 and p99 over every workflow of every
+// round, and the controller's queue figures.
+func writeThroughputReport(w *strings.Builder, version string, p throughputParams, all []throughputRun) {
+	for _, load := range p.loads {
+		fmt.Fprintf(w, "\n**%s, API server %s**: %d workflows per batch, parallelism %d, %d round(s)\n\n", version, load, p.workflows, p.parallelism, p.rounds)
+		fmt.Fprintln(w, "| configuration | workflows/min (median) | ratio to no webhook (median) | ratio, lowest to highest | create to done p50 | p99 | webhook calls per batch | mean call | controller queue adds | mean queue wait |")
+		fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|")
+		base := map[int]float64{}
+		for _, r := range all {
+			if r.load == load && r.config == "no webhook" {
+				base[r.round] = r.perMinute
+			}
+		}
+		for _, config := range p.configs {
+			var rates, ratios []float64
+			var done []time.Duration
+			var calls, adds float64
+			var callMean, wait time.Duration
+			n := 0
+			for _, r := range all {
+				if r.load != load || r.config != config {
+					continue
+				}
+				n++
+				rates = append(rates, r.perMinute)
+				if b := base[r.round]; b > 0 {
+					ratios = append(ratios, r.perMinute/b)
+				}
+				done = append(done, r.done...)
+				calls, adds, callMean, wait = calls+r.calls, adds+r.queueAdds, callMean+r.callMean, wait+r.queueWait
+			}
+			if n == 0 {
+				continue
+			}
+			slices.Sort(ratios)
+			spread := "-"
+			if len(ratios) > 0 {
+				spread = fmt.Sprintf("%.3f to %.3f", ratios[0], ratios[len(ratios)-1])
+			}
+			fmt.Fprintf(w, "| %s | %.2f | %.3f | %s | %s | %s | %.0f | %s | %.0f | %s |\n", config, median(rates), median(ratios), spread,
+				q(done, 0.5), q(done, 0.99), calls/float64(n), (callMean / time.Duration(n)).Round(10*time.Microsecond), adds/float64(n),
+				(wait / time.Duration(n)).Round(10*time.Microsecond))
+		}
+	}
+}
+
+func median(v []float64) float64 {
+	if len(v) == 0 {
+		return 0
+	}
+	s := slices.Clone(v)
+	slices.Sort(s)
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+// throughputWorkflow is the i-th workflow of the mix: steps with a pod exit handler; a DAG; a
+// step that fails once and is retried; HTTP steps with an HTTP exit handler (Argo's agent). Each
+// exit handler runs (no `when`): its pod or its TaskSet write is what the guard judges.
+func throughputWorkflow(i int, notify *notifier) *unstructured.Unstructured {
+	container := func(name string) map[string]any {
+		return map[string]any{"name": name, "container": map[string]any{"image": "busybox", "command": []any{"sh", "-c", "echo " + name}}}
+	}
+	httpTemplate := func(name, url string) map[string]any {
+		return map[string]any{"name": name, "http": map[string]any{"url": url, "method": "POST",
+			"body": "workflow {{workflow.name}} is {{workflow.status}}", "successCondition": "response.statusCode == 200"}}
+	}
+	step := func(name, template string) map[string]any { return map[string]any{"name": name, "template": template} }
+	var kind string
+	var templates []any
+	onExit := "exit-handler"
+	switch i % 4 {
+	case 0:
+		kind = "steps"
+		templates = []any{
+			map[string]any{"name": "main", "steps": []any{[]any{step("s1", "work")}, []any{step("s2", "work"), step("s3", "work")}}},
+			container("work"), container("notify"),
+			map[string]any{"name": onExit, "steps": []any{[]any{step("notify", "notify")}}},
+		}
+	case 1:
+		kind = "dag"
+		templates = []any{
+			map[string]any{"name": "main", "dag": map[string]any{"tasks": []any{
+				step("d1", "work"),
+				map[string]any{"name": "d2", "template": "work", "dependencies": []any{"d1"}},
+				map[string]any{"name": "d3", "template": "work", "dependencies": []any{"d1"}},
+				map[string]any{"name": "d4", "template": "work", "dependencies": []any{"d2", "d3"}},
+			}}},
+			container("work"), container("notify"),
+			map[string]any{"name": onExit, "steps": []any{[]any{step("notify", "notify")}}},
+		}
+	case 2:
+		kind = "retry"
+		flaky := container("flaky")
+		flaky["retryStrategy"] = map[string]any{"limit": "2"}
+		templates = []any{
+			map[string]any{"name": "main", "steps": []any{[]any{step("s1", "work")}, []any{step("flaky", "flaky")}}},
+			container("work"), flaky, container("notify"),
+			map[string]any{"name": onExit, "steps": []any{[]any{step("notify", "notify")}}},
+		}
+	default:
+		kind = "http"
+		templates = []any{
+			map[string]any{"name": "main", "steps": []any{[]any{step("s1", "work"), step("ping", "ping")}, []any{step("ping2", "ping")}}},
+			container("work"), httpTemplate("ping", notify.pingURL()), httpTemplate("notify", notify.url()),
+			map[string]any{"name": onExit, "steps": []any{[]any{step("notify", "notify")}}},
+		}
+	}
+	wf := &unstructured.Unstructured{}
+	wf.SetGroupVersionKind(argo.WorkflowGVK)
+	wf.SetNamespace(namespace)
+	wf.SetGenerateName("tp-" + kind + "-")
+	wf.Object["spec"] = map[string]any{"entrypoint": "main", "onExit": onExit, "podGC": map[string]any{"strategy": "OnPodCompletion"}, "templates": templates}
+	return wf
+}
+
+// runThroughput runs one batch under config and load, on a fresh API server.
+func runThroughput(t *testing.T, version, config, load string, p throughputParams, loadBin string) throughputRun {
+	t.Helper()
+	ctrlBin, crds := controller(t, version)
+	opts := testenv.Options{CRDDirs: []string{crds}, OwnCRDs: true}
+	helmBin, err := testenv.HelmBin()
+	if err != nil {
+		t.Fatal(err)
+	}
+	vwc, err := testenv.ChartWebhook(helmBin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	switch config {
+	case "no webhook":
+	case "live-GET peer":
+		// The peer is sent every pod of the namespace, as a policy engine's webhook is.
+		for _, w := range vwc.Webhooks {
+			if len(w.Rules) > 0 && slices.Contains(w.Rules[0].Resources, "pods") {
+				w := *w.DeepCopy()
+				w.MatchConditions, w.ObjectSelector = nil, nil
+				opts.ValidatingWebhooks = []*admissionregistrationv1.ValidatingWebhookConfiguration{{
+					ObjectMeta: metav1.ObjectMeta{Name: "live-get-peer"}, Webhooks: []admissionregistrationv1.ValidatingWebhook{w}}}
+			}
+		}
+	default:
+		opts.ValidatingWebhooks = []*admissionregistrationv1.ValidatingWebhookConfiguration{vwc}
+	}
+	env, err := testenv.Start(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = env.Stop() }()
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	c := env.Client
+	for _, o := range []client.Object{
+		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace}},
+		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "bulk"}},
+		&corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: "default"}},
+		&corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: "workflow-controller-configmap"},
+			Data: map[string]string{"parallelism": strconv.Itoa(p.parallelism)}},
+	} {
+		if err := c.Create(ctx, o); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	switch config {
+	case "exit-guard", "exit-guard --store-first":
+		args := []string{"--webhook-port=" + strconv.Itoa(env.WebhookPort), "--webhook-cert-path=" + env.WebhookCertDir, "--shutdown-delay=0s"}
+		if config == "exit-guard --store-first" {
+			args = append(args, "--store-first")
+		}
+		out := &testenv.Output{}
+		g, err := testenv.StartGuard(ctx, guardBin, env.KubeConfig(), args, out)
+		if err != nil {
+			t.Fatalf("%v\n%s", err, out.String())
+		}
+		defer func() { _ = g.Stop() }()
+	case "live-GET peer":
+		kc := filepath.Join(t.TempDir(), "kubeconfig")
+		if err := os.WriteFile(kc, env.KubeConfig(), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		probe, err := testenv.FreeAddr()
+		if err != nil {
+			t.Fatal(err)
+		}
+		cmd := exec.Command(loadBin, "liveget", "--addr="+env.WebhookHost+":"+strconv.Itoa(env.WebhookPort), //nolint:gosec // G204: this repository's own tool
+			"--cert-dir="+env.WebhookCertDir, "--probe="+probe)
+		cmd.Env = append(os.Environ(), "KUBECONFIG="+kc)
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
+		if err := waitHTTP(ctx, "http://"+probe+"/readyz"); err != nil {
+			t.Fatalf("the live-GET peer: %v", err)
+		}
+	}
+
+	logDir := t.TempDir()
+	k := newKubelet(c, namespace)
+	notify := newNotifier()
+	defer notify.close()
+	if k.agents, err = newAgents(filepath.Join(filepath.Dir(ctrlBin), "argoexec"), env.Config, namespace, logDir); err != nil {
+		t.Fatal(err)
+	}
+	defer k.agents.stop()
+	go k.run(ctx)
+
+	kcFile := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := os.WriteFile(kcFile, env.KubeConfig(), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	logFile := filepath.Join(logDir, "controller.log")
+	logOut, err := os.Create(logFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = logOut.Close() }()
+	cmd := exec.Command(ctrlBin, "--kubeconfig="+kcFile, "--namespaced", "--managed-namespace="+namespace, //nolint:gosec // G204: the controller this repository built
+		"--namespace="+namespace, "--executor-image=executor:e2e", "--loglevel=warning")
+	cmd.Env = append(os.Environ(), "LEADER_ELECTION_DISABLE=true", "DEFAULT_REQUEUE_TIME=1s")
+	cmd.Stdout, cmd.Stderr = logOut, logOut
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		done := make(chan struct{})
+		go func() { _ = cmd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(20 * time.Second):
+			_ = cmd.Process.Kill()
+		}
+	}()
+
+	stopLoad := func() {}
+	if load == "loaded" {
+		stopLoad = loadAPIServer(ctx, t, c)
+	}
+	defer stopLoad()
+	// The controller is ready once its metrics answer.
+	if err := waitHTTP(ctx, ""); err != nil {
+		t.Fatalf("the controller never served its metrics: %v", err)
+	}
+	calls0, sum0 := webhookCalls(ctx, t, env)
+
+	created := map[string]time.Time{}
+	var wfs []*unstructured.Unstructured
+	start := time.Now()
+	for i := range p.workflows {
+		wf := throughputWorkflow(i, notify)
+		if err := c.Create(ctx, wf); err != nil {
+			t.Fatal(err)
+		}
+		created[wf.GetName()] = time.Now()
+		wfs = append(wfs, wf)
+	}
+	doneAt := map[string]time.Time{}
+	deadline := time.Now().Add(10 * time.Minute)
+	for len(doneAt) < len(wfs) {
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			logs, _ := os.ReadFile(logFile)
+			t.Fatalf("%s, %s, %s: %d of %d workflows completed within 10 minutes\ncontroller log:\n%s", version, load, config, len(doneAt), len(wfs), tail(logs, 40))
+		}
+		var list unstructured.UnstructuredList
+		list.SetGroupVersionKind(argo.WorkflowListGVK)
+		if err := c.List(ctx, &list, client.InNamespace(namespace)); err == nil {
+			now := time.Now()
+			for _, wf := range list.Items {
+				ph, _, _ := unstructured.NestedString(wf.Object, "status", "phase")
+				if _, seen := doneAt[wf.GetName()]; !seen && argo.Phase(ph).Terminal() {
+					doneAt[wf.GetName()] = now
+					if argo.Phase(ph) != argo.PhaseSucceeded {
+						msg, _, _ := unstructured.NestedString(wf.Object, "status", "message")
+						t.Errorf("%s, %s, %s: workflow %s ended %s (%s): a throughput run must not fail a workflow", version, load, config, wf.GetName(), ph, msg)
+					}
+				}
+			}
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+	r := throughputRun{config: config, load: load}
+	var last time.Time
+	for name, at := range doneAt {
+		r.done = append(r.done, at.Sub(created[name]))
+		if at.After(last) {
+			last = at
+		}
+	}
+	r.perMinute = float64(len(wfs)) / last.Sub(start).Minutes()
+	calls1, sum1 := webhookCalls(ctx, t, env)
+	if r.calls = calls1 - calls0; r.calls > 0 {
+		r.callMean = time.Duration((sum1 - sum0) / r.calls * float64(time.Second))
+	}
+	if mfs, err := scrapeController(ctx); err == nil {
+		r.queueAdds, r.queueWait = workflowQueue(mfs)
+	} else {
+		t.Errorf("reading the controller's metrics: %v", err)
+	}
+	return r
+}
+
+// webhookCalls reads, from the API server's own histogram, how many webhook calls it made and
+// how long they took in all (seconds), for every webhook.
+func webhookCalls(ctx context.Context, t *testing.T, env *testenv.Env) (count, sum float64) {
+	mfs, err := env.APIServerMetrics(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range mfs["apiserver_admission_webhook_admission_duration_seconds"].GetMetric() {
+		count += float64(m.GetHistogram().GetSampleCount())
+		sum += m.GetHistogram().GetSampleSum()
+	}
+	return count, sum
+}
+
+// workflowQueue reads the controller's workflow queue from its metrics: items added, and the
+// mean time an item waited (argo_workflows_queue_adds_count and argo_workflows_queue_latency
+// of queue workflow_queue, as v3.4 to v4.0 name them).
+func workflowQueue(mfs map[string]*dto.MetricFamily) (adds float64, wait time.Duration) {
+	isWorkflowQueue := func(m *dto.Metric) bool {
+		for _, l := range m.GetLabel() {
+			if (l.GetName() == "queue_name" || l.GetName() == "name") && l.GetValue() == "workflow_queue" {
+				return true
+			}
+		}
+		return false
+	}
+	for name, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			if !isWorkflowQueue(m) {
+				continue
+			}
+			switch {
+			case strings.HasPrefix(name, "argo_workflows_queue_adds"):
+				adds += m.GetCounter().GetValue()
+			case strings.HasPrefix(name, "argo_workflows_queue_latency") && m.GetHistogram().GetSampleCount() > 0:
+				h := m.GetHistogram()
+				wait = time.Duration(h.GetSampleSum() / float64(h.GetSampleCount()) * float64(time.Second))
+			}
+		}
+	}
+	return adds, wait
+}
+
+// waitHTTP waits until url answers 200 (empty url: the controller's metrics endpoint answers).
+func waitHTTP(ctx context.Context, url string) error {
+	deadline := time.Now().Add(90 * time.Second)
+	for {
+		var err error
+		if url == "" {
+			_, err = scrapeController(ctx)
+		} else {
+			_, err = getOK(ctx, url)
+		}
+		if err == nil {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return err
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// getOK GETs url and fails unless it answers 200.
+func getOK(ctx context.Context, url string) (string, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return "", err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return "", err
+	}
+	defer func() { _ = resp.Body.Close() }()
+	body, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		return "", fmt.Errorf("GET %s: %s", url, resp.Status)
+	}
+	return string(body), nil
+}
+
+// loadAPIServer starts other clients on the API server: each lists 300 workflows of 30 KB in
+// namespace bulk whole, again and again, and writes one; the controller, namespaced, does not
+// reconcile them.
+func loadAPIServer(ctx context.Context, t *testing.T, c client.Client) (stop func()) {
+	t.Helper()
+	pad := strings.Repeat("x", 30000)
+	for i := range 300 {
+		wf := &unstructured.Unstructured{}
+		wf.SetGroupVersionKind(argo.WorkflowGVK)
+		wf.SetNamespace("bulk")
+		wf.SetName("bulk-" + strconv.Itoa(i))
+		wf.Object["spec"] = map[string]any{"entrypoint": "main", "templates": []any{map[string]any{"name": "main", "container": map[string]any{"image": pad}}}}
+		if err := c.Create(ctx, wf); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	for w := range 4 {
+		wg.Go(func() {
+			for i := 0; ctx.Err() == nil; i++ {
+				var list unstructured.UnstructuredList
+				list.SetGroupVersionKind(argo.WorkflowListGVK)
+				_ = c.List(ctx, &list, client.InNamespace("bulk"))
+				if len(list.Items) > 0 {
+					wf := &list.Items[(w*7919+i)%len(list.Items)]
+					wf.SetAnnotations(map[string]string{"load": strconv.Itoa(i)})
+					_ = c.Update(ctx, wf)
+				}
+			}
+		})
+	}
+	return func() { cancel(); wg.Wait() }
+}
