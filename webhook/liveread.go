@@ -180,11 +180,19 @@ func (g *guard) readWorkflow(ctx context.Context, namespace, name string, whole 
 		wf  *argo.Workflow
 		err error
 		// get: the answer is the GET's (the whole object), not the LIST's.
-		get bool
+		get      bool
+		panicked any
 	}
 	// Buffered for both: the loser sends and ends on its own.
 	done := make(chan answer, 2)
+	// A panic in either is handed to this goroutine, whose caller hands it on (liveRead).
+	recovered := func(get bool) {
+		if p := recover(); p != nil {
+			done <- answer{get: get, panicked: p}
+		}
+	}
 	go func() {
+		defer recovered(false)
 		wf, err := g.listWorkflow(ctx, namespace, name, p.refuses)
 		done <- answer{wf: wf, err: err}
 	}()
@@ -201,6 +209,8 @@ func (g *guard) readWorkflow(ctx context.Context, namespace, name string, whole 
 		case a := <-done:
 			pending--
 			switch {
+			case a.panicked != nil:
+				panic(a.panicked)
 			case a.get:
 				// The whole object: what the LIST would have led to at best.
 				if a.err == nil || pending == 0 {
@@ -233,8 +243,9 @@ func (g *guard) readWorkflow(ctx context.Context, namespace, name string, whole 
 			g.metrics.liveReadAttempts.WithLabelValues("get-beside-list").Inc()
 			pending++
 			go func() {
+				defer recovered(true)
+				defer func() { <-g.extraReads }()
 				wf, err := g.getWorkflow(ctx, namespace, name)
-				<-g.extraReads
 				done <- answer{wf: wf, err: err, get: true}
 			}()
 		}

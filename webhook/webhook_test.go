@@ -478,7 +478,7 @@ func retry(t *testing.T, wf *unstructured.Unstructured, phase argo.Phase) {
 // (the first hangs past its attempt timeout, the second fails at once). The whole budget is
 // used, and the retried workflow's exit handler runs, with the default store fallback (fresh,
 // the watch having just advanced) that would refuse it had no read answered, and with
-// completion.
+// completion. No GET beside a slow LIST here: the attempts are the hedge and the retry.
 func TestRetriedWorkflowIsAdmittedWhileLiveReadsFailAtFirst(t *testing.T) {
 	for _, fallback := range []StoreFallback{"", FallbackCompletion} {
 		t.Run("fallback "+cmp.Or(string(fallback), "default"), func(t *testing.T) {
@@ -489,7 +489,7 @@ func TestRetriedWorkflowIsAdmittedWhileLiveReadsFailAtFirst(t *testing.T) {
 
 func retriedWorkflowAdmittedOnALateAnswer(t *testing.T, fallback StoreFallback) {
 	fault, calls := flaky(2, true)
-	h := startGuard(t, Options{LiveReadTimeout: 300 * time.Millisecond, LiveReadBudget: 3 * time.Second, StoreFallback: fallback},
+	h := startGuard(t, Options{LiveReadTimeout: 300 * time.Millisecond, LiveReadBudget: 3 * time.Second, GetBesideListAfter: -1, StoreFallback: fallback},
 		harnessOptions{noWatch: true, reader: faultyReader(t, fault, fault)})
 	ns := newNamespace(t)
 	wf := createWorkflow(t, ns, "retried", argo.PhaseSucceeded)
