@@ -78,22 +78,32 @@ func TestGetBesideASlowList(t *testing.T) {
 		wantPhase    argo.Phase
 		wantGets     int32
 		wantBeside   float64
+		// spent: the GETs beside have used their share of the LISTs.
+		spent bool
 	}{
 		{"a slow LIST: the GET beside it answers", &slowListReader{release: make(chan struct{}), listPhase: argo.PhaseRunning, getPhase: argo.PhaseSucceeded},
-			10 * time.Millisecond, 2 * time.Second, argo.PhaseSucceeded, 1, 1},
+			10 * time.Millisecond, 2 * time.Second, argo.PhaseSucceeded, 1, 1, false},
 		{"a quick LIST: no GET", &slowListReader{listAfter: 0, listPhase: argo.PhaseRunning, getPhase: argo.PhaseSucceeded},
-			time.Second, 0, argo.PhaseRunning, 0, 0},
+			time.Second, 0, argo.PhaseRunning, 0, 0, false},
 		{"a slow LIST and a failed GET: the LIST answers", &slowListReader{release: make(chan struct{}), listPhase: argo.PhaseRunning, getErr: serverError},
-			10 * time.Millisecond, 100 * time.Millisecond, argo.PhaseRunning, 1, 1},
+			10 * time.Millisecond, 100 * time.Millisecond, argo.PhaseRunning, 1, 1, false},
 		{"a slow LIST whose labels do not settle the phase, the GET failed: a GET after it decides", &slowListReader{release: make(chan struct{}), getErr: serverError},
-			10 * time.Millisecond, 100 * time.Millisecond, "", 2, 1},
+			10 * time.Millisecond, 100 * time.Millisecond, "", 2, 1, false},
 		{"no GET beside the LIST when getAfter is negative", &slowListReader{listAfter: 50 * time.Millisecond, listPhase: argo.PhaseRunning, getPhase: argo.PhaseSucceeded},
-			-1, 0, argo.PhaseRunning, 0, 0},
+			-1, 0, argo.PhaseRunning, 0, 0, false},
+		{"no GET beside a slow LIST once the GETs have used their share of the LISTs", &slowListReader{listAfter: 50 * time.Millisecond, listPhase: argo.PhaseRunning, getPhase: argo.PhaseSucceeded},
+			10 * time.Millisecond, 0, argo.PhaseRunning, 0, 0, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			g, err := newGuard(tc.reader, storeFor(t, tableWorkflow, storeEmpty, false), Options{GetBesideListAfter: tc.getAfter})
 			if err != nil {
 				t.Fatal(err)
+			}
+			if tc.spent {
+				// Each LIST earns a twentieth of a GET: a burst of GETs spends them.
+				for g.getBudget.spend() {
+				}
+				g.getBudget.earn()
 			}
 			if tc.reader.release != nil && tc.releaseAfter > 0 {
 				time.AfterFunc(tc.releaseAfter, func() { close(tc.reader.release) })

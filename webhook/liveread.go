@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"math/rand/v2"
+	"sync"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -191,6 +192,7 @@ func (g *guard) readWorkflow(ctx context.Context, namespace, name string, whole 
 			done <- answer{get: get, panicked: p}
 		}
 	}
+	g.getBudget.earn()
 	go func() {
 		defer recovered(false)
 		wf, err := g.listWorkflow(ctx, namespace, name, p.refuses)
@@ -234,6 +236,12 @@ func (g *guard) readWorkflow(ctx context.Context, namespace, name string, whole 
 			}
 		case <-besides:
 			besides = nil
+			if !g.getBudget.spend() {
+				// Past its share: an API server slow enough that many LISTs wait must not
+				// get a GET for each of them too.
+				g.metrics.liveReadAttempts.WithLabelValues("shed").Inc()
+				continue
+			}
 			select {
 			case g.extraReads <- struct{}{}:
 			default:
@@ -289,4 +297,40 @@ func (g *guard) getWorkflow(ctx context.Context, namespace, name string) (*argo.
 // permanent says whether a failed read would fail again however often it is retried.
 func permanent(err error) bool {
 	return apierrors.IsForbidden(err) || apierrors.IsUnauthorized(err) || apierrors.IsBadRequest(err)
+}
+
+const (
+	// getBesideShare is the share of LISTs that may get a GET beside them: one in 20. The
+	// GET is there for the tail (a LIST slower than its usual p99); when most LISTs are slow,
+	// the API server is struggling, and a GET for each would add as many reads as it is
+	// already failing to serve (measured: with no bound, exit handlers at 500/s had a p99 of
+	// 571 ms, docs/performance.md).
+	getBesideShare = 0.05
+	// getBesideBurst is how many GETs beside may start at once after a quiet spell.
+	getBesideBurst = 10
+)
+
+// getBudget is a token bucket: each LIST earns getBesideShare of a token, up to
+// getBesideBurst; a GET beside a slow LIST spends a whole one.
+type getBudget struct {
+	mu     sync.Mutex
+	tokens float64
+}
+
+func newGetBudget() *getBudget { return &getBudget{tokens: getBesideBurst} }
+
+func (b *getBudget) earn() {
+	b.mu.Lock()
+	b.tokens = min(b.tokens+getBesideShare, getBesideBurst)
+	b.mu.Unlock()
+}
+
+func (b *getBudget) spend() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.tokens < 1 {
+		return false
+	}
+	b.tokens--
+	return true
 }

@@ -36,6 +36,8 @@ type guard struct {
 	podRead, eventRead readPolicy
 	// extraReads holds a token per further live-read attempt in flight (maxExtraLiveReads).
 	extraReads chan struct{}
+	// getBudget bounds the GETs beside slow LISTs to a share of the LISTs.
+	getBudget *getBudget
 	// creates remembers the TaskSet creates admitted for running workflows (row T6).
 	creates *taskSetCreates
 	// slots holds a token per decision in flight (Options.MaxConcurrentDecisions), otherSlots
@@ -114,7 +116,7 @@ func newGuard(reader client.Reader, store *completionstore.Store, opts Options) 
 		return nil, fmt.Errorf("webhook: %w", err)
 	}
 	g := &guard{opts: opts, store: store, reader: reader, metrics: newGuardMetrics(), denyPhases: map[argo.Phase]bool{},
-		extraReads: make(chan struct{}, maxExtraLiveReads), creates: newTaskSetCreates(time.Now),
+		extraReads: make(chan struct{}, maxExtraLiveReads), getBudget: newGetBudget(), creates: newTaskSetCreates(time.Now),
 		slots: make(chan struct{}, opts.MaxConcurrentDecisions), otherSlots: make(chan struct{}, max(1, opts.MaxConcurrentDecisions/8))}
 	g.readLive = g.liveRead
 	g.readNodes = g.liveNodes
