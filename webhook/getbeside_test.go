@@ -9,6 +9,7 @@ import (
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/exit-guard/exit-guard/internal/argo"
@@ -125,10 +126,9 @@ func TestGetBesideASlowList(t *testing.T) {
 				t.Errorf("exit_guard_live_read_retries_total{cause=get-beside-list} = %v, want %v", got, tc.wantBeside)
 			}
 			// The GET gives its token back once it has answered.
-			for deadline := time.Now().Add(time.Second); len(g.extraReads) != 0 && time.Now().Before(deadline); {
-				time.Sleep(time.Millisecond)
-			}
-			if len(g.extraReads) != 0 {
+			if wait.PollUntilContextTimeout(t.Context(), time.Millisecond, time.Second, true, func(context.Context) (bool, error) {
+				return len(g.extraReads) == 0, nil
+			}) != nil {
 				t.Errorf("%d further-attempt tokens still held a second after the read", len(g.extraReads))
 			}
 		})

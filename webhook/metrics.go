@@ -34,7 +34,7 @@ func newGuardMetrics() *guardMetrics {
 		}, []string{"kind"}),
 		liveReadAttempts: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "exit_guard_live_read_retries_total",
-			Help: "Further attempts within one live read, by cause: error (the last attempt failed; retried after a pause), hedged (the last attempt had not answered within --live-read-timeout; another started beside it), get-beside-list (a GET of the workflow started beside a LIST that had not answered within --live-read-get-after), shed (not started: the process had as many further attempts in flight as it allows).",
+			Help: "Further attempts within one live read, by cause: error (the last attempt failed; retried after a pause), hedged (the last attempt had not answered within --live-read-timeout; another started beside it), get-beside-list (a GET of the workflow started beside a LIST that had not answered within --live-read-get-after), shed (not started: the process had as many further attempts in flight as it allows, or the GETs beside slow LISTs had used their share of one LIST in 20).",
 		}, []string{"cause"}),
 		staleFailures: newStaleFailures(),
 	}

@@ -4,6 +4,7 @@ package e2e
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -24,6 +25,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/exit-guard/exit-guard/internal/argo"
@@ -419,12 +421,7 @@ func runThroughput(t *testing.T, version, config, load string, p throughputParam
 		wfs = append(wfs, wf)
 	}
 	doneAt := map[string]time.Time{}
-	deadline := time.Now().Add(10 * time.Minute)
-	for len(doneAt) < len(wfs) {
-		if time.Now().After(deadline) || ctx.Err() != nil {
-			logs, _ := os.ReadFile(logFile)
-			t.Fatalf("%s, %s, %s: %d of %d workflows completed within 10 minutes\ncontroller log:\n%s", version, load, config, len(doneAt), len(wfs), tail(logs, 40))
-		}
+	err = wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, 10*time.Minute, true, func(ctx context.Context) (bool, error) {
 		var list unstructured.UnstructuredList
 		list.SetGroupVersionKind(argo.WorkflowListGVK)
 		if err := c.List(ctx, &list, client.InNamespace(namespace)); err == nil {
@@ -440,7 +437,11 @@ func runThroughput(t *testing.T, version, config, load string, p throughputParam
 				}
 			}
 		}
-		time.Sleep(250 * time.Millisecond)
+		return len(doneAt) == len(wfs), nil
+	})
+	if err != nil {
+		logs, _ := os.ReadFile(logFile)
+		t.Fatalf("%s, %s, %s: %d of %d workflows completed within 10 minutes (%v)\ncontroller log:\n%s", version, load, config, len(doneAt), len(wfs), err, tail(logs, 40))
 	}
 	r := throughputRun{config: config, load: load}
 	var last time.Time
@@ -508,22 +509,19 @@ func workflowQueue(mfs map[string]*dto.MetricFamily) (adds float64, wait time.Du
 
 // waitHTTP waits until url answers 200 (empty url: the controller's metrics endpoint answers).
 func waitHTTP(ctx context.Context, url string) error {
-	deadline := time.Now().Add(90 * time.Second)
-	for {
-		var err error
+	var last error
+	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 90*time.Second, true, func(ctx context.Context) (bool, error) {
 		if url == "" {
-			_, err = scrapeController(ctx)
+			_, last = scrapeController(ctx)
 		} else {
-			_, err = getOK(ctx, url)
+			_, last = getOK(ctx, url)
 		}
-		if err == nil {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return err
-		}
-		time.Sleep(200 * time.Millisecond)
+		return last == nil, nil
+	})
+	if err != nil {
+		return errors.Join(err, last)
 	}
+	return nil
 }
 
 // getOK GETs url and fails unless it answers 200.
