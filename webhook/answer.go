@@ -73,7 +73,7 @@ func (h *handler) answer(ctx context.Context, f facts, d decision, verdict strin
 const causeField = "metadata.ownerReferences"
 
 // refusal is the guard's refusal: reason Forbidden and code 403, as clients (Argo's controller
-// among them) recognise a refusal by apierrors.IsForbidden, and withHTTPStatus lets through;
+// among them) recognise a refusal by apierrors.IsForbidden, and ServeHTTP answers in an HTTP 200;
 // the reason code travels in Status.details.causes, which the API server hands to the client.
 func refusal(f facts, d decision) admission.Response {
 	r := admission.Denied(denialMessage(f, d))

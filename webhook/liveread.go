@@ -83,7 +83,7 @@ func (g *guard) liveRead(ctx context.Context, namespace, name string, p readPoli
 			defer func() { <-g.extraReads }()
 		}
 		// A panic here would end the process: hand it to the request's goroutine, whose
-		// panic controller-runtime recovers into an HTTP error (withHTTPStatus).
+		// panic the pipeline recovers into an HTTP 500 (handler.serve).
 		defer func() {
 			if p := recover(); p != nil {
 				done <- answer{panicked: p}

@@ -156,6 +156,8 @@ func resourceName(gvr metav1.GroupVersionResource, subResource string) string {
 	return r
 }
 
+var _ http.Handler = (*handler)(nil)
+
 // ServeHTTP is the HTTP side of the pipeline: it reads the body, decodes the review once
 // (h.read), runs the pipeline, and writes the answer with an HTTP status the API server acts
 // on: 200 for an admission or one of the guard's own policy refusals; for anything else a
