@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"math/rand/v2"
 	"net/http"
 	"os"
@@ -101,9 +102,12 @@ type throughputRun struct {
 	perMinute float64
 	// done: from each workflow's create to its completion as the test's poll saw it.
 	done []time.Duration
-	// creates: the webhook calls the API server made for the batch, and their mean duration.
+	// calls: the webhook calls the API server made for the batch, and their mean duration;
+	// byHook: the calls of each webhook (pods, TaskSets, Events, the peer's) and the time
+	// Argo's writes waited on them in all.
 	calls    float64
 	callMean time.Duration
+	byHook   map[string]hookCalls
 	// queue: the controller's workflow queue, from its own metrics: items added, and the mean
 	// time an item waited in it; workers busy on average is not exported by every version.
 	queueAdds float64
@@ -159,25 +163,29 @@ func q(d []time.Duration, f float64) time.Duration {
 	return s[max(0, min(i, len(s)-1))].Round(10 * time.Millisecond)
 }
 
-// writeThroughputReport writes one Markdown table per load: for each configuration, the median
-// over the rounds of its workflows per minute and of its ratio to no webhook in the same round
-// (with the lowest and highest ratio), create-to-done p50 and p99 over every workflow of every
-// round, and the controller's queue figures.
+// writeThroughputReport writes two Markdown tables per load. The first, for each configuration:
+// the median over the rounds of its workflows per minute and of its ratio to no webhook in the
+// same round, the ratios' geometric mean with its 95% interval (Student's t over the rounds)
+// and their lowest and highest, create-to-done p50 and p99 over every workflow of every round,
+// the webhook calls, the time Argo's writes waited on webhooks per workflow and as a share of a
+// workflow's mean create to done, and the controller's queue figures. The second splits the
+// calls by webhook.
 func writeThroughputReport(w *strings.Builder, version string, p throughputParams, all []throughputRun) {
 	for _, load := range p.loads {
 		fmt.Fprintf(w, "\n**%s, API server %s**: %d workflows per batch, parallelism %d, %d round(s)\n\n", version, load, p.workflows, p.parallelism, p.rounds)
-		fmt.Fprintln(w, "| configuration | workflows/min (median) | ratio to no webhook (median) | ratio, lowest to highest | create to done p50 | p99 | webhook calls per batch | mean call | controller queue adds | mean queue wait |")
-		fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|")
+		fmt.Fprintln(w, "| configuration | workflows/min (median) | ratio to no webhook (median) | ratio, geometric mean (95% interval) | ratio, lowest to highest | create to done p50 | p99 | webhook calls per batch | mean call | webhook wait per workflow | share of create to done | controller queue adds | mean queue wait |")
+		fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 		base := map[int]float64{}
 		for _, r := range all {
 			if r.load == load && r.config == "no webhook" {
 				base[r.round] = r.perMinute
 			}
 		}
+		hooks := map[string]map[string]hookCalls{}
 		for _, config := range p.configs {
 			var rates, ratios []float64
 			var done []time.Duration
-			var calls, adds float64
+			var calls, adds, waited, doneSum float64
 			var callMean, wait time.Duration
 			n := 0
 			for _, r := range all {
@@ -190,21 +198,98 @@ func writeThroughputReport(w *strings.Builder, version string, p throughputParam
 					ratios = append(ratios, r.perMinute/b)
 				}
 				done = append(done, r.done...)
+				for _, d := range r.done {
+					doneSum += d.Seconds()
+				}
 				calls, adds, callMean, wait = calls+r.calls, adds+r.queueAdds, callMean+r.callMean, wait+r.queueWait
+				if hooks[config] == nil {
+					hooks[config] = map[string]hookCalls{}
+				}
+				for name, h := range r.byHook {
+					waited += h.seconds
+					a := hooks[config][name]
+					a.count, a.seconds = a.count+h.count/float64(p.rounds), a.seconds+h.seconds/float64(p.rounds)
+					hooks[config][name] = a
+				}
 			}
 			if n == 0 {
 				continue
 			}
 			slices.Sort(ratios)
-			spread := "-"
+			spread, interval := "-", "-"
 			if len(ratios) > 0 {
 				spread = fmt.Sprintf("%.3f to %.3f", ratios[0], ratios[len(ratios)-1])
+				if config != "no webhook" {
+					m, lo, hi := geometricInterval(ratios)
+					interval = fmt.Sprintf("%.3f (%.3f to %.3f)", m, lo, hi)
+				}
 			}
-			fmt.Fprintf(w, "| %s | %.2f | %.3f | %s | %s | %s | %.0f | %s | %.0f | %s |\n", config, median(rates), median(ratios), spread,
-				q(done, 0.5), q(done, 0.99), calls/float64(n), (callMean / time.Duration(n)).Round(10*time.Microsecond), adds/float64(n),
+			perWorkflow, share := 0.0, 0.0
+			if len(done) > 0 {
+				perWorkflow = waited / float64(len(done))
+				share = waited / doneSum
+			}
+			fmt.Fprintf(w, "| %s | %.2f | %.3f | %s | %s | %s | %s | %.0f | %s | %s | %.2f%% | %.0f | %s |\n", config, median(rates), median(ratios), interval, spread,
+				q(done, 0.5), q(done, 0.99), calls/float64(n), (callMean / time.Duration(n)).Round(10*time.Microsecond),
+				time.Duration(perWorkflow*float64(time.Second)).Round(100*time.Microsecond), 100*share, adds/float64(n),
 				(wait / time.Duration(n)).Round(10*time.Microsecond))
 		}
+		fmt.Fprintf(w, "\nCalls by webhook, per batch (mean over the rounds), %s, API server %s:\n\n", version, load)
+		fmt.Fprintln(w, "| configuration | webhook | calls per batch | mean call | waited per batch |")
+		fmt.Fprintln(w, "|---|---|---|---|---|")
+		for _, config := range p.configs {
+			names := make([]string, 0, len(hooks[config]))
+			for name := range hooks[config] {
+				names = append(names, name)
+			}
+			slices.Sort(names)
+			for _, name := range names {
+				h := hooks[config][name]
+				mean := time.Duration(0)
+				if h.count > 0 {
+					mean = time.Duration(h.seconds / h.count * float64(time.Second))
+				}
+				fmt.Fprintf(w, "| %s | %s | %.1f | %s | %s |\n", config, name, h.count, mean.Round(10*time.Microsecond),
+					time.Duration(h.seconds*float64(time.Second)).Round(time.Millisecond))
+			}
+		}
 	}
+}
+
+// geometricInterval is the geometric mean of ratios with its 95% interval: the mean of their
+// logarithms plus or minus Student's t for len(ratios)-1 degrees of freedom times its standard
+// error. With one ratio the interval is that ratio.
+func geometricInterval(ratios []float64) (mean, lo, hi float64) {
+	n := float64(len(ratios))
+	var sum, sq float64
+	for _, r := range ratios {
+		sum += math.Log(r)
+	}
+	m := sum / n
+	if len(ratios) < 2 {
+		return math.Exp(m), math.Exp(m), math.Exp(m)
+	}
+	for _, r := range ratios {
+		sq += (math.Log(r) - m) * (math.Log(r) - m)
+	}
+	half := studentT975(len(ratios)-1) * math.Sqrt(sq/(n-1)) / math.Sqrt(n)
+	return math.Exp(m), math.Exp(m - half), math.Exp(m + half)
+}
+
+// studentT975 is the 97.5th percentile of Student's t with df degrees of freedom (df ≥ 1),
+// from the usual table; between its rows, the row of the next smaller df (a wider interval).
+func studentT975(df int) float64 {
+	table := []struct {
+		df int
+		t  float64
+	}{{1, 12.706}, {2, 4.303}, {3, 3.182}, {4, 2.776}, {5, 2.571}, {6, 2.447}, {7, 2.365}, {8, 2.306}, {9, 2.262},
+		{10, 2.228}, {12, 2.179}, {15, 2.131}, {20, 2.086}, {30, 2.042}, {60, 2.000}, {120, 1.980}}
+	for i := len(table) - 1; i > 0; i-- {
+		if df >= table[i].df {
+			return table[i].t
+		}
+	}
+	return table[0].t
 }
 
 func median(v []float64) float64 {
@@ -407,7 +492,7 @@ func runThroughput(t *testing.T, version, config, load string, p throughputParam
 	if err := waitHTTP(ctx, ""); err != nil {
 		t.Fatalf("the controller never served its metrics: %v", err)
 	}
-	calls0, sum0 := webhookCalls(ctx, t, env)
+	before := webhookCalls(ctx, t, env)
 
 	created := map[string]time.Time{}
 	var wfs []*unstructured.Unstructured
@@ -452,9 +537,18 @@ func runThroughput(t *testing.T, version, config, load string, p throughputParam
 		}
 	}
 	r.perMinute = float64(len(wfs)) / last.Sub(start).Minutes()
-	calls1, sum1 := webhookCalls(ctx, t, env)
-	if r.calls = calls1 - calls0; r.calls > 0 {
-		r.callMean = time.Duration((sum1 - sum0) / r.calls * float64(time.Second))
+	r.byHook = map[string]hookCalls{}
+	var sum float64
+	for name, after := range webhookCalls(ctx, t, env) {
+		d := hookCalls{count: after.count - before[name].count, seconds: after.seconds - before[name].seconds}
+		if d.count > 0 {
+			r.byHook[name] = d
+			r.calls += d.count
+			sum += d.seconds
+		}
+	}
+	if r.calls > 0 {
+		r.callMean = time.Duration(sum / r.calls * float64(time.Second))
 	}
 	if mfs, err := scrapeController(ctx); err == nil {
 		r.queueAdds, r.queueWait = workflowQueue(mfs)
@@ -464,18 +558,30 @@ func runThroughput(t *testing.T, version, config, load string, p throughputParam
 	return r
 }
 
-// webhookCalls reads, from the API server's own histogram, how many webhook calls it made and
-// how long they took in all (seconds), for every webhook.
-func webhookCalls(ctx context.Context, t *testing.T, env *testenv.Env) (count, sum float64) {
+// hookCalls is how many calls the API server made to one webhook, and how long they took in all.
+type hookCalls struct{ count, seconds float64 }
+
+// webhookCalls reads, from the API server's own histogram, how many calls it made to each
+// webhook (by its name) and how long they took in all.
+func webhookCalls(ctx context.Context, t *testing.T, env *testenv.Env) map[string]hookCalls {
 	mfs, err := env.APIServerMetrics(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
+	calls := map[string]hookCalls{}
 	for _, m := range mfs["apiserver_admission_webhook_admission_duration_seconds"].GetMetric() {
-		count += float64(m.GetHistogram().GetSampleCount())
-		sum += m.GetHistogram().GetSampleSum()
+		name := ""
+		for _, l := range m.GetLabel() {
+			if l.GetName() == "name" {
+				name = l.GetValue()
+			}
+		}
+		c := calls[name]
+		c.count += float64(m.GetHistogram().GetSampleCount())
+		c.seconds += m.GetHistogram().GetSampleSum()
+		calls[name] = c
 	}
-	return count, sum
+	return calls
 }
 
 // workflowQueue reads the controller's workflow queue from its metrics: items added, and the
