@@ -42,6 +42,7 @@ type flags struct {
 	liveReadTimeout    time.Duration
 	liveReadBudget     time.Duration
 	getBesideListAfter time.Duration
+	taskSetRepeatsFor  time.Duration
 	eventTimeout       time.Duration
 	eventBudget        time.Duration
 	storeFallback      string
@@ -179,6 +180,7 @@ func (f *flags) guardOptions() (completionstore.Options, webhook.Options, error)
 			LiveReadTimeout:        f.liveReadTimeout,
 			LiveReadBudget:         f.liveReadBudget,
 			GetBesideListAfter:     f.getBesideListAfter,
+			TaskSetRepeatsFor:      f.taskSetRepeatsFor,
 			EventReadTimeout:       f.eventTimeout,
 			EventReadBudget:        f.eventBudget,
 			StoreFallback:          fallback,
@@ -239,6 +241,8 @@ func parseFlags(args []string) (*flags, error) {
 		"How long the live read may take in all, retries included; past it the store decides. Keep it at least a second below the webhook's timeoutSeconds.")
 	fs.DurationVar(&f.getBesideListAfter, "live-read-get-after", 25*time.Millisecond,
 		"How long the LIST of a live read may go unanswered before a GET of the workflow starts beside it (the first answer wins; negative: never).")
+	fs.DurationVar(&f.taskSetRepeatsFor, "taskset-repeats-for", 5*time.Second,
+		"How long after a WorkflowTaskSet create admitted on a live read the same create (Argo's next pass, which fails with AlreadyExists) is admitted without a read; at most 10s; negative: every create is read.")
 	fs.DurationVar(&f.eventTimeout, "event-read-timeout", 250*time.Millisecond,
 		"For an Event that says a workflow failed: how long one attempt of the live read of its workflow may take before another starts beside it.")
 	fs.DurationVar(&f.eventBudget, "event-read-budget", time.Second,

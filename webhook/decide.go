@@ -48,6 +48,12 @@ const (
 	// task it adds a pending HTTP or plugin node of the running workflow that now holds the
 	// name (read live): that workflow's own write after AlreadyExists (row T6).
 	ReasonTasksOfNameHolder Reason = "tasks-of-name-holder"
+	// ReasonRepeatsAdmittedCreate: a WorkflowTaskSet create that repeats, task for task and
+	// template for template, one this replica admitted for the same workflow (by UID) after a
+	// live read found it running, seconds before, the store still holding it running (row
+	// T7): Argo sends it on every pass while an HTTP or plugin node is pending, and it fails
+	// with AlreadyExists; the patch after it is judged.
+	ReasonRepeatsAdmittedCreate Reason = "repeats-admitted-create"
 )
 
 // Reasons to refuse.
@@ -73,7 +79,7 @@ const (
 var admissionReasons = []Reason{ReasonNotOwnedByWorkflow, ReasonArtifactGCOrOtherComponent, ReasonNamespaceNotWatched,
 	ReasonNotCoveredByPolicy, ReasonNoNewTask, ReasonNotAFailureClaim, ReasonClaimMatchesPhase, ReasonWorkflowGone,
 	ReasonWorkflowNotTerminal, ReasonPhaseNotDenied, ReasonNotSeenCompleted, ReasonUnverifiedFailOpen,
-	ReasonUnconfirmedCompletion, ReasonTasksOfNameHolder}
+	ReasonUnconfirmedCompletion, ReasonTasksOfNameHolder, ReasonRepeatsAdmittedCreate}
 
 // refusalReasons are the reasons a refusal carries (kindSpec.refusals, those of each kind).
 var refusalReasons = []Reason{ReasonWorkflowCompleted, ReasonWorkflowDeleted, ReasonWorkflowReplaced, ReasonWorkflowSucceeded, ReasonTaskSetOwnerGone}
@@ -188,6 +194,11 @@ func (g *guard) decide(ctx context.Context, f facts) decision {
 	case !g.covered(f.role):
 		d.reason, d.row = ReasonNotCoveredByPolicy, "4"
 		return d
+	case g.repeatsAdmittedCreate(f, d):
+		// Row T7 (checked before T4): no read; not remembered again, so that a TaskSet
+		// pending longer than repeatMemory is read again.
+		d.reason, d.row = ReasonRepeatsAdmittedCreate, "T7"
+		return d
 	}
 	// Exit handlers get a live read first unless store-first is set; ordinary step pods
 	// (strict mode) always go store-first, so that the common case costs no API call.
@@ -223,12 +234,40 @@ func (g *guard) decide(ctx context.Context, f facts) decision {
 }
 
 // noteCreate remembers the TaskSet create of a running workflow that d admits: should it fail
-// with AlreadyExists, Argo's patch of the existing object follows at once (row T6). Not a
-// dry run's.
+// with AlreadyExists, Argo's patch of the existing object follows at once (row T6), and the
+// same create on its next passes (row T7, when a live read found the workflow running). Not a
+// dry run's. A refusal of a TaskSet write for the workflow forgets what was remembered of it.
 func (g *guard) noteCreate(f facts, d decision) {
-	if ts, ok := f.object.(*taskSetObject); ok && !f.update && !f.dryRun && !d.deny && d.reason == ReasonWorkflowNotTerminal {
-		g.creates.note(types.NamespacedName{Namespace: ts.namespace, Name: ts.name}, d.wfUID, ts.templates)
+	ts, ok := f.object.(*taskSetObject)
+	if !ok {
+		return
 	}
+	key := types.NamespacedName{Namespace: ts.namespace, Name: ts.name}
+	switch {
+	case d.deny:
+		g.creates.forget(key, d.wfUID)
+	case !f.update && !f.dryRun && d.reason == ReasonWorkflowNotTerminal:
+		g.creates.note(key, d.wfUID, ts.templates, f.received, d.source == sourceLive)
+	}
+}
+
+// repeatsAdmittedCreate says whether f is a TaskSet create whose every task, with the same
+// template, this replica admitted in a create of the same TaskSet by the same workflow (by
+// UID) after a live read found it running (row 5), received less than repeatMemory ago, and
+// whether the store still holds that workflow, not deleted, not complete (row T7). Such a
+// create fails with AlreadyExists unless the first one did not land (another webhook refused
+// it, the API server failed) or the TaskSet was deleted since (with its workflow); even then
+// it hands the agent only what was found admissible seconds before. A stale copy's create of a
+// TaskSet that does not exist yet (its exit handler the first HTTP node) adds a task no
+// admitted create had. docs/decisions.md says what is left: a name reused within seconds while
+// the guard's watch has not seen the deletion.
+func (g *guard) repeatsAdmittedCreate(f facts, d decision) bool {
+	ts, ok := f.object.(*taskSetObject)
+	if !ok || f.update || !g.creates.repeats(types.NamespacedName{Namespace: ts.namespace, Name: ts.name}, d.wfUID, ts.templates) {
+		return false
+	}
+	rec, ok := g.store.Get(d.wfUID)
+	return ok && !rec.Deleted && rec.Phase != argo.PhaseUnsettled && !rec.Phase.Terminal()
 }
 
 // nameHolderWrote says whether the workflow that now holds the name (d.nameHolder) sent a

@@ -216,7 +216,10 @@ type decisionCase struct {
 	createdAgo           time.Duration
 	createdOtherTask     bool
 	createdOtherTemplate bool
-	store                storeState
+	// createdFromStore: that create was admitted from the store (rows 13, 17), not after a
+	// live read.
+	createdFromStore bool
+	store            storeState
 	// staleWatch: the guard's watch has not advanced for longer than WatchStaleAfter (and
 	// than StoreFreshFor).
 	staleWatch bool
@@ -253,6 +256,9 @@ func decisionCases() []decisionCase {
 	reopenOnly := write([]string{}, "true", nil, "false")
 	created := write(nil, "", []string{onExit}, "false")
 	notOwnedWrite := func(t *testing.T) facts { f := stale(t); f.owner = nil; return f }
+	dryRun := func(of func(*testing.T) facts) func(*testing.T) facts {
+		return func(t *testing.T) facts { f := of(t); f.dryRun = true; return f }
+	}
 	elsewhereWrite := func(t *testing.T) facts { f := stale(t); f.namespace = "elsewhere"; return f }
 	event := func(reason string) func(*testing.T) facts {
 		return func(t *testing.T) facts { return eventFacts(t, wf, reason) }
@@ -327,10 +333,21 @@ func decisionCases() []decisionCase {
 		{row: "T1", name: "TaskSet without a Workflow owner reference", facts: notOwnedWrite, reason: ReasonNotOwnedByWorkflow},
 		{row: "T2", name: "TaskSet, namespace not guarded", facts: elsewhereWrite, opts: watchOnly, reason: ReasonNamespaceNotWatched},
 		{row: "T3", name: "TaskSet cleanup of a succeeded workflow (tasks removed, completed set)", facts: cleanup, reason: ReasonNoNewTask},
+		{row: "T7", name: "TaskSet created again with the tasks and templates this replica admitted for the workflow after a live read 1 s before, the store holding it running (Argo's next pass: AlreadyExists)", facts: created, createdBy: wf.GetUID(), createdAgo: time.Second, store: storeRunning, reason: ReasonRepeatsAdmittedCreate},
+		{row: "T7", name: "TaskSet created again, dry run", facts: dryRun(created), createdBy: wf.GetUID(), createdAgo: time.Second, store: storeRunning, reason: ReasonRepeatsAdmittedCreate},
 		{row: "T4", name: "as 5: task added, live Running", facts: stale, live: liveRunning, store: storeSucceeded, reason: ReasonWorkflowNotTerminal, source: sourceLive, wantRow: "5"},
 		{row: "T4", name: "as 6: task added, live Succeeded", facts: stale, live: liveSucceeded, deny: true, reason: ReasonWorkflowCompleted, source: sourceLive, wantRow: "6"},
 		{row: "T4", name: "as 6: completed set back alone, live Succeeded", facts: reopenOnly, live: liveSucceeded, deny: true, reason: ReasonWorkflowCompleted, source: sourceLive, wantRow: "6"},
 		{row: "T4", name: "as 6: TaskSet created, live Succeeded", facts: created, live: liveSucceeded, deny: true, reason: ReasonWorkflowCompleted, source: sourceLive, wantRow: "6"},
+		{row: "T4", name: "as 6: TaskSet created with a task the create admitted for the workflow lacked (a stale copy's exit handler), live Succeeded", facts: created, createdBy: wf.GetUID(), createdAgo: time.Second, createdOtherTask: true, store: storeRunning, live: liveSucceeded, deny: true, reason: ReasonWorkflowCompleted, source: sourceLive, wantRow: "6"},
+		{row: "T4", name: "as 6: TaskSet created with the task admitted for the workflow, another template, live Succeeded", facts: created, createdBy: wf.GetUID(), createdAgo: time.Second, createdOtherTemplate: true, store: storeRunning, live: liveSucceeded, deny: true, reason: ReasonWorkflowCompleted, source: sourceLive, wantRow: "6"},
+		{row: "T4", name: "as 6: TaskSet created as admitted for the workflow, older than the repeat memory, live Succeeded", facts: created, createdBy: wf.GetUID(), createdAgo: defaultTaskSetRepeatsFor + time.Second, store: storeRunning, live: liveSucceeded, deny: true, reason: ReasonWorkflowCompleted, source: sourceLive, wantRow: "6"},
+		{row: "T4", name: "as 6: TaskSet created as admitted for the workflow from the store (no live read), live Succeeded", facts: created, createdBy: wf.GetUID(), createdAgo: time.Second, createdFromStore: true, store: storeRunning, live: liveSucceeded, deny: true, reason: ReasonWorkflowCompleted, source: sourceLive, wantRow: "6"},
+		{row: "T4", name: "as 6: TaskSet created as admitted for the workflow 1 s before, the store since saw it succeed, live Succeeded", facts: created, createdBy: wf.GetUID(), createdAgo: time.Second, store: storeSucceeded, live: liveSucceeded, deny: true, reason: ReasonWorkflowCompleted, source: sourceLive, wantRow: "6"},
+		{row: "T4", name: "as 9: TaskSet created as admitted for the workflow 1 s before, the store since saw it deleted (its name reused), live other UID", facts: created, createdBy: wf.GetUID(), createdAgo: time.Second, store: storeTombstone, live: liveOtherUID, deny: true, reason: ReasonWorkflowReplaced, source: sourceLive, wantRow: "9"},
+		{row: "T4", name: "as 15: TaskSet created as admitted for the workflow 1 s before, the store holding nothing of it, read fails", facts: created, createdBy: wf.GetUID(), createdAgo: time.Second, live: liveFails, reason: ReasonUnverifiedFailOpen, wantRow: "15"},
+		{row: "T4", name: "as 6: TaskSet created as admitted for another workflow of the name, live Succeeded", facts: created, createdBy: "uid-of-another", createdAgo: time.Second, store: storeRunning, live: liveSucceeded, deny: true, reason: ReasonWorkflowCompleted, source: sourceLive, wantRow: "6"},
+		{row: "T4", name: "as 6: task added by an update, a create of it admitted for the workflow 1 s before (the patch after AlreadyExists is judged), live Succeeded", facts: stale, createdBy: wf.GetUID(), createdAgo: time.Second, store: storeRunning, live: liveSucceeded, deny: true, reason: ReasonWorkflowCompleted, source: sourceLive, wantRow: "6"},
 		{row: "T4", name: "as 7: task added, live Failed, default policy", facts: stale, live: liveFailed, reason: ReasonPhaseNotDenied, source: sourceLive, wantRow: "7"},
 		{row: "T4", name: "as 8: TaskSet created, live 404", facts: created, live: live404, deny: true, reason: ReasonWorkflowDeleted, source: sourceLive, wantRow: "8"},
 		{row: "T4", name: "as 8: task added by an update, live 404", facts: stale, live: live404, deny: true, reason: ReasonWorkflowDeleted, source: sourceLive, wantRow: "8"},
@@ -457,7 +474,7 @@ func TestDecisionTable(t *testing.T) {
 						created[k] = sha256.Sum256([]byte("another template"))
 					}
 				}
-				g.creates.note(types.NamespacedName{Namespace: ts.namespace, Name: ts.name}, c.createdBy, created)
+				g.creates.note(types.NamespacedName{Namespace: ts.namespace, Name: ts.name}, c.createdBy, created, time.Time{}, !c.createdFromStore)
 				g.creates.now = func() time.Time { return now }
 			}
 			d := g.decide(t.Context(), f)
@@ -476,6 +493,70 @@ func TestDecisionTable(t *testing.T) {
 				t.Errorf("whole read of the name's holder made %d times; the case wants it made: %v", nodeCalls, c.nodes != nodesNone)
 			}
 		})
+	}
+}
+
+// TestRepeatedCreatesAreReadAgainEachRepeatMemory: a create row T7 admits does not renew what
+// the guard remembers, so a TaskSet pending for long is read again once per repeatMemory, and
+// the create that read admits starts the next stretch.
+func TestRepeatedCreatesAreReadAgainEachRepeatMemory(t *testing.T) {
+	for _, tc := range []struct {
+		repeatsFor time.Duration
+		want       string
+		reads      int
+	}{
+		// Passes at 0, 1/3, 2/3, 1, 4/3, ... of the window: read at 0, then again at 4/3.
+		{0, "5 T7 T7 T7 5 T7 T7 T7", 2},
+		{-1, "5 5 5 5 5 5 5 5", 8},
+	} {
+		g, err := newGuard(nil, storeFor(t, tableWorkflow, storeRunning, false), Options{TaskSetRepeatsFor: tc.repeatsFor})
+		if err != nil {
+			t.Fatal(err)
+		}
+		calls := 0
+		g.readLive = cannedRead(liveRunning, &calls)
+		now := time.Now()
+		g.creates.now = func() time.Time { return now }
+		key, _ := fixture.OnExitTask(tableWorkflow)
+		f := taskSetFacts(t, tableWorkflow, nil, "", []string{key}, "false")
+		var rows []string
+		for range 8 {
+			f.received = now
+			rows = append(rows, g.decide(t.Context(), f).row)
+			now = now.Add(defaultTaskSetRepeatsFor / 3)
+		}
+		if got := strings.Join(rows, " "); got != tc.want || calls != tc.reads {
+			t.Errorf("--taskset-repeats-for %s: rows %s (%d reads), want %s (%d reads)", tc.repeatsFor, got, calls, tc.want, tc.reads)
+		}
+	}
+}
+
+// TestARefusalForgetsTheAdmittedCreate: once a TaskSet write of the workflow is refused (here
+// a create with one more task finds its name held by another workflow: row 9, a deletion the
+// store has not seen), the
+// create admitted before no longer lets the same create in without a read.
+func TestARefusalForgetsTheAdmittedCreate(t *testing.T) {
+	g, err := newGuard(nil, storeFor(t, tableWorkflow, storeRunning, false), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	calls := 0
+	g.readLive = cannedRead(liveRunning, &calls)
+	key, _ := fixture.OnExitTask(tableWorkflow)
+	create := taskSetFacts(t, tableWorkflow, nil, "", []string{key}, "false")
+	if d := g.decide(t.Context(), create); d.row != "5" {
+		t.Fatalf("the first create: row %s, want 5", d.row)
+	}
+	if d := g.decide(t.Context(), create); d.row != "T7" {
+		t.Fatalf("the same create again: row %s, want T7", d.row)
+	}
+	g.readLive = cannedRead(liveOtherUID, &calls)
+	another := taskSetFacts(t, tableWorkflow, nil, "", []string{key, argo.NodeID(tableWorkflow.GetName(), tableWorkflow.GetName()+"[0].call")}, "false")
+	if d := g.decide(t.Context(), another); d.row != "9" || !d.deny {
+		t.Fatalf("a create with another task, the name held by another workflow: %s (row %s), want refused by row 9", d.reason, d.row)
+	}
+	if d := g.decide(t.Context(), create); d.row != "9" || !d.deny {
+		t.Errorf("the same create after the refusal: row %s deny %v, want read and refused by row 9", d.row, d.deny)
 	}
 }
 

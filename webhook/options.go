@@ -94,6 +94,8 @@ const (
 	// goes to etcd at once. 25 ms is past the LIST's p99 on an idle API server (8.5 to 17 ms,
 	// docs/performance.md table 6), so that about one read in a hundred costs a second request.
 	defaultGetBesideListAfter = 25 * time.Millisecond
+	// defaultTaskSetRepeatsFor: row T7's window (docs/decisions.md).
+	defaultTaskSetRepeatsFor = 5 * time.Second
 	// defaultStoreFallback: see docs/reliability.md for the figures behind it.
 	defaultStoreFallback = FallbackFresh
 	// defaultStoreFreshFor: a store completion refuses only while the store's newest write is
@@ -129,6 +131,10 @@ type Options struct {
 	// GetBesideListAfter is how long the LIST of a live read may go unanswered before a GET of
 	// the workflow starts beside it, the first answer winning (default 25 ms; negative: never).
 	GetBesideListAfter time.Duration
+	// TaskSetRepeatsFor is how long after a TaskSet create admitted on a live read the same
+	// create is admitted without one (row T7; default 5 s, at most createMemory; negative:
+	// every create is read).
+	TaskSetRepeatsFor time.Duration
 	// EventReadTimeout and EventReadBudget are LiveReadTimeout and LiveReadBudget for the
 	// workflow of an Event (default 250 ms and 1 s).
 	EventReadTimeout time.Duration
@@ -191,6 +197,12 @@ func (o *Options) complete() error {
 	}
 	if o.GetBesideListAfter == 0 {
 		o.GetBesideListAfter = defaultGetBesideListAfter
+	}
+	if o.TaskSetRepeatsFor == 0 {
+		o.TaskSetRepeatsFor = defaultTaskSetRepeatsFor
+	}
+	if o.TaskSetRepeatsFor > createMemory {
+		errs = append(errs, fmt.Errorf("TaskSet repeats window %s is longer than %s, the memory of admitted creates", o.TaskSetRepeatsFor, createMemory))
 	}
 	if o.EventReadTimeout < 0 || o.EventReadBudget < 0 {
 		errs = append(errs, fmt.Errorf("event read timeout and budget must not be negative, got %s and %s", o.EventReadTimeout, o.EventReadBudget))

@@ -38,7 +38,7 @@ type guard struct {
 	extraReads chan struct{}
 	// getBudget bounds the GETs beside slow LISTs to a share of the LISTs.
 	getBudget *getBudget
-	// creates remembers the TaskSet creates admitted for running workflows (row T6).
+	// creates remembers the TaskSet creates admitted for running workflows (rows T6 and T7).
 	creates *taskSetCreates
 	// slots holds a token per decision in flight (Options.MaxConcurrentDecisions), otherSlots
 	// one per decision for an unexpected requester (an eighth of it, at least one).
@@ -116,7 +116,7 @@ func newGuard(reader client.Reader, store *completionstore.Store, opts Options) 
 		return nil, fmt.Errorf("webhook: %w", err)
 	}
 	g := &guard{opts: opts, store: store, reader: reader, metrics: newGuardMetrics(), denyPhases: map[argo.Phase]bool{},
-		extraReads: make(chan struct{}, maxExtraLiveReads), getBudget: newGetBudget(), creates: newTaskSetCreates(time.Now),
+		extraReads: make(chan struct{}, maxExtraLiveReads), getBudget: newGetBudget(), creates: newTaskSetCreates(time.Now, opts.TaskSetRepeatsFor),
 		slots: make(chan struct{}, opts.MaxConcurrentDecisions), otherSlots: make(chan struct{}, max(1, opts.MaxConcurrentDecisions/8))}
 	g.readLive = g.liveRead
 	g.readNodes = g.liveNodes

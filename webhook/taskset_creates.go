@@ -9,49 +9,66 @@ import (
 )
 
 const (
-	// createMemory is how long the guard remembers a TaskSet create it admitted: Argo sends
-	// the patch that follows an AlreadyExists within the same pass, milliseconds later.
+	// createMemory is how long the guard remembers a TaskSet create it admitted, for row T6:
+	// Argo sends the patch that follows an AlreadyExists within the same pass, milliseconds
+	// later.
 	createMemory = 10 * time.Second
 	// maxCreatesRemembered bounds the memory: past it, a create is not remembered (its patch,
-	// if one comes, is judged by the node tree alone).
+	// if one comes, is judged by the node tree alone; its next create is read).
 	maxCreatesRemembered = 10000
 )
 
 // createdTaskSet is a TaskSet create the guard admitted: by which workflow, with which tasks
-// (the digest of each task's template).
+// (the digest of each task's template), when it was received, and whether a live read found
+// the workflow running (row 5), rather than the store (rows 13 and 17).
 type createdTaskSet struct {
 	owner types.UID
 	tasks map[string][sha256.Size]byte
 	at    time.Time
+	live  bool
 }
 
 // taskSetCreates remembers, by namespace and name, the last TaskSet create the guard admitted
-// for a running workflow, for createMemory. Argo creates a workflow's TaskSet and, on
-// AlreadyExists, patches the existing object with the same tasks: when a workflow reused the
-// name of a deleted one whose TaskSet the garbage collector has not removed yet, that patch
-// keeps the deleted workflow's owner reference, and this memory is how the guard knows the
-// running workflow sent it (row T6): the same tasks with the same templates. A stale copy of
-// the deleted workflow cannot put itself here (its create names the deleted workflow and is
-// refused), and its patch, should its create have been admitted unverified, carries its own
-// rendered templates.
+// for a running workflow. Argo sends that create again on each pass while a node of the
+// TaskSet is pending, and it fails with AlreadyExists: a create that repeats one admitted
+// after a live read, less than its repeatMemory ago, is admitted without a read (row T7). On
+// AlreadyExists, Argo patches the existing object with the same tasks: when a workflow reused
+// the name of a deleted one whose TaskSet the garbage collector has not removed yet, that
+// patch keeps the deleted workflow's owner reference, and this memory is how the guard knows
+// the running workflow sent it (row T6): the same tasks with the same templates, less than
+// createMemory ago. A stale copy of the deleted workflow cannot put itself here (its create
+// names the deleted workflow, is read and refused), and its patch, should its create have been
+// admitted unverified, carries its own rendered templates. A refusal for the same workflow
+// and name forgets what was remembered (forget).
 type taskSetCreates struct {
 	now func() time.Time
+	// repeatMemory is how long a create admitted after a live read lets the same create
+	// again in without one (row T7, Options.TaskSetRepeatsFor; negative: never): Argo sends
+	// it on each pass while a node of the TaskSet is pending, a second or so apart when the
+	// agent's results wake the workflow. Shorter than createMemory, so that a create T7
+	// admits is still remembered for the patch after it; a TaskSet pending longer is read
+	// again once in each repeatMemory.
+	repeatMemory time.Duration
 
 	mu sync.Mutex
 	m  map[types.NamespacedName]createdTaskSet
 }
 
-func newTaskSetCreates(now func() time.Time) *taskSetCreates {
-	return &taskSetCreates{now: now, m: map[types.NamespacedName]createdTaskSet{}}
+func newTaskSetCreates(now func() time.Time, repeatMemory time.Duration) *taskSetCreates {
+	return &taskSetCreates{now: now, repeatMemory: repeatMemory, m: map[types.NamespacedName]createdTaskSet{}}
 }
 
 // note remembers an admitted create of the TaskSet key by owner with tasks (digests of their
-// templates by task key).
-func (c *taskSetCreates) note(key types.NamespacedName, owner types.UID, tasks map[string][sha256.Size]byte) {
+// templates by task key), received at at (now when zero); live says a live read found the
+// workflow running.
+func (c *taskSetCreates) note(key types.NamespacedName, owner types.UID, tasks map[string][sha256.Size]byte, at time.Time, live bool) {
 	if len(tasks) == 0 {
 		return
 	}
 	now := c.now()
+	if at.IsZero() || at.After(now) {
+		at = now
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if _, ok := c.m[key]; !ok && len(c.m) >= maxCreatesRemembered {
@@ -64,19 +81,38 @@ func (c *taskSetCreates) note(key types.NamespacedName, owner types.UID, tasks m
 			return
 		}
 	}
-	c.m[key] = createdTaskSet{owner: owner, tasks: tasks, at: now}
+	c.m[key] = createdTaskSet{owner: owner, tasks: tasks, at: at, live: live}
+}
+
+// forget drops what is remembered of the TaskSet key, if owner created it.
+func (c *taskSetCreates) forget(key types.NamespacedName, owner types.UID) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if v, ok := c.m[key]; ok && v.owner == owner {
+		delete(c.m, key)
+	}
 }
 
 // covers says whether, within createMemory, owner created the TaskSet key with every one of
-// tasks (and at least one), each with the same template.
+// tasks (and at least one), each with the same template (row T6).
 func (c *taskSetCreates) covers(key types.NamespacedName, owner types.UID, tasks map[string][sha256.Size]byte) bool {
+	return c.matches(key, owner, tasks, createMemory, false)
+}
+
+// repeats says whether, within repeatMemory, owner created the TaskSet key with every one of
+// tasks (and at least one), each with the same template, admitted after a live read (row T7).
+func (c *taskSetCreates) repeats(key types.NamespacedName, owner types.UID, tasks map[string][sha256.Size]byte) bool {
+	return c.repeatMemory > 0 && c.matches(key, owner, tasks, c.repeatMemory, true)
+}
+
+func (c *taskSetCreates) matches(key types.NamespacedName, owner types.UID, tasks map[string][sha256.Size]byte, within time.Duration, live bool) bool {
 	if len(tasks) == 0 || owner == "" {
 		return false
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	v, ok := c.m[key]
-	if !ok || v.owner != owner || c.now().Sub(v.at) > createMemory {
+	if !ok || v.owner != owner || c.now().Sub(v.at) > within || live && !v.live {
 		return false
 	}
 	for t, digest := range tasks {

@@ -14,7 +14,7 @@ import (
 // new while every entry is fresh.
 func TestTaskSetCreatesRemembersBoundedAndBriefly(t *testing.T) {
 	now := time.Unix(1000, 0)
-	c := newTaskSetCreates(func() time.Time { return now })
+	c := newTaskSetCreates(func() time.Time { return now }, defaultTaskSetRepeatsFor)
 	key := func(i int) types.NamespacedName {
 		return types.NamespacedName{Namespace: "argo", Name: fmt.Sprint("wf-", i)}
 	}
@@ -25,7 +25,7 @@ func TestTaskSetCreatesRemembersBoundedAndBriefly(t *testing.T) {
 		}
 		return m
 	}
-	c.note(key(0), "uid-a", digests("t1", "t2"))
+	c.note(key(0), "uid-a", digests("t1", "t2"), time.Time{}, true)
 	otherTemplate := digests("t1")
 	otherTemplate["t1"] = sha256.Sum256([]byte("another template"))
 	for _, tc := range []struct {
@@ -51,20 +51,52 @@ func TestTaskSetCreatesRemembersBoundedAndBriefly(t *testing.T) {
 	}
 	// Full of expired entries: a new create purges them.
 	for i := 1; i < maxCreatesRemembered; i++ {
-		c.note(key(i), "uid-a", digests("t"))
+		c.note(key(i), "uid-a", digests("t"), time.Time{}, true)
 	}
 	now = now.Add(createMemory + time.Millisecond)
-	c.note(key(maxCreatesRemembered), "uid-a", digests("t"))
+	c.note(key(maxCreatesRemembered), "uid-a", digests("t"), time.Time{}, true)
 	if len(c.m) != 1 || !c.covers(key(maxCreatesRemembered), "uid-a", digests("t")) {
 		t.Errorf("after the purge the memory holds %d entries, want the new one alone", len(c.m))
 	}
 	// Full of fresh entries: a new one is not remembered, the others stay.
 	for i := range maxCreatesRemembered - 1 {
-		c.note(key(i), "uid-a", digests("t"))
+		c.note(key(i), "uid-a", digests("t"), time.Time{}, true)
 	}
-	c.note(key(-1), "uid-a", digests("t"))
+	c.note(key(-1), "uid-a", digests("t"), time.Time{}, true)
 	if len(c.m) != maxCreatesRemembered || c.covers(key(-1), "uid-a", digests("t")) {
 		t.Errorf("full of fresh entries, the memory holds %d and remembered the new one: %v", len(c.m), c.covers(key(-1), "uid-a", digests("t")))
+	}
+}
+
+// Row T7 trusts only a create admitted after a live read, for --taskset-repeats-for from when it was
+// received; row T6 any admitted create, for createMemory. A refusal for the owner forgets it.
+func TestTaskSetCreatesRepeatsOnlyLiveAndBriefly(t *testing.T) {
+	now := time.Unix(1000, 0)
+	c := newTaskSetCreates(func() time.Time { return now }, defaultTaskSetRepeatsFor)
+	key := types.NamespacedName{Namespace: "argo", Name: "wf"}
+	tasks := map[string][sha256.Size]byte{"t1": sha256.Sum256([]byte("template"))}
+
+	c.note(key, "uid-a", tasks, time.Time{}, false)
+	if c.repeats(key, "uid-a", tasks) || !c.covers(key, "uid-a", tasks) {
+		t.Errorf("a create admitted from the store: repeats %v (want false), covers %v (want true)", c.repeats(key, "uid-a", tasks), c.covers(key, "uid-a", tasks))
+	}
+	// Received 3 s before it was remembered (the decision took that long): counted from then.
+	c.note(key, "uid-a", tasks, now.Add(-3*time.Second), true)
+	if !c.repeats(key, "uid-a", tasks) || c.repeats(key, "uid-b", tasks) {
+		t.Error("a create admitted after a live read: want repeats for its owner alone")
+	}
+	now = now.Add(defaultTaskSetRepeatsFor - 3*time.Second + time.Millisecond)
+	if c.repeats(key, "uid-a", tasks) || !c.covers(key, "uid-a", tasks) {
+		t.Errorf("past the repeat window from its receipt: repeats %v (want false), covers %v (want true)", c.repeats(key, "uid-a", tasks), c.covers(key, "uid-a", tasks))
+	}
+	c.note(key, "uid-a", tasks, time.Time{}, true)
+	c.forget(key, "uid-b")
+	if !c.repeats(key, "uid-a", tasks) {
+		t.Error("a refusal for another workflow forgot this one's create")
+	}
+	c.forget(key, "uid-a")
+	if c.repeats(key, "uid-a", tasks) || c.covers(key, "uid-a", tasks) {
+		t.Error("a refusal for the owner left its create remembered")
 	}
 }
 
@@ -82,5 +114,16 @@ func TestTemplateDigestIgnoresNullsOnly(t *testing.T) {
 	}
 	if templateDigest([]byte(`{`)) != sha256.Sum256([]byte(`{`)) {
 		t.Error("a template that does not decode is not digested as it came")
+	}
+}
+
+// Row T7's window may not outlast the memory of admitted creates that row T6 reads.
+func TestTaskSetRepeatsForIsBoundedByTheMemory(t *testing.T) {
+	store := storeFor(t, tableWorkflow, storeEmpty, false)
+	if _, err := newGuard(nil, store, Options{TaskSetRepeatsFor: createMemory + time.Second}); err == nil {
+		t.Errorf("--taskset-repeats-for %s past the %s memory was accepted", createMemory+time.Second, createMemory)
+	}
+	if _, err := newGuard(nil, store, Options{TaskSetRepeatsFor: createMemory}); err != nil {
+		t.Errorf("--taskset-repeats-for %s: %v", createMemory, err)
 	}
 }

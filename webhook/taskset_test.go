@@ -194,6 +194,51 @@ func TestTaskSetWrites(t *testing.T) {
 		}
 	})
 
+	t.Run("Argo's create on its next passes: admitted without a read, fails AlreadyExists; after completion, with the guard's store behind, the patch after it is judged and refused, and the next create read", func(t *testing.T) {
+		// No watch: the store knows the workflow only from the live read of its first create,
+		// and never sees it complete (the worst case for row T7).
+		h := startGuard(t, Options{}, harnessOptions{noWatch: true})
+		ns := newNamespace(t)
+		wf, ts, step := runningTaskSet(t, ns, "passes")
+		reads := func() float64 { return h.counter(t, "exit_guard_live_read_duration_seconds", nil) }
+		repeated := func() float64 {
+			return h.counter(t, "exit_guard_decisions_total", map[string]string{"verdict": "allowed", "reason": string(ReasonRepeatsAdmittedCreate), "kind": argo.TaskSetKind})
+		}
+		before := reads()
+		for pass := range 3 {
+			err := env.Client.Create(t.Context(), fixture.TaskSet(wf, map[string]any{step: fixture.HTTPTask("call")}))
+			if !apierrors.IsAlreadyExists(err) {
+				t.Fatalf("pass %d: the running workflow's create again: err = %v, want AlreadyExists (admitted, then found existing)", pass+1, err)
+			}
+		}
+		if got := repeated(); got != 3 {
+			t.Errorf("creates admitted as %s = %v, want 3", ReasonRepeatsAdmittedCreate, got)
+		}
+		if got := reads() - before; got != 0 {
+			t.Errorf("the repeated creates made %v live reads, want none", got)
+		}
+		complete(t, wf, ts, step)
+		// A stale copy's pass with the step still pending: its create repeats the admitted one
+		// and fails AlreadyExists; its patch adds the task back and sets the label back.
+		err := env.Client.Create(t.Context(), fixture.TaskSet(wf, map[string]any{step: fixture.HTTPTask("call")}))
+		if !apierrors.IsAlreadyExists(err) || repeated() != 4 {
+			t.Fatalf("a repeated create after completion, the store behind: err = %v (want AlreadyExists), %v admitted as %s (want 4)", err, repeated(), ReasonRepeatsAdmittedCreate)
+		}
+		err = env.Client.Patch(t.Context(), ts, fixture.TaskSetPatch(false, map[string]any{step: fixture.HTTPTask("call")}))
+		wantRefused(t, err, ReasonWorkflowCompleted)
+		// The refusal forgot the create: the same create is now read, and refused.
+		reads0 := reads()
+		err = env.Client.Create(t.Context(), fixture.TaskSet(wf, map[string]any{step: fixture.HTTPTask("call")}))
+		wantRefused(t, err, ReasonWorkflowCompleted)
+		if got := reads() - reads0; got < 1 {
+			t.Errorf("the create after a refusal made %v live reads, want one", got)
+		}
+		// A stale copy's create with its exit handler's task beside the step's: read, refused.
+		key, tmpl := fixture.OnExitTask(wf)
+		err = env.Client.Create(t.Context(), fixture.TaskSet(wf, map[string]any{step: fixture.HTTPTask("call"), key: tmpl}))
+		wantRefused(t, err, ReasonWorkflowCompleted)
+	})
+
 	for _, storeFirst := range []bool{false, true} {
 		// Live read first, or store first (the store's completion confirmed live).
 		t.Run(fmt.Sprintf("a retried workflow the guard's watch has not seen retried: admitted (store-first %v)", storeFirst), func(t *testing.T) {

@@ -137,19 +137,26 @@ func TestArgoThroughput(t *testing.T) {
 					r := runThroughput(t, version, config, load, p, loadBin)
 					r.round = round
 					all = append(all, r)
-					t.Logf("%s, %s, %s, round %d: %.2f workflows/min, create to done p50 %s p99 %s; webhook calls %.0f (mean %s); controller queue adds %.0f, mean wait %s",
-						version, load, config, round+1, r.perMinute, q(r.done, 0.5), q(r.done, 0.99), r.calls, r.callMean.Round(10*time.Microsecond), r.queueAdds, r.queueWait.Round(10*time.Microsecond))
+					var hooks []string
+					for name, h := range r.byHook {
+						hooks = append(hooks, fmt.Sprintf("%s %.0f in %s", name, h.count, time.Duration(h.seconds*float64(time.Second)).Round(time.Millisecond)))
+					}
+					slices.Sort(hooks)
+					t.Logf("%s, %s, %s, round %d: %.2f workflows/min, create to done p50 %s p99 %s; webhook calls %.0f (mean %s; %s); controller queue adds %.0f, mean wait %s",
+						version, load, config, round+1, r.perMinute, q(r.done, 0.5), q(r.done, 0.99), r.calls, r.callMean.Round(10*time.Microsecond), strings.Join(hooks, ", "),
+						r.queueAdds, r.queueWait.Round(10*time.Microsecond))
 				}
 			}
 		}
 		writeThroughputReport(&report, version, p, all)
-	}
-	t.Log("\n" + report.String())
-	if p.report != "" {
-		if err := os.WriteFile(p.report, []byte(report.String()), 0o600); err != nil {
-			t.Fatal(err)
+		// Written after each version, so that a later version's failure keeps this one's.
+		if p.report != "" {
+			if err := os.WriteFile(p.report, []byte(report.String()), 0o600); err != nil {
+				t.Fatal(err)
+			}
 		}
 	}
+	t.Log("\n" + report.String())
 }
 
 // q is the quantile at f of d.
@@ -466,7 +473,7 @@ func runThroughput(t *testing.T, version, config, load string, p throughputParam
 	}
 	defer func() { _ = logOut.Close() }()
 	cmd := exec.Command(ctrlBin, "--kubeconfig="+kcFile, "--namespaced", "--managed-namespace="+namespace, //nolint:gosec // G204: the controller this repository built
-		"--namespace="+namespace, "--executor-image=executor:e2e", "--loglevel=warning")
+		"--namespace="+namespace, "--executor-image=executor:e2e", "--loglevel=warn")
 	cmd.Env = append(os.Environ(), "LEADER_ELECTION_DISABLE=true", "DEFAULT_REQUEUE_TIME=1s")
 	cmd.Stdout, cmd.Stderr = logOut, logOut
 	if err := cmd.Start(); err != nil {
@@ -490,7 +497,8 @@ func runThroughput(t *testing.T, version, config, load string, p throughputParam
 	defer stopLoad()
 	// The controller is ready once its metrics answer.
 	if err := waitHTTP(ctx, ""); err != nil {
-		t.Fatalf("the controller never served its metrics: %v", err)
+		logs, _ := os.ReadFile(logFile)
+		t.Fatalf("%s: the controller never served its metrics: %v\ncontroller log:\n%s", version, err, tail(logs, 40))
 	}
 	before := webhookCalls(ctx, t, env)
 
