@@ -167,7 +167,7 @@ THROUGHPUT_WORKFLOWS ?= 24
 THROUGHPUT_PARALLELISM ?= 8
 THROUGHPUT_ROUNDS ?= 3
 THROUGHPUT_LOADS ?= idle,loaded
-THROUGHPUT_CONFIGS ?= no webhook,exit-guard,exit-guard --store-first,live-GET peer
+THROUGHPUT_CONFIGS ?= no webhook,exit-guard,exit-guard --store-first,exit-guard --taskset-repeats-for=-1s,live-GET peer
 THROUGHPUT_REPORT ?= $(BIN)/throughput.md
 
 .PHONY: e2e-throughput

@@ -242,7 +242,7 @@ func parseFlags(args []string) (*flags, error) {
 	fs.DurationVar(&f.getBesideListAfter, "live-read-get-after", 25*time.Millisecond,
 		"How long the LIST of a live read may go unanswered before a GET of the workflow starts beside it (the first answer wins; negative: never).")
 	fs.DurationVar(&f.taskSetRepeatsFor, "taskset-repeats-for", 5*time.Second,
-		"How long after a WorkflowTaskSet create admitted on a live read the same create (Argo's next pass, which fails with AlreadyExists) is admitted without a read; at most 10s; negative: every create is read.")
+		"How long after a WorkflowTaskSet create admitted on a live read the same create (Argo's next pass, which fails with AlreadyExists) is admitted without a read, while the store holds the workflow running; at most 10s; 0: this default; negative: every create is read.")
 	fs.DurationVar(&f.eventTimeout, "event-read-timeout", 250*time.Millisecond,
 		"For an Event that says a workflow failed: how long one attempt of the live read of its workflow may take before another starts beside it.")
 	fs.DurationVar(&f.eventBudget, "event-read-budget", time.Second,

@@ -44,7 +44,7 @@ import (
 
 // throughputConfigs are the configurations compared: no webhook, the guard as the chart
 // installs it (default and --store-first), and the live-GET peer (pods only).
-var throughputConfigs = []string{"no webhook", "exit-guard", "exit-guard --store-first", "live-GET peer"}
+var throughputConfigs = []string{"no webhook", "exit-guard", "exit-guard --store-first", "exit-guard --taskset-repeats-for=-1s", "live-GET peer"}
 
 // throughputParams are the run's sizes, from the environment (make e2e-throughput).
 type throughputParams struct {
@@ -100,8 +100,11 @@ type throughputRun struct {
 	round        int
 	// perMinute: workflows completed per minute, from the first create to the last completion.
 	perMinute float64
-	// done: from each workflow's create to its completion as the test's poll saw it.
+	// done: from each workflow's create to its completion as the test's poll saw it; held:
+	// from when the poll first saw it Running (past the parallelism limit, which keeps it
+	// Pending) to its completion: the time it held one of the parallelism's slots.
 	done []time.Duration
+	held []time.Duration
 	// calls: the webhook calls the API server made for the batch, and their mean duration;
 	// byHook: the calls of each webhook (pods, TaskSets, Events, the peer's) and the time
 	// Argo's writes waited on them in all.
@@ -172,27 +175,29 @@ func q(d []time.Duration, f float64) time.Duration {
 
 // writeThroughputReport writes two Markdown tables per load. The first, for each configuration:
 // the median over the rounds of its workflows per minute and of its ratio to no webhook in the
-// same round, the ratios' geometric mean with its 95% interval (Student's t over the rounds)
-// and their lowest and highest, create-to-done p50 and p99 over every workflow of every round,
-// the webhook calls, the time Argo's writes waited on webhooks per workflow and as a share of a
-// workflow's mean create to done, and the controller's queue figures. The second splits the
+// same round, the ratios' geometric mean with its 95% interval (Student's t over the rounds;
+// from two rounds) and their lowest and highest, create-to-done p50 and p99 over every
+// workflow of every round, the mean time a workflow held a parallelism slot, the webhook
+// calls, the time Argo's writes waited on webhooks per workflow and as a share of the slot
+// time (under a parallelism limit the rate is the slots over the mean time a workflow holds
+// one: that share bounds what the calls take from it), and the controller's queue figures. The second splits the
 // calls by webhook.
 func writeThroughputReport(w *strings.Builder, version string, p throughputParams, all []throughputRun) {
 	for _, load := range p.loads {
 		fmt.Fprintf(w, "\n**%s, API server %s**: %d workflows per batch, parallelism %d, %d round(s)\n\n", version, load, p.workflows, p.parallelism, p.rounds)
-		fmt.Fprintln(w, "| configuration | workflows/min (median) | ratio to no webhook (median) | ratio, geometric mean (95% interval) | ratio, lowest to highest | create to done p50 | p99 | webhook calls per batch | mean call | webhook wait per workflow | share of create to done | controller queue adds | mean queue wait |")
-		fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+		fmt.Fprintln(w, "| configuration | workflows/min (median) | ratio to no webhook (median) | ratio, geometric mean (95% interval) | ratio, lowest to highest | create to done p50 | p99 | slot held (mean) | webhook calls per batch | mean call | webhook wait per workflow | share of slot time | controller queue adds | mean queue wait |")
+		fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 		base := map[int]float64{}
 		for _, r := range all {
 			if r.load == load && r.config == "no webhook" {
 				base[r.round] = r.perMinute
 			}
 		}
-		hooks := map[string]map[string]hookCalls{}
+		hooks, runsOf := map[string]map[string]hookCalls{}, map[string]int{}
 		for _, config := range p.configs {
 			var rates, ratios []float64
 			var done []time.Duration
-			var calls, adds, waited, doneSum float64
+			var calls, adds, waited, heldSum float64
 			var callMean, wait time.Duration
 			n := 0
 			for _, r := range all {
@@ -205,8 +210,8 @@ func writeThroughputReport(w *strings.Builder, version string, p throughputParam
 					ratios = append(ratios, r.perMinute/b)
 				}
 				done = append(done, r.done...)
-				for _, d := range r.done {
-					doneSum += d.Seconds()
+				for _, d := range r.held {
+					heldSum += d.Seconds()
 				}
 				calls, adds, callMean, wait = calls+r.calls, adds+r.queueAdds, callMean+r.callMean, wait+r.queueWait
 				if hooks[config] == nil {
@@ -215,18 +220,19 @@ func writeThroughputReport(w *strings.Builder, version string, p throughputParam
 				for name, h := range r.byHook {
 					waited += h.seconds
 					a := hooks[config][name]
-					a.count, a.seconds = a.count+h.count/float64(p.rounds), a.seconds+h.seconds/float64(p.rounds)
+					a.count, a.seconds = a.count+h.count, a.seconds+h.seconds
 					hooks[config][name] = a
 				}
 			}
 			if n == 0 {
 				continue
 			}
+			runsOf[config] = n
 			slices.Sort(ratios)
 			spread, interval := "-", "-"
 			if len(ratios) > 0 {
 				spread = fmt.Sprintf("%.3f to %.3f", ratios[0], ratios[len(ratios)-1])
-				if config != "no webhook" {
+				if config != "no webhook" && len(ratios) > 1 {
 					m, lo, hi := geometricInterval(ratios)
 					interval = fmt.Sprintf("%.3f (%.3f to %.3f)", m, lo, hi)
 				}
@@ -234,10 +240,10 @@ func writeThroughputReport(w *strings.Builder, version string, p throughputParam
 			perWorkflow, share := 0.0, 0.0
 			if len(done) > 0 {
 				perWorkflow = waited / float64(len(done))
-				share = waited / doneSum
+				share = waited / heldSum
 			}
-			fmt.Fprintf(w, "| %s | %.2f | %.3f | %s | %s | %s | %s | %.0f | %s | %s | %.2f%% | %.0f | %s |\n", config, median(rates), median(ratios), interval, spread,
-				q(done, 0.5), q(done, 0.99), calls/float64(n), (callMean / time.Duration(n)).Round(10*time.Microsecond),
+			fmt.Fprintf(w, "| %s | %.2f | %.3f | %s | %s | %s | %s | %s | %.0f | %s | %s | %.2f%% | %.0f | %s |\n", config, median(rates), median(ratios), interval, spread,
+				q(done, 0.5), q(done, 0.99), time.Duration(heldSum/float64(max(1, len(done)))*float64(time.Second)).Round(10*time.Millisecond), calls/float64(n), (callMean / time.Duration(n)).Round(10*time.Microsecond),
 				time.Duration(perWorkflow*float64(time.Second)).Round(100*time.Microsecond), 100*share, adds/float64(n),
 				(wait / time.Duration(n)).Round(10*time.Microsecond))
 		}
@@ -252,6 +258,9 @@ func writeThroughputReport(w *strings.Builder, version string, p throughputParam
 			slices.Sort(names)
 			for _, name := range names {
 				h := hooks[config][name]
+				// Over the runs of the configuration: a webhook no call reached in a run
+				// counts that run as 0.
+				h.count, h.seconds = h.count/float64(runsOf[config]), h.seconds/float64(runsOf[config])
 				mean := time.Duration(0)
 				if h.count > 0 {
 					mean = time.Duration(h.seconds / h.count * float64(time.Second))
@@ -420,11 +429,9 @@ func runThroughput(t *testing.T, version, config, load string, p throughputParam
 	}
 
 	switch config {
-	case "exit-guard", "exit-guard --store-first":
+	case "exit-guard", "exit-guard --store-first", "exit-guard --taskset-repeats-for=-1s":
 		args := []string{"--webhook-port=" + strconv.Itoa(env.WebhookPort), "--webhook-cert-path=" + env.WebhookCertDir, "--shutdown-delay=0s"}
-		if config == "exit-guard --store-first" {
-			args = append(args, "--store-first")
-		}
+		args = append(args, strings.Fields(config)[1:]...)
 		out := &testenv.Output{}
 		g, err := testenv.StartGuard(ctx, guardBin, env.KubeConfig(), args, out)
 		if err != nil {
@@ -513,7 +520,7 @@ func runThroughput(t *testing.T, version, config, load string, p throughputParam
 		created[wf.GetName()] = time.Now()
 		wfs = append(wfs, wf)
 	}
-	doneAt := map[string]time.Time{}
+	doneAt, runningAt := map[string]time.Time{}, map[string]time.Time{}
 	err = wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, 10*time.Minute, true, func(ctx context.Context) (bool, error) {
 		var list unstructured.UnstructuredList
 		list.SetGroupVersionKind(argo.WorkflowListGVK)
@@ -521,6 +528,9 @@ func runThroughput(t *testing.T, version, config, load string, p throughputParam
 			now := time.Now()
 			for _, wf := range list.Items {
 				ph, _, _ := unstructured.NestedString(wf.Object, "status", "phase")
+				if _, seen := runningAt[wf.GetName()]; !seen && (argo.Phase(ph) == argo.PhaseRunning || argo.Phase(ph).Terminal()) {
+					runningAt[wf.GetName()] = now
+				}
 				if _, seen := doneAt[wf.GetName()]; !seen && argo.Phase(ph).Terminal() {
 					doneAt[wf.GetName()] = now
 					if argo.Phase(ph) != argo.PhaseSucceeded {
@@ -540,6 +550,7 @@ func runThroughput(t *testing.T, version, config, load string, p throughputParam
 	var last time.Time
 	for name, at := range doneAt {
 		r.done = append(r.done, at.Sub(created[name]))
+		r.held = append(r.held, at.Sub(runningAt[name]))
 		if at.After(last) {
 			last = at
 		}
