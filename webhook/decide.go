@@ -196,7 +196,7 @@ func (g *guard) decide(ctx context.Context, f facts) decision {
 		return d
 	case g.repeatsAdmittedCreate(f, d):
 		// Row T7 (checked before T4): no read; not remembered again, so that a TaskSet
-		// pending longer than repeatMemory is read again.
+		// pending longer than --taskset-repeats-for is read again.
 		d.reason, d.row = ReasonRepeatsAdmittedCreate, "T7"
 		return d
 	}
@@ -242,7 +242,7 @@ func (g *guard) noteCreate(f facts, d decision) {
 	if !ok {
 		return
 	}
-	key := types.NamespacedName{Namespace: ts.namespace, Name: ts.name}
+	key := ts.key()
 	switch {
 	case d.deny:
 		g.creates.forget(key, d.wfUID)
@@ -253,8 +253,8 @@ func (g *guard) noteCreate(f facts, d decision) {
 
 // repeatsAdmittedCreate says whether f is a TaskSet create whose every task, with the same
 // template, this replica admitted in a create of the same TaskSet by the same workflow (by
-// UID) after a live read found it running (row 5), received less than repeatMemory ago, and
-// whether the store still holds that workflow, not deleted, not complete (row T7). Such a
+// UID) after a live read found it running (row 5), received less than --taskset-repeats-for
+// ago, and whether the store still holds that workflow, not deleted, not complete (row T7). Such a
 // create fails with AlreadyExists unless the first one did not land (another webhook refused
 // it, the API server failed) or the TaskSet was deleted since (with its workflow); even then
 // it hands the agent only what was found admissible seconds before. A stale copy's create of a
@@ -263,7 +263,7 @@ func (g *guard) noteCreate(f facts, d decision) {
 // the guard's watch has not seen the deletion.
 func (g *guard) repeatsAdmittedCreate(f facts, d decision) bool {
 	ts, ok := f.object.(*taskSetObject)
-	if !ok || f.update || !g.creates.repeats(types.NamespacedName{Namespace: ts.namespace, Name: ts.name}, d.wfUID, ts.templates) {
+	if !ok || f.update || !g.creates.repeats(ts.key(), d.wfUID, ts.templates) {
 		return false
 	}
 	rec, ok := g.store.Get(d.wfUID)
@@ -282,7 +282,7 @@ func (g *guard) nameHolderWrote(ctx context.Context, f facts, d decision) bool {
 	if d.nameHolderDone {
 		return false
 	}
-	if g.creates.covers(types.NamespacedName{Namespace: ts.namespace, Name: ts.name}, d.nameHolder, ts.templates) {
+	if g.creates.covers(ts.key(), d.nameHolder, ts.templates) {
 		return true
 	}
 	return g.nameHolderRunsTasks(ctx, f, d)

@@ -474,7 +474,7 @@ func TestDecisionTable(t *testing.T) {
 						created[k] = sha256.Sum256([]byte("another template"))
 					}
 				}
-				g.creates.note(types.NamespacedName{Namespace: ts.namespace, Name: ts.name}, c.createdBy, created, time.Time{}, !c.createdFromStore)
+				g.creates.note(ts.key(), c.createdBy, created, time.Time{}, !c.createdFromStore)
 				g.creates.now = func() time.Time { return now }
 			}
 			d := g.decide(t.Context(), f)

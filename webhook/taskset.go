@@ -14,6 +14,7 @@ import (
 	admissionv1 "k8s.io/api/admission/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	"github.com/exit-guard/exit-guard/internal/argo"
@@ -162,6 +163,11 @@ type taskSetObject struct {
 }
 
 var _ object = (*taskSetObject)(nil)
+
+// key is the TaskSet's namespace and name: what the memory of admitted creates is keyed by.
+func (ts *taskSetObject) key() types.NamespacedName {
+	return types.NamespacedName{Namespace: ts.namespace, Name: ts.name}
+}
 
 var taskSetSpec = &kindSpec{
 	kind: kindTaskSet, noun: "write", retried: "run its HTTP or plugin tasks again",
