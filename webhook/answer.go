@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -40,7 +41,7 @@ func denyVerdict(mode Mode) string {
 }
 
 // answer is the admission response for a verdict: an admission with its reason; a refusal
-// (HTTP 403, the reason code in its causes); or, in warn and dry-run mode, an admission that
+// (code 429, refusalCode, the reason code in its causes); or, in warn and dry-run mode, an admission that
 // marks the object on the mutating path, and warns in warn mode or where it cannot mark. Every
 // answer carries the audit annotations.
 func (h *handler) answer(ctx context.Context, f facts, d decision, verdict string) admission.Response {
@@ -72,11 +73,27 @@ func (h *handler) answer(ctx context.Context, f facts, d decision, verdict strin
 // its workflow.
 const causeField = "metadata.ownerReferences"
 
-// refusal is the guard's refusal: reason Forbidden and code 403, as clients (Argo's controller
-// among them) recognise a refusal by apierrors.IsForbidden, and ServeHTTP answers in an HTTP 200;
-// the reason code travels in Status.details.causes, which the API server hands to the client.
+// The status of every refusal: code 429 with reason TooManyRequests, and no
+// details.retryAfterSeconds. Argo's controller (util/errors.IsTransientErr, in v3.4 to v4.0)
+// takes a 429 as transient by its code alone: a refused step or exit-handler pod leaves its node
+// Pending and requeues the workflow (requeueIfTransientErr), where a 403 would make the node
+// Error and carry a stale pass on to a terminal phase (a WorkflowFailed Event, phase metrics),
+// and would lose a real exit handler that the guard refused wrongly. The API server keeps a
+// denying webhook's code and reason (k8s.io/apiserver webhook/errors.ToStatusErr) and sends
+// Retry-After only from retryAfterSeconds; without that header client-go does not retry a 429
+// inside the call (rest/with_retry.go checkWait), so Argo's worker is never held. docs/decisions.md
+// says why this code and not another.
+const (
+	refusalCode   = http.StatusTooManyRequests
+	refusalReason = metav1.StatusReasonTooManyRequests
+)
+
+// refusal is the guard's refusal: code 429, reason TooManyRequests (refusalCode), which
+// ServeHTTP answers in an HTTP 200; the reason code travels in Status.details.causes, which the
+// API server hands to the client.
 func refusal(f facts, d decision) admission.Response {
 	r := admission.Denied(denialMessage(f, d))
+	r.Result.Code, r.Result.Reason = refusalCode, refusalReason
 	r.Result.Details = &metav1.StatusDetails{Causes: []metav1.StatusCause{{
 		Type: metav1.CauseType(d.reason), Field: causeField, Message: workflowText(d),
 	}}}
@@ -85,10 +102,12 @@ func refusal(f facts, d decision) admission.Response {
 
 // RefusalReason returns the reason code of exit-guard's refusal in err, an error from the API
 // server (a create or update that the guard refused), and whether err is such a refusal.
-// Programs match the code; the message is for people.
+// Programs match the code; the message is for people. A refusal is a 429 (refusalCode); a 403
+// with the guard's cause is one too, as the guard answered before, so that a client reads both
+// sides of a rolling upgrade.
 func RefusalReason(err error) (Reason, bool) {
 	var status apierrors.APIStatus
-	if !apierrors.IsForbidden(err) || !errors.As(err, &status) || status.Status().Details == nil {
+	if !apierrors.IsTooManyRequests(err) && !apierrors.IsForbidden(err) || !errors.As(err, &status) || status.Status().Details == nil {
 		return "", false
 	}
 	for _, c := range status.Status().Details.Causes {

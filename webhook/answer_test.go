@@ -22,19 +22,33 @@ func refused(reason Reason) decision {
 }
 
 // The reason code travels in the refusal's causes, and a client reads it back from the error
-// the API server hands it; the refusal stays a 403 Forbidden.
+// the API server hands it. The refusal is a 429 TooManyRequests with no retryAfterSeconds: what
+// Argo's controller takes as transient (apierrors.IsTooManyRequests, in its
+// util/errors.IsTransientErr) and client-go does not retry inside the call (no Retry-After).
 func TestRefusalCarriesItsReasonCode(t *testing.T) {
 	f := podFacts(t, fixture.ExitPod(tableWorkflow))
 	for _, reason := range refusalReasons {
 		t.Run(string(reason), func(t *testing.T) {
 			r := refusal(f, refused(reason))
-			if r.Allowed || r.Result.Code != http.StatusForbidden || r.Result.Reason != metav1.StatusReasonForbidden {
-				t.Fatalf("refusal = allowed %v code %d reason %s, want a 403 Forbidden", r.Allowed, r.Result.Code, r.Result.Reason)
+			if r.Allowed || r.Result.Code != http.StatusTooManyRequests || r.Result.Reason != metav1.StatusReasonTooManyRequests {
+				t.Fatalf("refusal = allowed %v code %d reason %s, want a 429 TooManyRequests", r.Allowed, r.Result.Code, r.Result.Reason)
+			}
+			if r.Result.Details.RetryAfterSeconds != 0 {
+				t.Errorf("retryAfterSeconds = %d, want none: client-go would retry inside the call and hold Argo's worker", r.Result.Details.RetryAfterSeconds)
 			}
 			// As the API server wraps a webhook's Status for its client.
 			err := &apierrors.StatusError{ErrStatus: *r.Result}
+			if !apierrors.IsTooManyRequests(err) || apierrors.IsForbidden(err) {
+				t.Errorf("the refusal is not what Argo takes as transient: %v", err)
+			}
 			if got, ok := RefusalReason(err); !ok || got != reason {
 				t.Errorf("RefusalReason = %q %v, want %q", got, ok, reason)
+			}
+			// A refusal of an earlier release (403 Forbidden, the same cause) still reads back.
+			old := *r.Result
+			old.Code, old.Reason = http.StatusForbidden, metav1.StatusReasonForbidden
+			if got, ok := RefusalReason(&apierrors.StatusError{ErrStatus: old}); !ok || got != reason {
+				t.Errorf("RefusalReason of a 403 refusal = %q %v, want %q", got, ok, reason)
 			}
 		})
 	}
@@ -45,6 +59,7 @@ func TestRefusalCarriesItsReasonCode(t *testing.T) {
 		{"no error", nil},
 		{"another error", errors.New("connection refused")},
 		{"a Forbidden from elsewhere", apierrors.NewForbidden(schema.GroupResource{Resource: "pods"}, "p", errors.New("RBAC"))},
+		{"a 429 from elsewhere", apierrors.NewTooManyRequests("the server is busy", 1)},
 		{"a 409 with the guard's cause", &apierrors.StatusError{ErrStatus: metav1.Status{Code: http.StatusConflict, Reason: metav1.StatusReasonConflict,
 			Details: &metav1.StatusDetails{Causes: []metav1.StatusCause{{Type: metav1.CauseType(ReasonWorkflowDeleted), Field: causeField}}}}}},
 	} {

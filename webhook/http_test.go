@@ -163,8 +163,8 @@ func TestDenialCarriesAuditAnnotations(t *testing.T) {
 			t.Errorf("audit annotation %s = %q, want %q", k, got, v)
 		}
 	}
-	if rev.Response.Result.Code != http.StatusForbidden {
-		t.Errorf("denial code %d, want 403", rev.Response.Result.Code)
+	if rev.Response.Result.Code != http.StatusTooManyRequests {
+		t.Errorf("denial code %d, want 429", rev.Response.Result.Code)
 	}
 
 	// A WorkflowTaskSet write names what it adds instead of a pod kind.

@@ -172,9 +172,9 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	status := http.StatusOK
 	switch code := resp.Result.Code; {
 	case resp.Allowed:
-	case mark.denied && code == http.StatusForbidden:
+	case mark.denied && code == refusalCode:
 		// The guard's own policy refusal.
-	case code >= 400 && code < 600 && code != http.StatusForbidden:
+	case code >= 400 && code < 600 && code != refusalCode:
 		status = int(code)
 	default:
 		status = http.StatusInternalServerError

@@ -142,8 +142,8 @@ func TestTaskSetWrites(t *testing.T) {
 		ns := newNamespace(t)
 		wf, ts, step := runningTaskSet(t, ns, "reopen")
 		complete(t, wf, ts, step)
-		if err := env.Client.Patch(t.Context(), ts, fixture.TaskSetPatch(false, map[string]any{})); !apierrors.IsForbidden(err) {
-			t.Fatalf("setting completed back to false: err = %v, want Forbidden", err)
+		if err := env.Client.Patch(t.Context(), ts, fixture.TaskSetPatch(false, map[string]any{})); !IsRefusal(err) {
+			t.Fatalf("setting completed back to false: err = %v, want refused", err)
 		}
 	})
 
@@ -249,8 +249,8 @@ func TestTaskSetWrites(t *testing.T) {
 			h.store.Observe(completionstore.Observation{UID: wf.GetUID(), Namespace: ns, Name: wf.GetName(),
 				ResourceVersion: wf.GetResourceVersion(), Phase: argo.PhaseSucceeded})
 			key, tmpl := fixture.OnExitTask(wf)
-			if err := env.Client.Patch(t.Context(), ts, fixture.TaskSetPatch(false, map[string]any{key: tmpl})); !apierrors.IsForbidden(err) {
-				t.Fatalf("before the retry: err = %v, want Forbidden", err)
+			if err := env.Client.Patch(t.Context(), ts, fixture.TaskSetPatch(false, map[string]any{key: tmpl})); !IsRefusal(err) {
+				t.Fatalf("before the retry: err = %v, want refused", err)
 			}
 			retry(t, wf, argo.PhaseUnknown)
 			if err := env.Client.Patch(t.Context(), ts, fixture.TaskSetPatch(false, map[string]any{key: tmpl})); err != nil {

@@ -31,13 +31,21 @@ func mustDeny(t *testing.T, pod *corev1.Pod, want Reason) {
 	wantRefused(t, env.Client.Create(t.Context(), pod), want)
 }
 
-// wantRefused expects err to be the guard's refusal for want, as a client receives it: the
-// code in its causes, and the message the guard wrote, whole, in the client's error.
+// wantRefused expects err to be the guard's refusal for want, as a client receives it: a 429
+// TooManyRequests with no retryAfterSeconds (a transient error for Argo, which client-go does
+// not retry inside the call), the code in its causes, and the message the guard wrote, whole,
+// in the client's error.
 func wantRefused(t *testing.T, err error, want Reason) {
 	t.Helper()
 	got, ok := RefusalReason(err)
 	if !ok || got != want {
 		t.Fatalf("err = %v (refusal reason %q), want refused by exit-guard for %s", err, got, want)
+	}
+	if !apierrors.IsTooManyRequests(err) {
+		t.Fatalf("err = %v, want a 429 TooManyRequests, which Argo's controller retries", err)
+	}
+	if d, ok := apierrors.SuggestsClientDelay(err); ok {
+		t.Errorf("the refusal suggests a client delay of %d s: client-go would retry inside the call", d)
 	}
 	var status apierrors.APIStatus
 	if errors.As(err, &status) {
@@ -335,9 +343,7 @@ func TestDryRunRequestIsDecidedWithoutSideEffects(t *testing.T) {
 	ns := newNamespace(t)
 	wf := createWorkflow(t, ns, "done", argo.PhaseSucceeded)
 	err := env.Client.Create(t.Context(), fixture.ExitPod(wf), client.DryRunAll)
-	if !apierrors.IsForbidden(err) {
-		t.Fatalf("dry-run create: err = %v, want Forbidden", err)
-	}
+	wantRefused(t, err, ReasonWorkflowCompleted)
 	// The real one records an Event. Had the dry run recorded one too, the events library
 	// would fold the two into one Event with a series of 2, written at once: watch for a
 	// while, counting occurrences, not Events.

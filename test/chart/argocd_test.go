@@ -32,6 +32,7 @@ import (
 	"github.com/exit-guard/exit-guard/internal/argo"
 	"github.com/exit-guard/exit-guard/internal/fixture"
 	"github.com/exit-guard/exit-guard/internal/testenv"
+	"github.com/exit-guard/exit-guard/webhook"
 )
 
 const argoCDNamespace = "argocd"
@@ -158,7 +159,7 @@ func TestArgoCDKeepsTheGuardSynced(t *testing.T) {
 			// Admitted while the API server cannot reach a serving guard yet (fail open).
 			_ = env.Client.DeleteAllOf(ctx, &corev1.Pod{}, client.InNamespace(ns))
 		}
-		return apierrors.IsForbidden(err), nil
+		return webhook.IsRefusal(err), nil
 	})
 	if err != nil {
 		t.Fatalf("the guard never refused the stale exit handler through the Service: %v\nthe guard said:\n%s", err, gout)
@@ -183,7 +184,7 @@ func TestArgoCDKeepsTheGuardSynced(t *testing.T) {
 	if got := map[string]any{"webhooks": liveObject(t, vwc).Object["webhooks"], "secret": liveObject(t, secret).Object["data"]}; !reflect.DeepEqual(got, written) {
 		t.Error("Argo CD changed what the guard wrote (the caBundle or the Secret's data)")
 	}
-	if err := env.Client.Create(ctx, fixture.ExitPod(done)); !apierrors.IsForbidden(err) {
+	if err := env.Client.Create(ctx, fixture.ExitPod(done)); !webhook.IsRefusal(err) {
 		t.Errorf("after the refreshes the stale exit handler: %v, want refused", err)
 	}
 

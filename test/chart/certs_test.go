@@ -23,13 +23,13 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/exit-guard/exit-guard/internal/argo"
 	"github.com/exit-guard/exit-guard/internal/fixture"
 	"github.com/exit-guard/exit-guard/internal/testenv"
+	"github.com/exit-guard/exit-guard/webhook"
 )
 
 // mountSecret does what the kubelet does for a Secret volume: it writes the Secret's keys into
@@ -161,7 +161,7 @@ func TestSelfManagedCertificateRotatesUnderLoad(t *testing.T) {
 		attempts++
 		err := env.Client.Create(t.Context(), fixture.ExitPod(done))
 		switch {
-		case apierrors.IsForbidden(err):
+		case webhook.IsRefusal(err):
 			refused++
 		case err == nil:
 			t.Errorf("attempt %d: a stale pod was admitted: the webhook call failed", attempts)

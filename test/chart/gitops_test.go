@@ -16,7 +16,6 @@ import (
 	"testing"
 
 	"github.com/itchyny/gojq"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -25,6 +24,7 @@ import (
 	"github.com/exit-guard/exit-guard/internal/argo"
 	"github.com/exit-guard/exit-guard/internal/fixture"
 	"github.com/exit-guard/exit-guard/internal/testenv"
+	"github.com/exit-guard/exit-guard/webhook"
 )
 
 // TestTwoRendersAreIdentical: Argo CD and Flux render the chart with `helm template`, where
@@ -270,10 +270,10 @@ func TestGitOpsSyncSettlesAroundTheGuard(t *testing.T) {
 	sync(applied)
 	sa := only(t, objs, "ServiceAccount").GetName()
 	secret := only(t, objs, "Secret")
-	var webhook *unstructured.Unstructured
+	var webhookCfg *unstructured.Unstructured
 	for _, o := range applied {
 		if strings.HasSuffix(o.GetKind(), "WebhookConfiguration") {
-			webhook = o
+			webhookCfg = o
 		}
 	}
 
@@ -293,18 +293,18 @@ func TestGitOpsSyncSettlesAroundTheGuard(t *testing.T) {
 	done := createWorkflow(t, ns, argo.PhaseSucceeded)
 	refused := func(when string) {
 		err := env.Client.Create(t.Context(), fixture.ExitPod(done))
-		if !apierrors.IsForbidden(err) {
+		if !webhook.IsRefusal(err) {
 			t.Errorf("%s: stale exit-handler pod: err = %v, want refused\n%s", when, err, out)
 		}
 	}
 	refused("after the first sync")
-	before := map[string]*unstructured.Unstructured{"secret": live(secret), "webhook": live(webhook)}
+	before := map[string]*unstructured.Unstructured{"secret": live(secret), "webhook": live(webhookCfg)}
 	caBundle, _, _ := unstructured.NestedSlice(before["webhook"].Object, "webhooks")
 	for i, w := range caBundle {
 		if ca, _, _ := unstructured.NestedString(w.(map[string]any), "clientConfig", "caBundle"); ca == "" {
-			t.Fatalf("the guard wrote no caBundle into webhook %d of %s", i, webhook.GetName())
+			t.Fatalf("the guard wrote no caBundle into webhook %d of %s", i, webhookCfg.GetName())
 		} else if pem, _ := base64.StdEncoding.DecodeString(ca); !bytes.Contains(pem, []byte("BEGIN CERTIFICATE")) {
-			t.Fatalf("webhook %d of %s: the caBundle holds no certificate", i, webhook.GetName())
+			t.Fatalf("webhook %d of %s: the caBundle holds no certificate", i, webhookCfg.GetName())
 		}
 	}
 

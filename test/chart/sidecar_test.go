@@ -16,7 +16,6 @@ import (
 	"github.com/google/go-cmp/cmp"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -26,6 +25,7 @@ import (
 	"github.com/exit-guard/exit-guard/internal/argo"
 	"github.com/exit-guard/exit-guard/internal/fixture"
 	"github.com/exit-guard/exit-guard/internal/testenv"
+	"github.com/exit-guard/exit-guard/webhook"
 )
 
 // sidecarValues is examples/sidecar-values.yaml: what a user adds to the argo-workflows chart.
@@ -141,7 +141,7 @@ func TestSidecarRunsAsTheControllersServiceAccount(t *testing.T) {
 
 	done := createWorkflow(t, ns, argo.PhaseSucceeded)
 	err = env.Client.Create(t.Context(), fixture.ExitPod(done))
-	if !apierrors.IsForbidden(err) {
+	if !webhook.IsRefusal(err) {
 		t.Fatalf("stale exit-handler pod: err = %v, want refused\n%s", err, out)
 	}
 	waitDeniedEvent(t, done)
@@ -238,7 +238,7 @@ func TestSidecarOutlivesUninstallAndFailures(t *testing.T) {
 			t.Fatalf("%v\n%s", err, out)
 		}
 		done := createWorkflow(t, ns, argo.PhaseSucceeded)
-		if err := env.Client.Create(t.Context(), fixture.ExitPod(done)); !apierrors.IsForbidden(err) {
+		if err := env.Client.Create(t.Context(), fixture.ExitPod(done)); !webhook.IsRefusal(err) {
 			t.Fatalf("stale exit-handler pod after the recovery: err = %v, want refused\n%s", err, out)
 		}
 		mfs, err := g.Metrics(t.Context())

@@ -19,7 +19,6 @@ import (
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -97,7 +96,7 @@ func run(guardBin string, verbose bool) error {
 	notify := fixture.ExitPod(wf)
 	say("it creates pod %s for node %s ...", notify.Name, notify.Annotations[argo.AnnotationNodeName])
 	err = c.Create(ctx, notify)
-	if !apierrors.IsForbidden(err) {
+	if !webhook.IsRefusal(err) {
 		return fmt.Errorf("the stale notification pod was not refused: the guard did not act (create returned: %w)", err)
 	}
 	say("The API server refused it:\n  %s", err)

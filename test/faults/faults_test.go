@@ -291,7 +291,7 @@ func TestReplicaKilledUnderLoad(t *testing.T) {
 			succeeded := createWorkflow(t, ns, "succeeded", argo.PhaseSucceeded)
 			waitFor(t, "the webhook of the namespace to be called", func() bool {
 				err := env.Client.Create(t.Context(), fixture.ExitPod(succeeded), client.DryRunAll)
-				return apierrors.IsForbidden(err)
+				return webhook.IsRefusal(err)
 			})
 			loadCtx, stopLoad := context.WithCancel(t.Context())
 			c, wait := load(loadCtx, running, succeeded, 8, 80)

@@ -9,7 +9,6 @@ import (
 	"strings"
 	"time"
 
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -17,6 +16,7 @@ import (
 	"github.com/exit-guard/exit-guard/internal/figure"
 	"github.com/exit-guard/exit-guard/internal/fixture"
 	"github.com/exit-guard/exit-guard/internal/testenv"
+	"github.com/exit-guard/exit-guard/webhook"
 )
 
 // runStartup measures, with N retained workflows, how long after its start each watcher is
@@ -158,7 +158,7 @@ func checkGuard(ctx context.Context, p *process, cl client.Client, workflows int
 	switch {
 	case err == nil:
 		return errors.New("the exit handler of a Succeeded workflow was admitted after the restart")
-	case !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "exit-guard"):
+	case !webhook.IsRefusal(err):
 		return fmt.Errorf("the exit handler of a Succeeded workflow was not refused by the guard after the restart: %w", err)
 	}
 	running := retainedWorkflow("retained", fmt.Sprintf("running-%d", time.Now().UnixNano()), 1000)
