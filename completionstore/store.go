@@ -11,6 +11,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -118,6 +119,9 @@ type Store struct {
 	// asks it when the store has forgotten a workflow.
 	informer func(ctx context.Context, namespace, name string) (Observation, bool)
 
+	// listeners are called with every observation Observe applies (OnApplied).
+	listeners atomic.Pointer[[]func(Observation)]
+
 	mu      sync.RWMutex
 	records map[types.UID]Record
 	// The newest resourceVersion the watch has reached, and when it got there.
@@ -170,11 +174,42 @@ func (s *Store) TTL() time.Duration { return s.ttl }
 // a live read has since recorded. The tombstone keeps the newest resourceVersion and phase
 // known. A tombstone is never undone: UIDs are not reused.
 func (s *Store) Observe(o Observation) Result {
+	r, applied := s.observe(o)
+	if r == Applied {
+		if ls := s.listeners.Load(); ls != nil {
+			for _, l := range *ls {
+				l(applied)
+			}
+		}
+	}
+	return r
+}
+
+// OnApplied adds fn to the functions Observe calls with each observation it applies (as
+// recorded: a tombstone keeps the newest state known), after it is recorded and outside the
+// store's lock, in the order of the calls to Observe. fn must be quick: the Workflow watch
+// waits for it.
+func (s *Store) OnApplied(fn func(Observation)) {
+	for {
+		old := s.listeners.Load()
+		var ls []func(Observation)
+		if old != nil {
+			ls = append(ls, *old...)
+		}
+		ls = append(ls, fn)
+		if s.listeners.CompareAndSwap(old, &ls) {
+			return
+		}
+	}
+}
+
+// observe is Observe without the listeners; it returns the observation as recorded.
+func (s *Store) observe(o Observation) (Result, Observation) {
 	if o.UID == "" {
-		return Invalid
+		return Invalid, o
 	}
 	if _, err := resourceversion.CompareResourceVersion(o.ResourceVersion, o.ResourceVersion); err != nil {
-		return Invalid
+		return Invalid, o
 	}
 	now := s.clock.Now()
 	s.mu.Lock()
@@ -183,28 +218,28 @@ func (s *Store) Observe(o Observation) Result {
 	if ok && !s.expired(old, now) {
 		cmp, err := resourceversion.CompareResourceVersion(o.ResourceVersion, old.ResourceVersion)
 		if err != nil {
-			return Invalid
+			return Invalid, o
 		}
 		switch {
 		case old.Deleted:
-			return Stale
+			return Stale, o
 		case o.Deleted && cmp <= 0:
 			// The deletion, reported with an older (or the same) copy: the newer state's
 			// resourceVersion and phase stay, as a tombstone.
 			o.ResourceVersion, o.Phase = old.ResourceVersion, old.Phase
 		case cmp < 0:
-			return Stale
+			return Stale, o
 		case cmp == 0 && !o.Deleted && (old.Phase != argo.PhaseUnsettled || o.Phase == argo.PhaseUnsettled):
 			// The same state again; news only when it tells the phase the store could not
 			// (the watch saw the workflow without its status, a live read with it).
-			return Stale
+			return Stale, o
 		}
 		if o.Deleted && (o.Phase == argo.PhaseUnknown || o.Phase == argo.PhaseUnsettled) {
 			o.Phase = old.Phase
 		}
 	}
 	s.records[o.UID] = Record{Observation: o, SeenAt: now}
-	return Applied
+	return Applied, o
 }
 
 // Progress records that the watch has reached resourceVersion rv (an event or a bookmark),

@@ -407,3 +407,26 @@ func TestProgressPollerSeesBookmarks(t *testing.T) {
 		}
 	}
 }
+
+// OnApplied: every observation Observe applies reaches the listeners, in order and as
+// recorded (a tombstone keeps the newest state known); stale ones do not.
+func TestListenersSeeEveryAppliedObservation(t *testing.T) {
+	s, err := New(Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	s.OnApplied(func(o Observation) { got = append(got, fmt.Sprintf("%s %s %v", o.ResourceVersion, o.Phase, o.Deleted)) })
+	for _, o := range []Observation{
+		{UID: "u", ResourceVersion: "5", Phase: argo.PhaseRunning},
+		{UID: "u", ResourceVersion: "4", Phase: argo.PhaseSucceeded}, // stale
+		{UID: "u", ResourceVersion: "7", Phase: argo.PhaseSucceeded},
+		{UID: "u", ResourceVersion: "6", Phase: argo.PhaseRunning, Deleted: true}, // deletion of an older copy
+	} {
+		s.Observe(o)
+	}
+	want := []string{"5 Running false", "7 Succeeded false", "7 Succeeded true"}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("listener saw (-want +got):\n%s", diff)
+	}
+}

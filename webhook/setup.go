@@ -43,6 +43,8 @@ type guard struct {
 	// slots holds a token per decision in flight (Options.MaxConcurrentDecisions), otherSlots
 	// one per decision for an unexpected requester (an eighth of it, at least one).
 	slots, otherSlots chan struct{}
+	// overturns remembers the refusals made from the store alone, to tell when one was wrong.
+	overturns *overturns
 }
 
 // The live read GETs the owning Workflow (rbac on completionstore.Watch); the audit writes
@@ -82,6 +84,17 @@ func setup(mgr manager.Manager, reader client.Reader, store *completionstore.Sto
 		return fmt.Errorf("webhook: registering metrics: %w", err)
 	}
 	g.metrics.initDecisions(g.opts.Mode)
+	if err := reg.Register(g.overturns.counter); err != nil {
+		return fmt.Errorf("webhook: registering metrics: %w", err)
+	}
+	for _, k := range kinds {
+		// At 0 from the start: its alert counts it with increase().
+		g.overturns.counter.WithLabelValues(string(k.kind))
+	}
+	store.OnApplied(g.observedByStore)
+	if err := mgr.Add(&overturnSweeper{g: g, interval: overturnSweepInterval}); err != nil {
+		return fmt.Errorf("webhook: adding the overturn sweeper: %w", err)
+	}
 	srv := mgr.GetWebhookServer()
 	srv.Register(ValidatePath, g.path(ValidatePath, readPodReview))
 	srv.Register(MutatePath, mutatingPath(g))
@@ -117,7 +130,8 @@ func newGuard(reader client.Reader, store *completionstore.Store, opts Options) 
 	}
 	g := &guard{opts: opts, store: store, reader: reader, metrics: newGuardMetrics(), denyPhases: map[argo.Phase]bool{},
 		extraReads: make(chan struct{}, maxExtraLiveReads), getBudget: newGetBudget(), creates: newTaskSetCreates(time.Now, opts.TaskSetRepeatsFor),
-		slots: make(chan struct{}, opts.MaxConcurrentDecisions), otherSlots: make(chan struct{}, max(1, opts.MaxConcurrentDecisions/8))}
+		slots: make(chan struct{}, opts.MaxConcurrentDecisions), otherSlots: make(chan struct{}, max(1, opts.MaxConcurrentDecisions/8)),
+		overturns: newOverturns(time.Now)}
 	g.readLive = g.liveRead
 	g.readNodes = g.liveNodes
 	for _, p := range opts.DenyPhases {

@@ -1,0 +1,218 @@
+package webhook
+
+import (
+	"context"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	admissionv1 "k8s.io/api/admission/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/events"
+	clocktesting "k8s.io/utils/clock/testing"
+	"k8s.io/utils/ptr"
+
+	"github.com/exit-guard/exit-guard/completionstore"
+	"github.com/exit-guard/exit-guard/internal/argo"
+	"github.com/exit-guard/exit-guard/internal/fixture"
+)
+
+// overturnRig is a guard whose live read answers as live says, with a store at a fake clock that
+// holds the table's workflow Succeeded at resourceVersion 5, its watch close behind (fresh).
+type overturnRig struct {
+	g        *guard
+	h        *handler
+	store    *completionstore.Store
+	clk      *clocktesting.FakeClock
+	recorder *events.FakeRecorder
+	live     *liveAnswer
+}
+
+func newOverturnRig(t *testing.T) *overturnRig {
+	t.Helper()
+	clk := clocktesting.NewFakeClock(time.Now())
+	store, err := completionstore.New(completionstore.Options{Clock: clk})
+	if err != nil {
+		t.Fatal(err)
+	}
+	store.Progress("5")
+	store.NoteLag(time.Millisecond)
+	r := &overturnRig{store: store, clk: clk, recorder: events.NewFakeRecorder(10), live: ptr.To(liveFails)}
+	r.observe("5", argo.PhaseSucceeded)
+	if r.g, err = newGuard(nil, store, Options{}); err != nil {
+		t.Fatal(err)
+	}
+	r.g.overturns.now = clk.Now
+	r.g.recorder = r.recorder
+	store.OnApplied(r.g.observedByStore) // as Setup does
+	calls := 0
+	r.g.readLive = func(ctx context.Context, namespace, name string, p readPolicy) (*argo.Workflow, error) {
+		wf, err := cannedRead(*r.live, &calls)(ctx, namespace, name, p)
+		if err == nil {
+			// As the store holds it: what a live read would see now.
+			rec, _ := store.Get(tableWorkflow.GetUID())
+			wf.ResourceVersion = rec.ResourceVersion
+		}
+		return wf, err
+	}
+	r.h = r.g.path(ValidatePath, readPodReview)
+	return r
+}
+
+// observe records a state of the table's workflow, as the guard's watch delivers it.
+func (r *overturnRig) observe(rv string, phase argo.Phase) {
+	wf := tableWorkflow
+	r.store.Observe(completionstore.Observation{UID: wf.GetUID(), Namespace: wf.GetNamespace(), Name: wf.GetName(), ResourceVersion: rv, Phase: phase})
+	r.store.Progress(rv)
+	r.store.NoteLag(time.Millisecond)
+}
+
+// create sends the table workflow's exit-handler pod through the pipeline and says whether it
+// was admitted.
+func (r *overturnRig) create(t *testing.T, dryRun bool) bool {
+	t.Helper()
+	var req request
+	resp := r.h.handle(t.Context(), reviewBody(admissionv1.AdmissionRequest{
+		UID: "u", Operation: admissionv1.Create, Resource: podResource, DryRun: ptr.To(dryRun),
+		Object: runtime.RawExtension{Raw: fixture.JSON(fixture.ExitPod(tableWorkflow))},
+	}), &req)
+	return resp.Allowed
+}
+
+func (r *overturnRig) overturned(t *testing.T) float64 {
+	t.Helper()
+	return value(t, r.g.overturns.counter.WithLabelValues(string(kindPod)))
+}
+
+// events are the Events recorded so far with reason.
+func (r *overturnRig) events(reason string) []string {
+	var out []string
+	for {
+		select {
+		case e := <-r.recorder.Events:
+			if strings.Contains(e, " "+reason+" ") {
+				out = append(out, e)
+			}
+		default:
+			return out
+		}
+	}
+}
+
+// A refusal made from the store alone, while the live read fails, and then the workflow seen
+// running at a newer resourceVersion: the refusal is counted overturned once, with a Warning
+// Event that says how many refusals and how long since the first; refusals the guard was sure
+// of, dry runs and old ones are not.
+func TestRefusalsFromTheStoreAloneAreCheckedAgainstWhatFollows(t *testing.T) {
+	t.Run("refused twice from the store, then seen running by the next decision: counted once", func(t *testing.T) {
+		r := newOverturnRig(t)
+		if r.create(t, false) || r.create(t, false) {
+			t.Fatal("the exit handler of a workflow the store holds Succeeded was admitted while the read fails")
+		}
+		r.clk.Step(3 * time.Second)
+		r.observe("7", argo.PhaseRunning) // a retry, delivered late
+		if !r.create(t, false) {
+			t.Fatal("the exit handler of a workflow the store holds Running was refused")
+		}
+		if got := r.overturned(t); got != 1 {
+			t.Errorf("overturned = %v, want 1", got)
+		}
+		evs := r.events(EventReasonRefusalOverturned)
+		if len(evs) != 1 || !strings.Contains(evs[0], "2 time(s)") || !strings.Contains(evs[0], "resourceVersion 7") || !strings.Contains(evs[0], "3s since the first refusal") {
+			t.Errorf("Events = %q, want one that says 2 refusals, resourceVersion 7, 3s", evs)
+		}
+		r.create(t, false)
+		if got := r.overturned(t); got != 1 {
+			t.Errorf("after another admission overturned = %v, want still 1", got)
+		}
+	})
+	t.Run("seen running by the watch alone, late, completed again by then: counted from the state it passed", func(t *testing.T) {
+		r := newOverturnRig(t)
+		r.create(t, false)
+		r.observe("7", argo.PhaseRunning)
+		r.observe("9", argo.PhaseSucceeded)
+		r.g.sweepOverturns(t.Context())
+		if got := r.overturned(t); got != 1 {
+			t.Errorf("overturned = %v, want 1", got)
+		}
+	})
+	t.Run("seen running by the sweep of the store", func(t *testing.T) {
+		r := newOverturnRig(t)
+		r.create(t, false)
+		// Recorded without the listeners (as before Setup registered them).
+		r.g.store = storeFor(t, tableWorkflow, storeRunning, false)
+		r.g.store.Observe(completionstore.Observation{UID: tableWorkflow.GetUID(), Namespace: tableWorkflow.GetNamespace(), Name: tableWorkflow.GetName(), ResourceVersion: "7", Phase: argo.PhaseRunning})
+		r.g.sweepOverturns(t.Context())
+		if got := r.overturned(t); got != 1 {
+			t.Errorf("overturned = %v, want 1", got)
+		}
+	})
+	t.Run("refused by a live read, then retried: not counted", func(t *testing.T) {
+		r := newOverturnRig(t)
+		*r.live = liveSucceeded
+		if r.create(t, false) {
+			t.Fatal("admitted")
+		}
+		r.observe("7", argo.PhaseRunning)
+		*r.live = liveRunning
+		r.create(t, false)
+		r.g.sweepOverturns(t.Context())
+		if got := r.overturned(t); got != 0 {
+			t.Errorf("overturned = %v, want 0: a live read is never older than the newest write", got)
+		}
+	})
+	t.Run("a dry run refused from the store: not counted", func(t *testing.T) {
+		r := newOverturnRig(t)
+		r.create(t, true)
+		r.observe("7", argo.PhaseRunning)
+		r.create(t, false)
+		if got := r.overturned(t); got != 0 {
+			t.Errorf("overturned = %v, want 0", got)
+		}
+	})
+	t.Run("still completed at a newer resourceVersion: not counted", func(t *testing.T) {
+		r := newOverturnRig(t)
+		r.create(t, false)
+		r.observe("7", argo.PhaseSucceeded)
+		r.g.sweepOverturns(t.Context())
+		if got := r.overturned(t); got != 0 {
+			t.Errorf("overturned = %v, want 0", got)
+		}
+	})
+	t.Run("seen running only after the window: not counted, forgotten", func(t *testing.T) {
+		r := newOverturnRig(t)
+		r.create(t, false)
+		r.clk.Step(overturnWindow + time.Second)
+		r.g.sweepOverturns(t.Context())
+		if n := r.g.overturns.size.Load(); n != 0 {
+			t.Errorf("%d refusals remembered past the window, want 0", n)
+		}
+		r.observe("7", argo.PhaseRunning)
+		r.create(t, false)
+		if got := r.overturned(t); got != 0 {
+			t.Errorf("overturned = %v, want 0", got)
+		}
+	})
+}
+
+// The refusals remembered are bounded: past maxOverturnEntries workflows the oldest refusal
+// is forgotten.
+func TestOverturnsAreBounded(t *testing.T) {
+	clk := clocktesting.NewFakeClock(time.Now())
+	o := newOverturns(clk.Now)
+	f := podFacts(t, fixture.ExitPod(tableWorkflow))
+	for i := range maxOverturnEntries + 10 {
+		clk.Step(time.Millisecond)
+		d := refused(ReasonWorkflowCompleted)
+		d.source, d.wfUID = sourceStore, tableWorkflow.GetUID()+types.UID("-"+strconv.Itoa(i))
+		o.note(f, d)
+	}
+	if n := o.size.Load(); n != maxOverturnEntries {
+		t.Errorf("%d remembered, want %d", n, maxOverturnEntries)
+	}
+	if _, ok := o.entries[tableWorkflow.GetUID()+"-0"]; ok {
+		t.Error("the oldest refusal is still remembered")
+	}
+}
