@@ -131,6 +131,17 @@ type Store struct {
 	// store, and when that sample was taken.
 	lag   time.Duration
 	lagAt time.Time
+	// perNamespace: the store is fed by a watch per namespace (SetWatchPerNamespace), and
+	// nsLag holds each namespace's latest sample: one namespace's watch being current says
+	// nothing of another's.
+	perNamespace bool
+	nsLag        map[string]lagSample
+}
+
+// lagSample is a lag sample and when it was taken.
+type lagSample struct {
+	lag time.Duration
+	at  time.Time
 }
 
 // New returns an empty Store.
@@ -286,6 +297,27 @@ func (s *Store) NoteLag(lag time.Duration) {
 	s.lag, s.lagAt = max(lag, 0), now
 }
 
+// NoteLagIn is NoteLag for a change of a workflow in namespace: with a watch per namespace,
+// the sample tells how far behind that namespace's watch is, and no other's.
+func (s *Store) NoteLagIn(namespace string, lag time.Duration) {
+	now := s.clock.Now()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.lag, s.lagAt = max(lag, 0), now
+	if s.nsLag == nil {
+		s.nsLag = map[string]lagSample{}
+	}
+	s.nsLag[namespace] = lagSample{max(lag, 0), now}
+}
+
+// SetWatchPerNamespace says that the store is fed by a watch per namespace (an informer over
+// several namespaces), so that StalenessIn counts each namespace's own samples.
+func (s *Store) SetWatchPerNamespace(perNamespace bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.perNamespace = perNamespace
+}
+
 // LastLag returns the latest lag sample and when it was taken (a zero time when none was).
 func (s *Store) LastLag() (lag time.Duration, at time.Time) {
 	s.mu.RLock()
@@ -302,6 +334,21 @@ func (s *Store) Staleness() (time.Duration, bool) {
 		return 0, false
 	}
 	return lag + s.clock.Since(at), true
+}
+
+// StalenessIn is Staleness for the workflows of namespace: with a watch per namespace, from
+// that namespace's own samples alone (false when it has none); otherwise from the one watch's.
+func (s *Store) StalenessIn(namespace string) (time.Duration, bool) {
+	s.mu.RLock()
+	per, sample := s.perNamespace, s.nsLag[namespace]
+	s.mu.RUnlock()
+	if !per {
+		return s.Staleness()
+	}
+	if sample.at.IsZero() {
+		return 0, false
+	}
+	return sample.lag + s.clock.Since(sample.at), true
 }
 
 // Get returns the record of uid, if the store holds one that has not expired.

@@ -430,3 +430,36 @@ func TestListenersSeeEveryAppliedObservation(t *testing.T) {
 		t.Errorf("listener saw (-want +got):\n%s", diff)
 	}
 }
+
+// StalenessIn: with one watch for every namespace any sample tells how far behind it is; with a
+// watch per namespace, only the namespace's own samples do, so that a busy namespace cannot
+// make a stalled one look fresh.
+func TestStalenessIsPerNamespaceWithAWatchPerNamespace(t *testing.T) {
+	clk := clocktesting.NewFakeClock(time.Now())
+	s, err := New(Options{Clock: clk})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.NoteLagIn("quiet", time.Second)
+	clk.Step(time.Minute)
+	s.NoteLagIn("busy", 2*time.Second)
+	clk.Step(time.Second)
+	for _, tc := range []struct {
+		perNamespace bool
+		namespace    string
+		want         time.Duration
+		known        bool
+	}{
+		{false, "quiet", 3 * time.Second, true},
+		{false, "never-seen", 3 * time.Second, true},
+		{true, "busy", 3 * time.Second, true},
+		{true, "quiet", 62 * time.Second, true},
+		{true, "never-seen", 0, false},
+	} {
+		s.SetWatchPerNamespace(tc.perNamespace)
+		got, known := s.StalenessIn(tc.namespace)
+		if got != tc.want || known != tc.known {
+			t.Errorf("per namespace %v, %s: staleness %v %v, want %v %v", tc.perNamespace, tc.namespace, got, known, tc.want, tc.known)
+		}
+	}
+}

@@ -177,6 +177,8 @@ func Watch(ctx context.Context, mgr manager.Manager, store *Store, opts WatchOpt
 			return nil, fmt.Errorf("completionstore: adding the watch progress poller: %w", err)
 		}
 	} else {
+		// A watch per namespace: each one's lag is its own (Store.StalenessIn).
+		store.SetWatchPerNamespace(true)
 		// controller-runtime's informer over several namespaces (--namespaces) does not say
 		// how far its watches got: only events move the progress, and a quiet watch looks
 		// stale after WatchStaleAfter (store-first decisions then read live).
@@ -251,7 +253,7 @@ func (f *feeder) sampleLag(obj any) {
 	}
 	// Cached workflows carry their newest write's time in CreationTimestamp (stripWorkflow).
 	if t := wf.CreationTimestamp.Time; !t.IsZero() {
-		f.store.NoteLag(f.clock.Since(t))
+		f.store.NoteLagIn(wf.Namespace, f.clock.Since(t))
 	}
 }
 

@@ -400,17 +400,21 @@ func (g *guard) judgeClaim(ctx context.Context, f facts, d decision) decision {
 // (completion), or (fresh) for an object a retry sends only after re-running nodes (an
 // exit-handler pod, a WorkflowFailed Event, a TaskSet write that adds only the workflow's
 // exit-handler task) while the store is close behind the API server: the newest write it is
-// known to hold was written less than --store-fresh-for ago (Store.Staleness), so a retry it
-// lacks was written since, and re-runs at least one node (a pod: seconds) before its exit
-// handler. A retry's agent pod, its TaskSet writes of other nodes, its hook and step pods come
-// at once, before any watch could have delivered the retry: those the store alone never
-// refuses.
+// known to hold (of the object's namespace, with a watch per namespace) was written less than
+// --store-fresh-for ago (Store.StalenessIn), so a retry it lacks was written since. A retry
+// that re-runs other nodes first (pods: seconds) sends its exit handler after the watch has
+// delivered it; one that re-runs the exit handler alone (`argo retry --restart-successful
+// --node-field-selector`, 3.6 and later) sends it within a second, and is refused wrongly: a
+// 429, which Argo's controller tries again on its next pass, and a refusal the guard notices
+// (overturned.go). A retry's agent pod, its TaskSet writes of other nodes, its hook and step
+// pods come at once, before any watch could have delivered the retry: those the store alone
+// never refuses.
 func (g *guard) storeCompletionRefuses(f facts) bool {
 	switch g.opts.StoreFallback {
 	case FallbackCompletion:
 		return true
 	case FallbackFresh:
-		stale, ok := g.store.Staleness()
+		stale, ok := g.store.StalenessIn(f.namespace)
 		return comesAfterReRunNodes(f) && ok && stale < g.opts.StoreFreshFor
 	}
 	return false

@@ -704,3 +704,41 @@ func TestTaskSetCreateThenPatchOfAReusedName(t *testing.T) {
 		}
 	}
 }
+
+// With a watch per namespace (--namespaces), the fresh fallback counts the samples of the
+// workflow's own namespace: a busy namespace's watch does not make a stalled one look fresh.
+func TestFreshFallbackCountsTheWorkflowsOwnNamespace(t *testing.T) {
+	wf := tableWorkflow
+	for _, tc := range []struct {
+		name         string
+		perNamespace bool
+		sampleIn     string
+		deny         bool
+	}{
+		{"one watch, a sample of another namespace", false, "busy", true},
+		{"a watch per namespace, a sample of another namespace", true, "busy", false},
+		{"a watch per namespace, a sample of the workflow's", true, wf.GetNamespace(), true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clk := clocktesting.NewFakeClock(time.Now())
+			store, err := completionstore.New(completionstore.Options{Clock: clk})
+			if err != nil {
+				t.Fatal(err)
+			}
+			store.SetWatchPerNamespace(tc.perNamespace)
+			store.Observe(completionstore.Observation{UID: wf.GetUID(), Namespace: wf.GetNamespace(), Name: wf.GetName(), ResourceVersion: "5", Phase: argo.PhaseSucceeded})
+			store.Progress("5")
+			store.NoteLagIn(tc.sampleIn, time.Second)
+			g, err := newGuard(nil, store, Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			calls := 0
+			g.readLive = cannedRead(liveTimesOut, &calls)
+			d := g.decide(t.Context(), podFacts(t, fixture.ExitPod(wf)))
+			if d.deny != tc.deny || d.row != "11" {
+				t.Errorf("deny %v (reason %s, row %s), want deny %v from row 11", d.deny, d.reason, d.row, tc.deny)
+			}
+		})
+	}
+}
