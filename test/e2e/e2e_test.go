@@ -122,6 +122,10 @@ type outcome struct {
 	wantFail   bool
 	phase      argo.Phase
 	notifyPods int // exit-handler notification pods the API server admitted
+	// realNotices are those of them created before the workflow's terminal write (within its
+	// finishedAt, to the second, and the kubelet stand-in's 200 ms): the real pass's, not one a
+	// stale copy of the completed workflow sent afterwards.
+	realNotices int
 	// Of an HTTP exit handler: the calls its URL received, and the agent pods admitted.
 	calls, agentPods int
 	// retried: the workflow was retried after it failed; callsBeforeRetry were made before.
@@ -130,6 +134,8 @@ type outcome struct {
 	denials          int // ExitHandlerDenied Events
 	taskSetDenials   int // those of them for a WorkflowTaskSet write
 	taskSetPatches   int // those of them for an update (a merge patch) of the TaskSet
+	// denialSpan is the time from the first refusal to the last, as the Events' series tell.
+	denialSpan time.Duration
 	// failedEvents are the WorkflowFailed Events about the workflow the API server kept
 	// (occurrences: an Event's count), as Argo's controller records them.
 	failedEvents int
@@ -171,6 +177,10 @@ type scenario struct {
 	// drive, when set, creates workflows of its own (ok and failing stay 0) and returns
 	// those the run waits for and reports.
 	drive func(ctx context.Context, t *testing.T, r rig) []*unstructured.Unstructured
+	// guardProxy puts a fault proxy (testenv.APIProxy) between the guard and the API server;
+	// guardArgs are added to the guard's flags.
+	guardProxy bool
+	guardArgs  []string
 }
 
 // rig is what a scenario's drive works with.
@@ -179,6 +189,9 @@ type rig struct {
 	notify *notifier
 	gc     *collector
 	g      *testenv.Guard
+	// proxy is the guard's fault proxy (scenario.guardProxy), k the kubelet stand-in.
+	proxy *testenv.APIProxy
+	k     *kubelet
 }
 
 // run runs the reference workflows with a pod exit handler.
@@ -234,9 +247,14 @@ func runScenario(t *testing.T, sc scenario) []outcome {
 	}
 
 	var g *testenv.Guard
+	var guardProxy *testenv.APIProxy
 	// With a mutex the guard runs without its webhooks too: its lock scan is what it brings.
 	if mode != noGuard || sc.mutex != "" {
 		kc := env.KubeConfig()
+		if sc.guardProxy {
+			guardProxy = testenv.StartAPIProxy(t, env.Config)
+			kc = guardProxy.KubeConfig(t)
+		}
 		if mode == guardLagging {
 			p, err := startLagProxy(env.Config, watchLag)
 			if err != nil {
@@ -250,6 +268,7 @@ func runScenario(t *testing.T, sc scenario) []outcome {
 		if sc.mutex != "" {
 			args = append(args, "--lock-check-interval=5s", "--lock-stuck-after="+lockStuckAfter.String())
 		}
+		args = append(args, sc.guardArgs...)
 		g, err = testenv.StartGuard(ctx, guardBin, kc, args, guardOut)
 		if err != nil {
 			t.Fatalf("%v\n%s", err, guardOut.String())
@@ -339,7 +358,7 @@ func runScenario(t *testing.T, sc scenario) []outcome {
 	}
 	var wfs []*unstructured.Unstructured
 	if sc.drive != nil {
-		wfs = sc.drive(ctx, t, rig{c: c, notify: notify, gc: gc, g: g})
+		wfs = sc.drive(ctx, t, rig{c: c, notify: notify, gc: gc, g: g, proxy: guardProxy, k: k})
 	}
 	for i := range ok + failing {
 		wf := referenceWorkflow(i >= ok)
@@ -446,7 +465,14 @@ func runScenario(t *testing.T, sc scenario) []outcome {
 	for i, wf := range wfs {
 		o := outcome{name: wf.GetName(), wantFail: i >= ok, phase: phase(ctx, c, wf),
 			notifyPods: len(k.pods(wf.GetName(), ".onExit")), agentPods: k.agentPods(wf.GetName())}
-		o.denials, o.taskSetDenials, o.taskSetPatches = denials(ctx, t, c, wf)
+		if done := finishedAt(ctx, c, wf); !done.IsZero() {
+			for _, at := range k.podTimes(wf.GetName(), ".onExit") {
+				if at.Before(done.Add(2 * time.Second)) {
+					o.realNotices++
+				}
+			}
+		}
+		o.denials, o.taskSetDenials, o.taskSetPatches, o.denialSpan = denials(ctx, t, c, wf)
 		o.failedEvents = failedEvents(ctx, t, c, wf)
 		if sc.metrics {
 			o.workflowMetric = testenv.SumSeries(controllerMetrics, workflowMetric, map[string]string{"workflow": wf.GetName()})
@@ -506,6 +532,21 @@ func tail(b []byte, lines int) string {
 	return strings.Join(all, "\n")
 }
 
+// finishedAt is the workflow's status.finishedAt (to the second), or the zero time.
+func finishedAt(ctx context.Context, c client.Client, wf *unstructured.Unstructured) time.Time {
+	cur := &unstructured.Unstructured{}
+	cur.SetGroupVersionKind(argo.WorkflowGVK)
+	if err := c.Get(ctx, client.ObjectKeyFromObject(wf), cur); err != nil {
+		return time.Time{}
+	}
+	s, _, _ := unstructured.NestedString(cur.Object, "status", "finishedAt")
+	at, err := time.Parse(time.RFC3339, s)
+	if err != nil {
+		return time.Time{}
+	}
+	return at
+}
+
 func phase(ctx context.Context, c client.Client, wf *unstructured.Unstructured) argo.Phase {
 	got := &argo.Workflow{}
 	if err := c.Get(ctx, client.ObjectKeyFromObject(wf), got); err != nil {
@@ -515,17 +556,26 @@ func phase(ctx context.Context, c client.Client, wf *unstructured.Unstructured) 
 }
 
 // denials counts the guard's refusals for wf (Event occurrences), those of WorkflowTaskSet
-// writes among them, and of those the updates.
-func denials(ctx context.Context, t *testing.T, c client.Client, wf *unstructured.Unstructured) (all, taskSets, taskSetUpdates int) {
+// writes among them, and of those the updates; and the time from the first to the last.
+func denials(ctx context.Context, t *testing.T, c client.Client, wf *unstructured.Unstructured) (all, taskSets, taskSetUpdates int, span time.Duration) {
 	var list eventsv1.EventList
 	if err := c.List(ctx, &list, client.InNamespace(namespace)); err != nil {
 		t.Fatal(err)
 	}
+	var first, last time.Time
 	for _, e := range list.Items {
 		if e.Regarding.UID == wf.GetUID() && e.Reason == webhook.EventReasonDenied {
 			n := 1
+			at, end := e.EventTime.Time, e.EventTime.Time
 			if e.Series != nil {
 				n = int(e.Series.Count)
+				end = e.Series.LastObservedTime.Time
+			}
+			if first.IsZero() || at.Before(first) {
+				first = at
+			}
+			if end.After(last) {
+				last = end
 			}
 			all += n
 			if strings.HasSuffix(e.Action, "WorkflowTaskSet") {
@@ -536,7 +586,7 @@ func denials(ctx context.Context, t *testing.T, c client.Client, wf *unstructure
 			}
 		}
 	}
-	return all, taskSets, taskSetUpdates
+	return all, taskSets, taskSetUpdates, last.Sub(first)
 }
 
 // withMetrics gives wf a workflow-level counter and a template-level one (on its work steps)
@@ -656,6 +706,13 @@ type tally struct {
 	// falseFailedEvents: succeeding workflows with a WorkflowFailed Event; failedEventKept:
 	// failing workflows that kept theirs.
 	falseFailedEvents, failedEventKept int
+	// falseMetric: succeeding workflows whose workflow-level "not succeeded" counter moved
+	// (with scenario.metrics).
+	falseMetric int
+	// staleRefusals are the refusals of the succeeding workflows' stale copies (Event
+	// occurrences), and longestSpan the longest time from a workflow's first to its last.
+	staleRefusals int
+	longestSpan   time.Duration
 }
 
 func count(outs []outcome) tally {
@@ -663,7 +720,7 @@ func count(outs []outcome) tally {
 	for _, o := range outs {
 		if o.wantFail {
 			t.failed++
-			if o.notifyPods > 0 {
+			if o.realNotices > 0 {
 				t.failedNotified++
 			}
 			if o.failedEvents > 0 {
@@ -675,6 +732,11 @@ func count(outs []outcome) tally {
 		if o.failedEvents > 0 {
 			t.falseFailedEvents++
 		}
+		if o.workflowMetric > 0 {
+			t.falseMetric++
+		}
+		t.staleRefusals += o.denials
+		t.longestSpan = max(t.longestSpan, o.denialSpan)
 		if o.phase == argo.PhaseSucceeded {
 			t.succeeded++
 		}
@@ -692,31 +754,47 @@ func report(t *testing.T, what string, outs []outcome) tally {
 	t.Helper()
 	c := count(outs)
 	for _, o := range outs {
-		t.Logf("  %s: phase %s, notification pods %d, WorkflowFailed Events %d, denials %d (should fail: %v)", o.name, o.phase, o.notifyPods, o.failedEvents, o.denials, o.wantFail)
+		t.Logf("  %s: phase %s, notification pods %d (before its completion %d), WorkflowFailed Events %d, denials %d over %v, workflow metric %v (should fail: %v)",
+			o.name, o.phase, o.notifyPods, o.realNotices, o.failedEvents, o.denials, o.denialSpan.Round(time.Millisecond), o.workflowMetric, o.wantFail)
 	}
-	t.Logf("RESULT %s: %d succeeding workflows (%d ended Succeeded), false notification sent %d, false WorkflowFailed Event kept %d, stale attempts refused %d; "+
+	t.Logf("RESULT %s: %d succeeding workflows (%d ended Succeeded), false notification sent %d, false WorkflowFailed Event kept %d, "+
+		"workflow-level user metric moved %d, stale attempts refused %d (%d refusals, the longest from first to last %v); "+
 		"%d failing workflows, notified %d, WorkflowFailed Event kept %d; wrong denials %d",
-		what, len(outs)-c.failed, c.succeeded, c.reproduced, c.falseFailedEvents, c.refused, c.failed, c.failedNotified, c.failedEventKept, c.wrongDenials)
+		what, len(outs)-c.failed, c.succeeded, c.reproduced, c.falseFailedEvents, c.falseMetric, c.refused, c.staleRefusals,
+		c.longestSpan.Round(time.Millisecond), c.failed, c.failedNotified, c.failedEventKept, c.wrongDenials)
 	return c
 }
 
 func TestExposedControllerSendsTheFalseNoticeAndTheGuardRefusesIt(t *testing.T) {
 	n := tries(t)
-	t.Run("v3.4.17 without the guard", func(t *testing.T) {
-		c := report(t, "v3.4.17 without the guard", run(t, "v3.4.17", noGuard, n, 0))
-		if c.reproduced == 0 {
-			t.Errorf("the stale exit handler was not reproduced in %d tries: the proof below proves nothing", n)
-		}
-	})
-	t.Run("v3.4.17 with the guard, its Event rule off", func(t *testing.T) {
-		c := report(t, "v3.4.17 with the guard, its Event rule off", run(t, "v3.4.17", guardNoEventRule, n, 0))
-		if c.reproduced != 0 {
-			t.Errorf("%d false notifications went out with the guard on", c.reproduced)
-		}
-		if c.falseFailedEvents == 0 {
-			t.Errorf("no false WorkflowFailed Event was recorded in %d tries with the Event rule off: the proof below proves nothing of Events", n)
-		}
-	})
+	// Without the guard, then with it but its Event rule off: nothing refuses the stale pass's
+	// WorkflowFailed Event, so the refused pod alone (a 429, which Argo retries) must keep the
+	// pass from a terminal phase. At the e2e's requeue (1 s), and at Argo's default (10 s).
+	for _, requeue := range []string{"1s", "10s"} {
+		env := []string{"DEFAULT_REQUEUE_TIME=" + requeue}
+		var without tally
+		name := "v3.4.17 without the guard, requeue " + requeue
+		t.Run(name, func(t *testing.T) {
+			without = report(t, name, runScenario(t, scenario{version: "v3.4.17", mode: noGuard, ok: n, metrics: true, env: env}))
+			if requeue == "1s" && without.reproduced == 0 {
+				t.Errorf("the stale exit handler was not reproduced in %d tries: the proof below proves nothing", n)
+			}
+		})
+		name = "v3.4.17 with the guard, its Event rule off, requeue " + requeue
+		t.Run(name, func(t *testing.T) {
+			c := report(t, name, runScenario(t, scenario{version: "v3.4.17", mode: guardNoEventRule, ok: n, metrics: true, env: env}))
+			if c.reproduced != 0 {
+				t.Errorf("%d false notifications went out with the guard on", c.reproduced)
+			}
+			if without.reproduced > 0 && c.refused == 0 {
+				t.Errorf("no stale attempt was refused in %d tries: the guard was not shown at work", n)
+			}
+			if c.falseFailedEvents > without.falseFailedEvents || c.falseMetric > without.falseMetric {
+				t.Errorf("with the guard: %d false WorkflowFailed Events and %d user metrics moved, without it %d and %d: a refused stale pass still fails the workflow in Argo's memory",
+					c.falseFailedEvents, c.falseMetric, without.falseFailedEvents, without.falseMetric)
+			}
+		})
+	}
 	for _, mode := range []guardMode{guardDirect, guardLagging} {
 		name := map[guardMode]string{guardDirect: "v3.4.17 with the guard", guardLagging: "v3.4.17 with the guard, its watch lagging too"}[mode]
 		t.Run(name, func(t *testing.T) {
@@ -772,10 +850,13 @@ func TestV4Controller(t *testing.T) {
 	t.Logf("v4.0.5 exposed in this run: %v (%d of %d without the guard)", without.reproduced > 0, without.reproduced, n)
 }
 
-// The WorkflowFailed Event of a stale copy, on the other exposed controllers: v3.6.18 (3.6 never
-// got upstream's fix; it holds the terminal phase back while a task result is incomplete) and
-// v4.0.5 with INFORMER_WRITE_BACK=true (the 3.x cache behaviour). Each reported without the
-// guard, with the guard but its Event rule off, and with everything on.
+// The WorkflowFailed Event of a stale copy, and the failure metrics of its pass, on the other
+// exposed controllers: v3.6.18 (3.6 never got upstream's fix; it holds the terminal phase back
+// while a task result is incomplete) and v4.0.5 with INFORMER_WRITE_BACK=true (the 3.x cache
+// behaviour). Each reported without the guard, with the guard but its Event rule off (the
+// refused pod alone, a 429, must keep the stale pass from a terminal phase: no more false
+// Events, user metrics or argo_workflows_total_count than without the guard), and with
+// everything on.
 func TestFailureEventsOnOtherExposedControllers(t *testing.T) {
 	n := tries(t)
 	for _, c := range []struct {
@@ -783,9 +864,32 @@ func TestFailureEventsOnOtherExposedControllers(t *testing.T) {
 		env           []string
 	}{{"v3.6.18", "v3.6.18", nil}, {"v4.0.5", "v4.0.5 INFORMER_WRITE_BACK=true", []string{"INFORMER_WRITE_BACK=true"}}} {
 		t.Run(c.name, func(t *testing.T) {
+			var without tally
+			var withoutTotal float64
 			for _, mode := range []guardMode{noGuard, guardNoEventRule} {
 				what := c.name + map[guardMode]string{noGuard: " without the guard", guardNoEventRule: " with the guard, its Event rule off"}[mode]
-				report(t, what, runScenario(t, scenario{version: c.version, mode: mode, ok: n, env: c.env}))
+				tot := &totals{}
+				outs := runScenario(t, scenario{version: c.version, mode: mode, ok: n, failing: 1, env: c.env, metrics: true, totals: tot})
+				got := report(t, what, outs)
+				for _, o := range outs {
+					if o.wantFail && o.workflowMetric == 0 {
+						t.Errorf("the failing workflow's own counter did not move: the controller's metrics were not read, and the figures of the others say nothing")
+					}
+				}
+				total := tot.failedOrErrorAdded()
+				t.Logf("RESULT %s: argo_workflows_total_count{phase=~\"Failed|Error\"} moved %v (before the first workflow: %v; at the end: %v)", what, total, tot.before, tot.after)
+				if mode == noGuard {
+					without, withoutTotal = got, total
+					continue
+				}
+				if got.reproduced != 0 {
+					t.Errorf("%d false notifications went out with the guard on", got.reproduced)
+				}
+				// The failing workflow counts once in argo_workflows_total_count either way.
+				if got.falseFailedEvents > without.falseFailedEvents || got.falseMetric > without.falseMetric || total > withoutTotal {
+					t.Errorf("with the guard: %d false WorkflowFailed Events, %d user metrics moved, argo_workflows_total_count +%v; without it %d, %d, +%v",
+						got.falseFailedEvents, got.falseMetric, total, without.falseFailedEvents, without.falseMetric, withoutTotal)
+				}
 			}
 			with := report(t, c.name+" with the guard", runScenario(t, scenario{version: c.version, mode: guardDirect, ok: n, failing: 1, env: c.env}))
 			checkGuarded(t, with, n, false)

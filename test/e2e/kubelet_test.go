@@ -197,6 +197,20 @@ func (k *kubelet) pods(workflow, part string) []string {
 	return out
 }
 
+// podTimes returns when the pods of workflow whose node name contains part were first seen
+// (within 200 ms of their creation).
+func (k *kubelet) podTimes(workflow, part string) []time.Time {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	var out []time.Time
+	for _, s := range k.seen {
+		if s.workflow == workflow && strings.Contains(s.node, part) {
+			out = append(out, s.at)
+		}
+	}
+	return out
+}
+
 func ptrTrue() *bool { b := true; return &b }
 
 // dumpPod writes a pod Argo's controller created, as it was admitted (no status, no fields the

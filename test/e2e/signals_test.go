@@ -79,6 +79,19 @@ func readTotals(ctx context.Context, t *testing.T, g *testenv.Guard) counts {
 	return c
 }
 
+// failedOrErrorAdded is how much argo_workflows_total_count{phase=~"Failed|Error"} moved during
+// the run (0 where the controller has no such series).
+func (tot *totals) failedOrErrorAdded() float64 {
+	var before, after float64
+	if tot.before.failedOrError != nil {
+		before = *tot.before.failedOrError
+	}
+	if tot.after.failedOrError != nil {
+		after = *tot.after.failedOrError
+	}
+	return after - before
+}
+
 func (c counts) String() string {
 	f := func(p *float64) string {
 		if p == nil {

@@ -1,0 +1,173 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"context"
+	"slices"
+	"testing"
+	"time"
+
+	eventsv1 "k8s.io/api/events/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/exit-guard/exit-guard/internal/argo"
+	"github.com/exit-guard/exit-guard/internal/testenv"
+	"github.com/exit-guard/exit-guard/webhook"
+)
+
+// alwaysNotifyWorkflow is the reference workflow whose exit handler notifies whatever the
+// outcome: a Succeeded workflow retried for its exit handler alone runs it again.
+func alwaysNotifyWorkflow() *unstructured.Unstructured {
+	wf := referenceWorkflow(false)
+	wf.SetGenerateName("notify-always-")
+	for _, tmpl := range wf.Object["spec"].(map[string]any)["templates"].([]any) {
+		if tm := tmpl.(map[string]any); tm["name"] == "exit-handler" {
+			step := tm["steps"].([]any)[0].([]any)[0].(map[string]any)
+			delete(step, "when")
+		}
+	}
+	return wf
+}
+
+// wrongRefusal is what a run of TestAWrongRefusalWaits saw.
+type wrongRefusal struct {
+	// refusals of the retried workflow's exit handler (Event occurrences) after the retry.
+	refusals int
+	// waited is the time from the retry's write to the exit-handler pod's creation (the
+	// kubelet stand-in sees a pod within 200 ms).
+	waited time.Duration
+	// overturned is the guard's exit_guard_refusals_overturned_total, and overturnEvents its
+	// RefusalOverturned Events on the workflow.
+	overturned     float64
+	overturnEvents int
+}
+
+// A wrong refusal waits, it does not fail. A Succeeded workflow is retried for its exit handler
+// alone (as `argo retry --restart-successful --node-field-selector` does on 3.6 and later; the
+// v3.4.17 CLI refuses a Succeeded workflow, so the test writes the retry, as retryWorkflow
+// does) while the guard cannot know: its reads of the workflow hang and its watch is held back
+// just after a write it saw, so its store holds the completion and counts itself fresh. The
+// controller re-runs the exit handler at once; the guard refuses it from the store. The
+// refusal is a 429: the node stays Pending, Argo tries again on its next pass, the store's
+// completion is no longer fresh, and the exit handler runs. When the guard's watch catches up
+// it sees the workflow running after it refused, counts the refusal overturned and records a
+// RefusalOverturned Event. With a 403 the exit node would become Error and the workflow would
+// end Error without its exit handler.
+func TestAWrongRefusalWaits(t *testing.T) {
+	for _, c := range []struct{ requeue, freshFor string }{
+		// At Argo's default requeue v3.4.17 first creates the retried exit handler on its
+		// next pass, 10 s after the retry's write, when a completion 5 s old no longer
+		// counts as fresh: the store is given 15 s, so that the first attempt is refused.
+		{"1s", "5s"}, {"10s", "15s"},
+	} {
+		requeue := c.requeue
+		t.Run("v3.4.17, requeue "+requeue, func(t *testing.T) {
+			var seen wrongRefusal
+			runScenario(t, scenario{version: "v3.4.17", mode: guardDirect, direct: true, guardProxy: true,
+				// Reads that hang cost the live-read budget before the store decides: a short
+				// one keeps the store's completion fresh for the first refusal.
+				guardArgs: []string{"--live-read-timeout=300ms", "--live-read-budget=1s", "--store-fresh-for=" + c.freshFor},
+				env:       []string{"DEFAULT_REQUEUE_TIME=" + requeue},
+				drive: func(ctx context.Context, t *testing.T, r rig) []*unstructured.Unstructured {
+					seen = driveWrongRefusal(ctx, t, r)
+					return nil
+				}})
+			t.Logf("RESULT a wrong refusal on v3.4.17, requeue %s: the retried exit handler refused %d time(s), ran %v after the retry; refusals overturned %v, RefusalOverturned Events %d",
+				requeue, seen.refusals, seen.waited.Round(10*time.Millisecond), seen.overturned, seen.overturnEvents)
+			if seen.refusals == 0 {
+				t.Errorf("the retried exit handler was not refused: the run shows nothing of a wrong refusal")
+			}
+			if seen.overturned < 1 || seen.overturnEvents < 1 {
+				t.Errorf("the wrong refusal went unnoticed: overturned %v, RefusalOverturned Events %d", seen.overturned, seen.overturnEvents)
+			}
+		})
+	}
+}
+
+// driveWrongRefusal runs the scenario of TestAWrongRefusalWaits and checks its workflow.
+func driveWrongRefusal(ctx context.Context, t *testing.T, r rig) wrongRefusal {
+	t.Helper()
+	var out wrongRefusal
+	wf := alwaysNotifyWorkflow()
+	if err := r.c.Create(ctx, wf); err != nil {
+		t.Fatal(err)
+	}
+	name := wf.GetName()
+	poll := func(what string, timeout time.Duration, done func(ctx context.Context) bool) {
+		t.Helper()
+		if err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
+			return done(ctx), nil
+		}); err != nil {
+			t.Fatalf("%s: not within %v: %v", what, timeout, err)
+		}
+	}
+	poll("the workflow to succeed with its exit handler", 2*time.Minute, func(ctx context.Context) bool {
+		return phase(ctx, r.c, wf) == argo.PhaseSucceeded && len(r.k.pods(name, ".onExit")) == 1
+	})
+	// A write the guard's watch delivers, so that its store counts itself close behind.
+	touched := time.Now()
+	cur := &unstructured.Unstructured{}
+	cur.SetGroupVersionKind(argo.WorkflowGVK)
+	if err := r.c.Get(ctx, client.ObjectKeyFromObject(wf), cur); err != nil {
+		t.Fatal(err)
+	}
+	patch := client.MergeFrom(cur.DeepCopy())
+	labels := cur.GetLabels()
+	labels["e2e.exit-guard.io/touched"] = "true"
+	cur.SetLabels(labels)
+	if err := r.c.Patch(ctx, cur, patch); err != nil {
+		t.Fatal(err)
+	}
+	poll("the guard's watch to deliver the write", 10*time.Second, func(ctx context.Context) bool {
+		mfs, err := r.g.Metrics(ctx)
+		return err == nil && testenv.SumSeries(mfs, "exit_guard_watch_last_progress_timestamp_seconds", nil) >= float64(touched.Unix())
+	})
+	before, _, _, _ := denials(ctx, t, r.c, wf)
+	r.proxy.Stall.Store(true)
+	r.proxy.HangReads.Store(true)
+	retried := time.Now()
+	retryWorkflow(ctx, t, r.c, wf)
+	poll("the retried exit handler to run", 2*time.Minute, func(context.Context) bool {
+		return len(r.k.pods(name, ".onExit")) >= 2
+	})
+	times := r.k.podTimes(name, ".onExit")
+	out.waited = slices.MaxFunc(times, func(a, b time.Time) int { return a.Compare(b) }).Sub(retried)
+	all, _, _, _ := denials(ctx, t, r.c, wf)
+	out.refusals = all - before
+	r.proxy.Stall.Store(false)
+	r.proxy.HangReads.Store(false)
+	// The guard notices on its next decision about the workflow or its sweep (every 5 s).
+	_ = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
+		mfs, err := r.g.Metrics(ctx)
+		if err == nil {
+			out.overturned = testenv.SumSeries(mfs, "exit_guard_refusals_overturned_total", nil)
+		}
+		out.overturnEvents = overturnEvents(ctx, t, r.c, wf)
+		return out.overturned >= 1 && out.overturnEvents >= 1, nil
+	})
+	poll("the retried workflow to succeed", 2*time.Minute, func(ctx context.Context) bool {
+		return phase(ctx, r.c, wf) == argo.PhaseSucceeded
+	})
+	if p := phase(ctx, r.c, wf); p != argo.PhaseSucceeded {
+		t.Errorf("the retried workflow ended %s, want Succeeded", p)
+	}
+	return out
+}
+
+// overturnEvents counts the guard's RefusalOverturned Events about wf.
+func overturnEvents(ctx context.Context, t *testing.T, c client.Client, wf *unstructured.Unstructured) int {
+	var list eventsv1.EventList
+	if err := c.List(ctx, &list, client.InNamespace(namespace)); err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, e := range list.Items {
+		if e.Regarding.UID == wf.GetUID() && e.Reason == webhook.EventReasonRefusalOverturned {
+			n++
+		}
+	}
+	return n
+}
