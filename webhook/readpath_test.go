@@ -75,16 +75,18 @@ func TestHedgeGetsPastABlackholedConnection(t *testing.T) {
 				t.Fatal(err)
 			}
 			// HTTP/2 end to end, on one connection, before the fault.
-			var proto string
+			// The LIST and a GET beside it (or a hedge) get their connections on goroutines of
+			// their own, which may outlive the decision.
+			var proto atomic.Value
 			ctx := httptrace.WithClientTrace(t.Context(), &httptrace.ClientTrace{GotConn: func(info httptrace.GotConnInfo) {
 				if tc, ok := info.Conn.(*tls.Conn); ok {
-					proto = tc.ConnectionState().NegotiatedProtocol
+					proto.Store(tc.ConnectionState().NegotiatedProtocol)
 				}
 			}})
 			if d := g.decide(ctx, podFacts(t, pod)); d.source != sourceLive || !d.deny {
 				t.Fatalf("before the fault: decision %+v, want a refusal from a live read", d)
 			}
-			if proto != "h2" {
+			if proto, _ := proto.Load().(string); proto != "h2" {
 				t.Fatalf("the live read negotiated %q, want h2: the fault below is about an HTTP/2 connection", proto)
 			}
 			before := r.Accepted()
