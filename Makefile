@@ -138,7 +138,7 @@ bench: ## Run the benchmarks (one decision, live reads by size, the Workflow cac
 E2E_TRIES ?= 5
 # The Argo versions built, and the proof's tests run (a go test -run pattern; all by default;
 # write a $ as $$, or make reads it as a variable). A pattern that matches no test fails the run.
-# CI builds v3.4.17 alone and runs its core proofs at requeue 1 s (about 10 minutes): see .ci/run.
+# CI builds v3.4.17 alone and runs its core proofs at requeue 1 s (about 8 minutes once built): see .ci/run.
 ARGO_VERSIONS ?= v3.4.17 v3.6.18 v3.7.18 v4.0.5
 E2E_RUN ?= .
 # Where TestSignalsNoWebhookCanStop keeps the promtool tests of the series it captured (empty:

@@ -198,7 +198,9 @@ func (s *Store) Observe(o Observation) Result {
 
 // OnApplied adds fn to the functions Observe calls with each observation it applies (as
 // recorded: a tombstone keeps the newest state known), after it is recorded and outside the
-// store's lock, in the order of the calls to Observe. fn must be quick: the Workflow watch
+// store's lock. The watch, live reads and Recall observe from their own goroutines, so fn may
+// see observations of one workflow out of resourceVersion order (those of the watch alone come
+// in order) and must compare resourceVersions itself. fn must be quick: the Workflow watch
 // waits for it.
 func (s *Store) OnApplied(fn func(Observation)) {
 	for {
@@ -304,6 +306,10 @@ func (s *Store) NoteLagIn(namespace string, lag time.Duration) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.lag, s.lagAt = max(lag, 0), now
+	if !s.perNamespace {
+		// One watch: the sample above says it all, and no map grows with every namespace.
+		return
+	}
 	if s.nsLag == nil {
 		s.nsLag = map[string]lagSample{}
 	}

@@ -440,6 +440,7 @@ func TestStalenessIsPerNamespaceWithAWatchPerNamespace(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	s.SetWatchPerNamespace(true)
 	s.NoteLagIn("quiet", time.Second)
 	clk.Step(time.Minute)
 	s.NoteLagIn("busy", 2*time.Second)

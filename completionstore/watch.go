@@ -130,6 +130,12 @@ func Watch(ctx context.Context, mgr manager.Manager, store *Store, opts WatchOpt
 		return nil, fmt.Errorf("completionstore: getting the Workflow informer: %w", err)
 	}
 	h := &feeder{store: store, metrics: m, clock: store.clock}
+	// A watch per namespace (an informer over several namespaces, which does not say how far
+	// its watches got): each one's lag is its own (Store.StalenessIn). Set before the first
+	// event.
+	if _, ok := inf.(resourceVersioner); !ok {
+		store.SetWatchPerNamespace(true)
+	}
 	// The registration, for the handler to ask whether the initial list is done: set once
 	// AddEventHandler returns, while events may already be coming.
 	var registered atomic.Pointer[toolscache.ResourceEventHandlerRegistration]
@@ -177,8 +183,6 @@ func Watch(ctx context.Context, mgr manager.Manager, store *Store, opts WatchOpt
 			return nil, fmt.Errorf("completionstore: adding the watch progress poller: %w", err)
 		}
 	} else {
-		// A watch per namespace: each one's lag is its own (Store.StalenessIn).
-		store.SetWatchPerNamespace(true)
 		// controller-runtime's informer over several namespaces (--namespaces) does not say
 		// how far its watches got: only events move the progress, and a quiet watch looks
 		// stale after WatchStaleAfter (store-first decisions then read live).

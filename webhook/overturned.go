@@ -17,7 +17,8 @@ import (
 	"github.com/exit-guard/exit-guard/internal/argo"
 )
 
-// EventReasonRefusalOverturned: the guard refused a write of the workflow from its store alone
+// EventReasonRefusalOverturned is the reason of the Event recorded when the guard refused a
+// write of the workflow from its store alone
 // (its live read had failed), and has since seen the workflow running at that resourceVersion
 // or a newer one: the refusal was probably wrong, and the refused exit handler was delayed
 // until Argo's controller tried again and the guard admitted it (Warning: someone should know
@@ -75,7 +76,7 @@ func newOverturns(now func() time.Time) *overturns {
 		now: now,
 		counter: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "exit_guard_refusals_overturned_total",
-			Help: "Workflows for which the guard refused a write from its store alone (its live read had failed) and then saw the workflow running at that resourceVersion or a newer one: a real exit handler (or hook, or task) was probably refused, and waited until Argo's controller tried again; by kind of the object refused.",
+			Help: "Workflows for which the guard refused a write from its store alone (its live read had failed) and then saw the workflow running at that resourceVersion or a newer one: a real exit handler (or hook, or task) was probably refused, and waited until Argo's controller tried again (kind Pod or WorkflowTaskSet), or a real failure Event was refused, which Argo does not send again (kind Event); by kind of the object refused.",
 		}, []string{"kind"}),
 		entries: map[types.UID]*storeRefusal{},
 	}
@@ -84,7 +85,8 @@ func newOverturns(now func() time.Time) *overturns {
 // note remembers a refusal that d decided from the store alone. Only those can be wrong: a live
 // read is never older than the newest write, so a refusal it decided was right when it was made.
 func (o *overturns) note(f facts, d decision) {
-	if !d.deny || d.source != sourceStore || d.phase == "" || !d.phase.Terminal() {
+	if !d.deny || d.source != sourceStore || d.phase == "" || !d.phase.Terminal() ||
+		d.reason == ReasonWorkflowDeleted || d.reason == ReasonWorkflowReplaced || d.reason == ReasonTaskSetOwnerGone {
 		// Deletions (a UID never comes back) and live reads are not remembered.
 		return
 	}
@@ -92,6 +94,10 @@ func (o *overturns) note(f facts, d decision) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	e := o.entries[d.wfUID]
+	if e != nil && now.Sub(e.last) > overturnWindow {
+		// Past the window and not swept yet: a new run of refusals.
+		e = nil
+	}
 	if e == nil {
 		if len(o.entries) >= maxOverturnEntries {
 			o.evictOldest()
@@ -200,10 +206,15 @@ func (g *guard) reportOverturn(ctx context.Context, uid types.UID, e *storeRefus
 		TypeMeta:   metav1.TypeMeta{APIVersion: argo.GroupVersion.String(), Kind: argo.Kind},
 		ObjectMeta: metav1.ObjectMeta{Namespace: e.namespace, Name: e.name, UID: uid},
 	}
+	next := "Argo's controller tries the write again on its next pass"
+	if e.kind == kindEvent {
+		// client-go's recorder drops a refused Event and never sends it again.
+		next = "Argo's recorder does not send a refused Event again: that failure Event is lost"
+	}
 	g.recorder.Eventf(regarding, nil, corev1.EventTypeWarning, EventReasonRefusalOverturned, "Admit",
 		"%s %d time(s) from the guard's store alone (%s at resourceVersion %s); the workflow is %s at resourceVersion %s: "+
-			"the refusal was probably wrong, and Argo's controller tries again on its next pass (%s since the first refusal)",
-		e.what, e.refusals, e.phase, e.resourceVersion, phase, rv, waited.Round(time.Second))
+			"the refusal was probably wrong; %s (%s since the first refusal)",
+		e.what, e.refusals, e.phase, e.resourceVersion, phase, rv, next, waited.Round(time.Second))
 }
 
 // observedByStore checks each state the store records (its watch, in order, and live reads)

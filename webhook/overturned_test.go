@@ -108,8 +108,10 @@ func (r *overturnRig) events(reason string) []string {
 func TestRefusalsFromTheStoreAloneAreCheckedAgainstWhatFollows(t *testing.T) {
 	t.Run("refused twice from the store, then seen running by the next decision: counted once", func(t *testing.T) {
 		r := newOverturnRig(t)
-		if r.create(t, false) || r.create(t, false) {
-			t.Fatal("the exit handler of a workflow the store holds Succeeded was admitted while the read fails")
+		for range 2 {
+			if r.create(t, false) {
+				t.Fatal("the exit handler of a workflow the store holds Succeeded was admitted while the read fails")
+			}
 		}
 		r.clk.Step(3 * time.Second)
 		r.observe("7", argo.PhaseRunning) // a retry, delivered late
@@ -161,6 +163,17 @@ func TestRefusalsFromTheStoreAloneAreCheckedAgainstWhatFollows(t *testing.T) {
 		r.g.sweepOverturns(t.Context())
 		if got := r.overturned(t); got != 0 {
 			t.Errorf("overturned = %v, want 0: a live read is never older than the newest write", got)
+		}
+	})
+	t.Run("refused because the store saw the workflow deleted: not remembered (a UID never comes back)", func(t *testing.T) {
+		r := newOverturnRig(t)
+		wf := tableWorkflow
+		r.store.Observe(completionstore.Observation{UID: wf.GetUID(), Namespace: wf.GetNamespace(), Name: wf.GetName(), ResourceVersion: "6", Phase: argo.PhaseSucceeded, Deleted: true})
+		if r.create(t, false) {
+			t.Fatal("the exit handler of a deleted workflow was admitted")
+		}
+		if n := r.g.overturns.size.Load(); n != 0 {
+			t.Errorf("%d refusals remembered, want 0", n)
 		}
 	})
 	t.Run("a dry run refused from the store: not counted", func(t *testing.T) {
