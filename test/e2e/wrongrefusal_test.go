@@ -34,7 +34,7 @@ func alwaysNotifyWorkflow() *unstructured.Unstructured {
 
 // wrongRefusal is what a run of TestAWrongRefusalWaits saw.
 type wrongRefusal struct {
-	// refusals of the retried workflow's exit handler (Event occurrences) after the retry.
+	// refusals of the retried workflow's exit handler after the retry (the guard's log).
 	refusals int
 	// waited is the time from the retry's write to the exit-handler pod's creation (the
 	// kubelet stand-in sees a pod within 200 ms).
@@ -125,7 +125,7 @@ func driveWrongRefusal(ctx context.Context, t *testing.T, r rig) wrongRefusal {
 		mfs, err := r.g.Metrics(ctx)
 		return err == nil && testenv.SumSeries(mfs, "exit_guard_watch_last_progress_timestamp_seconds", nil) >= float64(touched.Unix())
 	})
-	before, _, _, _ := denials(ctx, t, r.c, wf)
+	before, _ := refusalsLogged(r.guardLog, wf.GetUID())
 	r.proxy.Stall.Store(true)
 	r.proxy.HangReads.Store(true)
 	retried := time.Now()
@@ -135,7 +135,7 @@ func driveWrongRefusal(ctx context.Context, t *testing.T, r rig) wrongRefusal {
 	})
 	times := r.k.podTimes(name, ".onExit")
 	out.waited = slices.MaxFunc(times, func(a, b time.Time) int { return a.Compare(b) }).Sub(retried)
-	all, _, _, _ := denials(ctx, t, r.c, wf)
+	all, _ := refusalsLogged(r.guardLog, wf.GetUID())
 	out.refusals = all - before
 	r.proxy.Stall.Store(false)
 	r.proxy.HangReads.Store(false)
