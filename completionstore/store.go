@@ -59,6 +59,9 @@ type Observation struct {
 	Phase argo.Phase
 	// Deleted is true when the workflow is gone.
 	Deleted bool
+	// WrittenAt is when this state was written, to the second, as the object's managed
+	// fields tell (the API server's clock); zero when unknown.
+	WrittenAt time.Time
 }
 
 // ObservationOf is the observation a workflow object makes.
@@ -70,6 +73,7 @@ func ObservationOf(wf *argo.Workflow, deleted bool) Observation {
 		ResourceVersion: wf.ResourceVersion,
 		Phase:           wf.Status.Phase,
 		Deleted:         deleted,
+		WrittenAt:       lastWrite(wf),
 	}
 }
 
@@ -119,7 +123,7 @@ type Store struct {
 	// asks it when the store has forgotten a workflow.
 	informer func(ctx context.Context, namespace, name string) (Observation, bool)
 
-	// listeners are called with every observation Observe applies (OnApplied).
+	// listeners are called with every observation Observe can order (OnObserve).
 	listeners atomic.Pointer[[]func(Observation)]
 
 	mu      sync.RWMutex
@@ -185,24 +189,24 @@ func (s *Store) TTL() time.Duration { return s.ttl }
 // a live read has since recorded. The tombstone keeps the newest resourceVersion and phase
 // known. A tombstone is never undone: UIDs are not reused.
 func (s *Store) Observe(o Observation) Result {
-	r, applied := s.observe(o)
-	if r == Applied {
+	r, recorded := s.observe(o)
+	if r != Invalid {
 		if ls := s.listeners.Load(); ls != nil {
 			for _, l := range *ls {
-				l(applied)
+				l(recorded)
 			}
 		}
 	}
 	return r
 }
 
-// OnApplied adds fn to the functions Observe calls with each observation it applies (as
-// recorded: a tombstone keeps the newest state known), after it is recorded and outside the
-// store's lock. The watch, live reads and Recall observe from their own goroutines, so fn may
-// see observations of one workflow out of resourceVersion order (those of the watch alone come
-// in order) and must compare resourceVersions itself. fn must be quick: the Workflow watch
-// waits for it.
-func (s *Store) OnApplied(fn func(Observation)) {
+// OnObserve adds fn to the functions Observe calls with each observation it can order, whether
+// it applies it (as recorded: a tombstone keeps the newest state known) or holds a newer state
+// already (as given), after it is recorded and outside the store's lock. The watch, live reads
+// and Recall observe from their own goroutines, so fn may see observations of one workflow out
+// of resourceVersion order (those of the watch alone come in order) and must compare
+// resourceVersions itself. fn must be quick: the Workflow watch waits for it.
+func (s *Store) OnObserve(fn func(Observation)) {
 	for {
 		old := s.listeners.Load()
 		var ls []func(Observation)
@@ -216,7 +220,8 @@ func (s *Store) OnApplied(fn func(Observation)) {
 	}
 }
 
-// observe is Observe without the listeners; it returns the observation as recorded.
+// observe is Observe without the listeners; it returns the observation as recorded (as given
+// when it is not applied).
 func (s *Store) observe(o Observation) (Result, Observation) {
 	if o.UID == "" {
 		return Invalid, o

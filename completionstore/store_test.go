@@ -408,7 +408,7 @@ func TestProgressPollerSeesBookmarks(t *testing.T) {
 	}
 }
 
-// OnApplied: every observation Observe applies reaches the listeners, in order and as
+// OnObserve: every observation Observe applies reaches the listeners, in order and as
 // recorded (a tombstone keeps the newest state known); stale ones do not.
 func TestListenersSeeEveryAppliedObservation(t *testing.T) {
 	s, err := New(Options{})
@@ -416,16 +416,17 @@ func TestListenersSeeEveryAppliedObservation(t *testing.T) {
 		t.Fatal(err)
 	}
 	var got []string
-	s.OnApplied(func(o Observation) { got = append(got, fmt.Sprintf("%s %s %v", o.ResourceVersion, o.Phase, o.Deleted)) })
+	s.OnObserve(func(o Observation) { got = append(got, fmt.Sprintf("%s %s %v", o.ResourceVersion, o.Phase, o.Deleted)) })
 	for _, o := range []Observation{
 		{UID: "u", ResourceVersion: "5", Phase: argo.PhaseRunning},
 		{UID: "u", ResourceVersion: "4", Phase: argo.PhaseSucceeded}, // stale
 		{UID: "u", ResourceVersion: "7", Phase: argo.PhaseSucceeded},
-		{UID: "u", ResourceVersion: "6", Phase: argo.PhaseRunning, Deleted: true}, // deletion of an older copy
+		{UID: "u", ResourceVersion: "6", Phase: argo.PhaseRunning, Deleted: true},      // deletion of an older copy
+		{UID: "u", ResourceVersion: "not a resourceVersion", Phase: argo.PhaseRunning}, // invalid
 	} {
 		s.Observe(o)
 	}
-	want := []string{"5 Running false", "7 Succeeded false", "7 Succeeded true"}
+	want := []string{"5 Running false", "4 Succeeded false", "7 Succeeded false", "7 Succeeded true"}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("listener saw (-want +got):\n%s", diff)
 	}
@@ -462,5 +463,24 @@ func TestStalenessIsPerNamespaceWithAWatchPerNamespace(t *testing.T) {
 		if got != tc.want || known != tc.known {
 			t.Errorf("per namespace %v, %s: staleness %v %v, want %v %v", tc.perNamespace, tc.namespace, got, known, tc.want, tc.known)
 		}
+	}
+}
+
+// The feeder records when each state it is handed was written: the newest write's time, which
+// the cache keeps in CreationTimestamp (stripWorkflow); a live read's observation takes it from
+// the managed fields.
+func TestObservationsCarryTheirWriteTime(t *testing.T) {
+	s, _ := newTestStore(t)
+	f := &feeder{store: s, metrics: newStoreMetrics(s)}
+	written := time.Date(2026, 12, 3, 9, 0, 0, 0, time.UTC)
+	f.observe(&metav1.PartialObjectMetadata{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "wf", UID: "a", ResourceVersion: "7",
+		CreationTimestamp: metav1.Time{Time: written}, Labels: phaseLabels[argo.PhaseRunning]}}, false)
+	if r, _ := s.Get("a"); !r.WrittenAt.Equal(written) {
+		t.Errorf("from the watch: written at %v, want %v", r.WrittenAt, written)
+	}
+	wf := &argo.Workflow{ObjectMeta: metav1.ObjectMeta{UID: "b", ResourceVersion: "8", ManagedFields: []metav1.ManagedFieldsEntry{
+		{Time: &metav1.Time{Time: written.Add(-time.Minute)}}, {Time: &metav1.Time{Time: written}}}}}
+	if got := ObservationOf(wf, false).WrittenAt; !got.Equal(written) {
+		t.Errorf("from a live read: written at %v, want %v", got, written)
 	}
 }

@@ -271,7 +271,10 @@ func (f *feeder) observe(obj any, deleted bool) {
 		f.metrics.observations.WithLabelValues("invalid").Inc()
 		return
 	}
-	r := f.store.Observe(ObservationOfMetadata(wf, deleted))
+	o := ObservationOfMetadata(wf, deleted)
+	// Cached workflows carry their newest write's time in CreationTimestamp (stripWorkflow).
+	o.WrittenAt = wf.CreationTimestamp.Time
+	r := f.store.Observe(o)
 	f.metrics.observations.WithLabelValues(r.String()).Inc()
 	if r != Invalid {
 		f.store.Progress(wf.ResourceVersion)

@@ -126,10 +126,18 @@ func (o *overturns) evictOldest() {
 	o.size.Store(int64(len(o.entries)))
 }
 
-// seen checks what the guard now knows of workflow uid, at resourceVersion rv in phase, against
-// the refusals it remembers: when the workflow is running at the refused resourceVersion or a
-// newer one, the refusals were overturned, and seen returns them (forgotten from then on).
-func (o *overturns) seen(uid types.UID, rv string, phase argo.Phase) (*storeRefusal, bool) {
+// overturnWriteSlack is how much later than the last refusal a state may have been written and
+// still overturn it: a write's time is the API server's clock to the second, the refusal's the
+// guard's clock.
+const overturnWriteSlack = 2 * time.Second
+
+// seen checks what the guard now knows of workflow uid, at resourceVersion rv in phase, written
+// at writtenAt (zero: unknown), against the refusals it remembers: when the workflow is running
+// at the refused resourceVersion or a newer one, written before the last refusal (or at an
+// unknown time), the refusals were overturned, and seen returns them (forgotten from then on).
+// A running state written after the last refusal proves nothing: a retry that came after a
+// right refusal writes only such states.
+func (o *overturns) seen(uid types.UID, rv string, phase argo.Phase, writtenAt time.Time) (*storeRefusal, bool) {
 	if uid == "" || rv == "" || phase.Terminal() || phase == argo.PhaseUnsettled || o.size.Load() == 0 {
 		return nil, false
 	}
@@ -144,6 +152,11 @@ func (o *overturns) seen(uid types.UID, rv string, phase argo.Phase) (*storeRefu
 		delete(o.entries, uid)
 		return nil, false
 	case !newerOrSame(rv, e.resourceVersion):
+		return nil, false
+	case !writtenAt.IsZero() && writtenAt.After(e.last.Add(overturnWriteSlack)):
+		// Written after the refusals: no proof either way. A retry written before them shows
+		// in the watch's states, which come in order; a later write (Argo's own, after the
+		// refused pass, or a retry that came later) is not counted.
 		return nil, false
 	}
 	delete(o.entries, uid)
@@ -179,11 +192,11 @@ func (g *guard) checkOverturn(ctx context.Context, d decision) {
 	if d.wfUID == "" || g.overturns.size.Load() == 0 {
 		return
 	}
-	rv, phase := d.resourceVersion, d.phase
+	rv, phase, writtenAt := d.resourceVersion, d.phase, d.writtenAt
 	if rec, ok := g.store.Get(d.wfUID); ok && !rec.Deleted && (rv == "" || newerOrSame(rec.ResourceVersion, rv)) {
-		rv, phase = rec.ResourceVersion, rec.Phase
+		rv, phase, writtenAt = rec.ResourceVersion, rec.Phase, rec.WrittenAt
 	}
-	e, ok := g.overturns.seen(d.wfUID, rv, phase)
+	e, ok := g.overturns.seen(d.wfUID, rv, phase, writtenAt)
 	if !ok {
 		return
 	}
@@ -224,7 +237,7 @@ func (g *guard) observedByStore(o completionstore.Observation) {
 	if o.Deleted {
 		return
 	}
-	if e, ok := g.overturns.seen(o.UID, o.ResourceVersion, o.Phase); ok {
+	if e, ok := g.overturns.seen(o.UID, o.ResourceVersion, o.Phase, o.WrittenAt); ok {
 		ctx := logf.IntoContext(context.Background(), logf.Log.WithName("overturns"))
 		g.reportOverturn(ctx, o.UID, e, o.ResourceVersion, o.Phase)
 	}
@@ -268,7 +281,7 @@ func (g *guard) sweepOverturns(ctx context.Context) {
 		if !ok || rec.Deleted {
 			continue
 		}
-		if e, ok := g.overturns.seen(uid, rec.ResourceVersion, rec.Phase); ok {
+		if e, ok := g.overturns.seen(uid, rec.ResourceVersion, rec.Phase, rec.WrittenAt); ok {
 			g.reportOverturn(ctx, uid, e, rec.ResourceVersion, rec.Phase)
 		}
 	}

@@ -46,7 +46,7 @@ func newOverturnRig(t *testing.T) *overturnRig {
 	}
 	r.g.overturns.now = clk.Now
 	r.g.recorder = r.recorder
-	store.OnApplied(r.g.observedByStore) // as Setup does
+	store.OnObserve(r.g.observedByStore) // as Setup does
 	calls := 0
 	r.g.readLive = func(ctx context.Context, namespace, name string, p readPolicy) (*argo.Workflow, error) {
 		wf, err := cannedRead(*r.live, &calls)(ctx, namespace, name, p)
@@ -61,10 +61,16 @@ func newOverturnRig(t *testing.T) *overturnRig {
 	return r
 }
 
-// observe records a state of the table's workflow, as the guard's watch delivers it.
+// observe records a state of the table's workflow, as the guard's watch delivers it, its write
+// time unknown.
 func (r *overturnRig) observe(rv string, phase argo.Phase) {
+	r.observeWritten(rv, phase, time.Time{})
+}
+
+// observeWritten records a state of the table's workflow written at writtenAt.
+func (r *overturnRig) observeWritten(rv string, phase argo.Phase, writtenAt time.Time) {
 	wf := tableWorkflow
-	r.store.Observe(completionstore.Observation{UID: wf.GetUID(), Namespace: wf.GetNamespace(), Name: wf.GetName(), ResourceVersion: rv, Phase: phase})
+	r.store.Observe(completionstore.Observation{UID: wf.GetUID(), Namespace: wf.GetNamespace(), Name: wf.GetName(), ResourceVersion: rv, Phase: phase, WrittenAt: writtenAt})
 	r.store.Progress(rv)
 	r.store.NoteLag(time.Millisecond)
 }
@@ -147,6 +153,31 @@ func TestRefusalsFromTheStoreAloneAreCheckedAgainstWhatFollows(t *testing.T) {
 		r.g.store = storeFor(t, tableWorkflow, storeRunning, false)
 		r.g.store.Observe(completionstore.Observation{UID: tableWorkflow.GetUID(), Namespace: tableWorkflow.GetNamespace(), Name: tableWorkflow.GetName(), ResourceVersion: "7", Phase: argo.PhaseRunning})
 		r.g.sweepOverturns(t.Context())
+		if got := r.overturned(t); got != 1 {
+			t.Errorf("overturned = %v, want 1", got)
+		}
+	})
+	t.Run("a retry written after the refusal (a right refusal, retried later): not counted", func(t *testing.T) {
+		r := newOverturnRig(t)
+		r.create(t, false)
+		r.clk.Step(time.Minute)
+		r.observeWritten("7", argo.PhaseRunning, r.clk.Now())
+		r.g.sweepOverturns(t.Context())
+		if got := r.overturned(t); got != 0 {
+			t.Errorf("overturned = %v, want 0", got)
+		}
+	})
+	t.Run("a later write seen first, then the retry written before the refusal, delivered late: counted", func(t *testing.T) {
+		r := newOverturnRig(t)
+		refusedAt := r.clk.Now()
+		r.create(t, false)
+		r.clk.Step(10 * time.Second)
+		// A live read records the newest state (Argo's write after the refused pass) first.
+		r.observeWritten("9", argo.PhaseRunning, r.clk.Now())
+		if got := r.overturned(t); got != 0 {
+			t.Fatalf("overturned = %v by a state written after the refusal, want 0", got)
+		}
+		r.observeWritten("7", argo.PhaseRunning, refusedAt.Add(-time.Second))
 		if got := r.overturned(t); got != 1 {
 			t.Errorf("overturned = %v, want 1", got)
 		}

@@ -91,7 +91,7 @@ func setup(mgr manager.Manager, reader client.Reader, store *completionstore.Sto
 		// At 0 from the start: its alert counts it with increase().
 		g.overturns.counter.WithLabelValues(string(k.kind))
 	}
-	store.OnApplied(g.observedByStore)
+	store.OnObserve(g.observedByStore)
 	if err := mgr.Add(&overturnSweeper{g: g, interval: overturnSweepInterval}); err != nil {
 		return fmt.Errorf("webhook: adding the overturn sweeper: %w", err)
 	}
