@@ -186,8 +186,14 @@ func TestTaskSetWrites(t *testing.T) {
 		}
 		agentReports(t, ts, key)
 		complete(t, wf, ts, key)
-		if got := h.counter(t, "exit_guard_decisions_total", map[string]string{"verdict": "allowed", "reason": string(ReasonWorkflowNotTerminal), "kind": argo.TaskSetKind}); got != 3 {
-			t.Errorf("TaskSet writes admitted as %s = %v, want 3 (create and two patches)", ReasonWorkflowNotTerminal, got)
+		// At least the create and the two patches: the API server runs admission again when it
+		// retries a patch on a conflict (here with the agent's status writes), so under load a
+		// write may be judged twice. None may be refused.
+		if got := h.counter(t, "exit_guard_decisions_total", map[string]string{"verdict": "allowed", "reason": string(ReasonWorkflowNotTerminal), "kind": argo.TaskSetKind}); got < 3 {
+			t.Errorf("TaskSet writes admitted as %s = %v, want at least 3 (create and two patches)", ReasonWorkflowNotTerminal, got)
+		}
+		if got := h.counter(t, "exit_guard_decisions_total", map[string]string{"verdict": "denied", "kind": argo.TaskSetKind}); got != 0 {
+			t.Errorf("%v TaskSet writes of a running workflow refused, want none", got)
 		}
 		if got := h.counter(t, "exit_guard_decisions_total", map[string]string{"verdict": "allowed", "reason": string(ReasonNoNewTask), "kind": argo.TaskSetKind}); got != 1 {
 			t.Errorf("TaskSet writes admitted as %s = %v, want 1 (the cleanup)", ReasonNoNewTask, got)

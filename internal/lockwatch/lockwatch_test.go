@@ -3,6 +3,7 @@
 package lockwatch
 
 import (
+	"context"
 	"os"
 	"strings"
 	"testing"
@@ -15,6 +16,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/util/rand"
+	kwait "k8s.io/apimachinery/pkg/util/wait"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/exit-guard/exit-guard/internal/argo"
 	"github.com/exit-guard/exit-guard/internal/testenv"
@@ -46,6 +49,29 @@ func hold(t *testing.T, wf *unstructured.Unstructured, lock string) {
 	wf.Object["status"].(map[string]any)["synchronization"] = map[string]any{"mutex": map[string]any{"holding": []any{map[string]any{"holder": wf.GetName(), "mutex": lock}}}}
 	if err := env.Client.Update(t.Context(), wf); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// cached waits until a list at resourceVersion 0 (the API server's watch cache, which the scan
+// reads) holds wf in phase: under load the cache may lag a write by a moment.
+func cached(t *testing.T, wf *unstructured.Unstructured, phase argo.Phase) {
+	t.Helper()
+	err := kwait.PollUntilContextTimeout(t.Context(), 50*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		list := &argo.WorkflowList{}
+		err := env.Client.List(ctx, list, client.InNamespace(wf.GetNamespace()), client.MatchingLabels{argo.LabelPhase: string(phase)},
+			&client.ListOptions{Raw: &metav1.ListOptions{ResourceVersion: "0"}})
+		if err != nil {
+			return false, nil //nolint:nilerr // try again until the deadline
+		}
+		for _, w := range list.Items {
+			if w.UID == wf.GetUID() {
+				return true, nil
+			}
+		}
+		return false, nil
+	})
+	if err != nil {
+		t.Fatalf("the watch cache did not show %s %s within 30 s: %v", wf.GetName(), phase, err)
 	}
 }
 
@@ -114,6 +140,7 @@ func TestStuckWaitersAreFoundAndOthersAreNot(t *testing.T) {
 	}
 	now = now.Add(3 * time.Minute)
 	testenv.SetPhase(t, c, first, argo.PhaseRunning) // the lock moved: first got it
+	cached(t, first, argo.PhaseRunning)
 	if got := stuck(); len(got) != 0 {
 		t.Errorf("after 3 minutes: %v, want nothing stuck yet", got)
 	}
@@ -137,6 +164,7 @@ func TestStuckWaitersAreFoundAndOthersAreNot(t *testing.T) {
 	testenv.SetPhase(t, c, behindDone, argo.PhaseRunning)
 	now = now.Add(time.Minute)
 	delete(want, "cause=held-by-completed,lock="+lock("a")+",workflow_namespace="+ns)
+	cached(t, behindDone, argo.PhaseRunning)
 	if got := stuck(); !equal(got, want) {
 		t.Errorf("after the waiter behind the completed holder got its lock: %v, want %v", got, want)
 	}
