@@ -266,6 +266,9 @@ verify: manifests helm-lint ## Regenerate config/, the chart's copies and README
 	@git diff --exit-code -- go.mod go.sum config $(CHART) || { echo "generated files drift: run 'make manifests' and 'go mod tidy', and commit"; exit 1; }
 	@test -z "$$(git status --porcelain -- config $(CHART))" || { git status --porcelain -- config $(CHART); echo "untracked generated files: commit them"; exit 1; }
 	HELM="$(HELM)" $(GO) test -count=1 ./hack/chartcheck
+	@# No build output or binary in the repository: every tracked file under 1 MiB.
+	@big=$$(git ls-files -z | xargs -0 -r stat -c '%s %n' 2>/dev/null | awk '$$1 > 1048576 {print $$2 " (" $$1 " bytes)"}'); \
+	  test -z "$$big" || { echo "tracked files over 1 MiB (a build output or a binary?): $$big"; exit 1; }
 
 ##@ Clean
 
