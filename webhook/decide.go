@@ -160,8 +160,6 @@ type decision struct {
 	wfUID               types.UID
 	phase               argo.Phase
 	resourceVersion     string
-	// writtenAt is when that state was written, to the second (zero when unknown).
-	writtenAt time.Time
 	// liveErr is the live read's failure, when the store decided instead.
 	liveErr error
 	// nameHolder is the UID of the workflow a live read found under the owner's name, when
@@ -483,9 +481,8 @@ func (g *guard) liveDecide(ctx context.Context, f facts, d decision) decision {
 		return d
 	}
 	// A consistent read is the truth; let the store learn from it too (it keeps the newest).
-	obs := completionstore.ObservationOf(wf, false)
-	g.store.Observe(obs)
-	d.source, d.phase, d.resourceVersion, d.writtenAt = sourceLive, wf.Status.Phase, wf.ResourceVersion, obs.WrittenAt
+	g.store.Observe(completionstore.ObservationOf(wf, false))
+	d.source, d.phase, d.resourceVersion = sourceLive, wf.Status.Phase, wf.ResourceVersion
 	switch {
 	case !d.phase.Terminal():
 		d.reason, d.row = ReasonWorkflowNotTerminal, "5"
@@ -500,7 +497,7 @@ func (g *guard) liveDecide(ctx context.Context, f facts, d decision) decision {
 // fromRecord decides from what the store holds: rows 10 to 14 when no live read answered, or,
 // with row set, the store-first row 17 (the caller reads live before a refusal).
 func (g *guard) fromRecord(d decision, rec completionstore.Record, row string) decision {
-	d.source, d.phase, d.resourceVersion, d.writtenAt = sourceStore, rec.Phase, rec.ResourceVersion, rec.WrittenAt
+	d.source, d.phase, d.resourceVersion = sourceStore, rec.Phase, rec.ResourceVersion
 	pick := func(fallback string) string {
 		if row != "" {
 			return row

@@ -42,7 +42,6 @@ func (h *handler) handle(ctx context.Context, body []byte, req *request) admissi
 	ctx, release := h.admit(ctx, f.unexpected)
 	defer release()
 	d := h.decide(ctx, f)
-	h.checkOverturn(ctx, d)
 	v := verdictOf(d, h.opts.Mode)
 	h.audit(ctx, r, f, d, v)
 	if v == verdictDenied && !f.dryRun && !f.unexpected {

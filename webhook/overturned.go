@@ -18,19 +18,17 @@ import (
 )
 
 // EventReasonRefusalOverturned is the reason of the Event recorded when the guard refused a
-// write of the workflow from its store alone
-// (its live read had failed), and has since seen the workflow running at that resourceVersion
-// or a newer one: the refusal was probably wrong, and the refused exit handler was delayed
-// until Argo's controller tried again and the guard admitted it (Warning: someone should know
-// that an exit handler ran late).
+// write of the workflow from its store alone (its live read had failed), and has since seen the
+// workflow running, written before the refusal: the refusal was probably wrong. A refused pod
+// or TaskSet write waited until Argo's controller tried again; a refused Event was lost
+// (Warning: someone should know).
 const EventReasonRefusalOverturned = "RefusalOverturned"
 
 // overturnWindow is how long a refusal made from the store alone is remembered, to be checked
 // against what the guard sees of its workflow next. Argo's controller tries a refused pod again
 // every DEFAULT_REQUEUE_TIME (10 s by default), and the guard's watch delivers a retry within
 // its lag, so a wrong refusal shows within seconds; the window is the store's default TTL, so
-// that a guard whose watch lagged by minutes still notices. A workflow retried by hand within
-// the window after a right refusal is counted too (docs/alerts.md says how to tell).
+// that a guard whose watch lagged by minutes still notices.
 const overturnWindow = 10 * time.Minute
 
 // overturnSweepInterval is how often the remembered refusals are checked against the store: a
@@ -180,27 +178,6 @@ func (o *overturns) sweep() {
 func newerOrSame(a, b string) bool {
 	c, err := resourceversion.CompareResourceVersion(a, b)
 	return err == nil && c >= 0
-}
-
-// checkOverturn runs after each decision about a workflow: when the guard now sees running a
-// workflow it refused from the store alone, it counts, logs and records an Event, so that a
-// delayed exit handler is never silent. The decision's live read (or the store, when the read
-// failed) is what it sees; Argo's controller tries a refused pod again on its next pass, which
-// brings that decision within DEFAULT_REQUEUE_TIME. The store's own view is checked too, for a
-// workflow that sends nothing more.
-func (g *guard) checkOverturn(ctx context.Context, d decision) {
-	if d.wfUID == "" || g.overturns.size.Load() == 0 {
-		return
-	}
-	rv, phase, writtenAt := d.resourceVersion, d.phase, d.writtenAt
-	if rec, ok := g.store.Get(d.wfUID); ok && !rec.Deleted && (rv == "" || newerOrSame(rec.ResourceVersion, rv)) {
-		rv, phase, writtenAt = rec.ResourceVersion, rec.Phase, rec.WrittenAt
-	}
-	e, ok := g.overturns.seen(d.wfUID, rv, phase, writtenAt)
-	if !ok {
-		return
-	}
-	g.reportOverturn(ctx, d.wfUID, e, rv, phase)
 }
 
 // reportOverturn audits refusals that turned out wrong: a metric, an error log line and a

@@ -112,7 +112,7 @@ func (r *overturnRig) events(reason string) []string {
 // Event that says how many refusals and how long since the first; refusals the guard was sure
 // of, dry runs and old ones are not.
 func TestRefusalsFromTheStoreAloneAreCheckedAgainstWhatFollows(t *testing.T) {
-	t.Run("refused twice from the store, then seen running by the next decision: counted once", func(t *testing.T) {
+	t.Run("refused twice from the store, then seen running before the next try is decided: counted once", func(t *testing.T) {
 		r := newOverturnRig(t)
 		for range 2 {
 			if r.create(t, false) {
@@ -142,6 +142,17 @@ func TestRefusalsFromTheStoreAloneAreCheckedAgainstWhatFollows(t *testing.T) {
 		r.observe("7", argo.PhaseRunning)
 		r.observe("9", argo.PhaseSucceeded)
 		r.g.sweepOverturns(t.Context())
+		if got := r.overturned(t); got != 1 {
+			t.Errorf("overturned = %v, want 1", got)
+		}
+	})
+	t.Run("seen running by the live read of Argo's next try, the watch still behind: counted", func(t *testing.T) {
+		r := newOverturnRig(t)
+		r.create(t, false)
+		*r.live = liveRunning
+		if !r.create(t, false) {
+			t.Fatal("the exit handler of a workflow a live read finds running was refused")
+		}
 		if got := r.overturned(t); got != 1 {
 			t.Errorf("overturned = %v, want 1", got)
 		}
