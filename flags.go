@@ -247,10 +247,10 @@ func parseFlags(args []string) (*flags, error) {
 		"For an Event that says a workflow failed: how long one attempt of the live read of its workflow may take before another starts beside it.")
 	fs.DurationVar(&f.eventBudget, "event-read-budget", time.Second,
 		"For an Event that says a workflow failed: how long the live read may take in all; past it the store decides. Short: Argo sends a namespace's Events one at a time. Keep it at least a second below the Event webhook's timeoutSeconds.")
-	fs.StringVar(&f.storeFallback, "store-fallback", string(webhook.FallbackFresh),
-		"What the store alone may refuse when no live read answers within the budget: tombstone (only workflows seen deleted), fresh (also workflows seen completed, while the watch advanced within --store-fresh-for) or completion (also workflows seen completed, however quiet the watch; a workflow retried in that moment is then refused too).")
+	fs.StringVar(&f.storeFallback, "store-fallback", string(webhook.FallbackRequeue),
+		"What the store alone may refuse when no live read answers within the budget: requeue (workflows seen deleted; for workflows seen completed, the pods Argo's controller sends again on its next pass, and the rest as fresh), fresh (workflows seen deleted; workflows seen completed while the store's newest write is younger than --store-fresh-for), tombstone (only workflows seen deleted) or completion (workflows seen deleted or completed, whatever is refused: a refused agent pod fails a retried workflow on Argo 3.4 and 3.5).")
 	fs.DurationVar(&f.storeFreshFor, "store-fresh-for", 5*time.Second,
-		"With --store-fallback=fresh: how young the newest workflow write the store received (by its managed fields' time) must be for the store's completion to refuse an exit handler when no live read answers. Longer stops more stale pods while the API server hangs, and refuses more retried workflows whose retry the watch has not delivered.")
+		"With --store-fallback=fresh (and requeue, for what Argo does not send again: TaskSet writes of the exit handler's task, Events): how young the newest workflow write the store received (by its managed fields' time) must be for the store's completion to refuse when no live read answers. Longer stops more stale writes while the API server hangs, and refuses more retried workflows whose retry the watch has not delivered.")
 	fs.StringVar(&f.namespaces, "namespaces", "", "Comma-separated namespaces to watch and guard; empty means all.")
 	fs.IntVar(&f.maxDecisions, "max-concurrent-decisions", 128,
 		"How many admissions may be decided at once; one past it reads nothing live and the store decides (counted as a live-read failure of kind shed).")

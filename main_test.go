@@ -22,7 +22,7 @@ func TestFlagsBecomeGuardOptions(t *testing.T) {
 		{name: "the defaults enforce on Succeeded with live reads",
 			want: webhook.Options{Mode: webhook.ModeEnforce, DenyPhases: []argo.Phase{argo.PhaseSucceeded}, LiveReadTimeout: time.Second,
 				LiveReadBudget: 4 * time.Second, GetBesideListAfter: 25 * time.Millisecond, TaskSetRepeatsFor: 5 * time.Second, EventReadTimeout: 250 * time.Millisecond, EventReadBudget: time.Second,
-				StoreFallback: webhook.FallbackFresh, StoreFreshFor: 5 * time.Second, MaxConcurrentDecisions: 128},
+				StoreFallback: webhook.FallbackRequeue, StoreFreshFor: 5 * time.Second, MaxConcurrentDecisions: 128},
 			wantTTL: 10 * time.Minute},
 		{name: "every policy flag is carried over",
 			args: []string{"--mode=warn", "--deny-phases=succeeded, Failed,Error", "--cover-hooks", "--strict", "--store-first",

@@ -397,7 +397,8 @@ func (g *guard) judgeClaim(ctx context.Context, f facts, d decision) decision {
 
 // storeCompletionRefuses says whether a completion that only the store holds (no live read
 // answered) may refuse the object of f, as --store-fallback says: never (tombstone), always
-// (completion), or (fresh) for an object a retry sends only after re-running nodes (an
+// (completion), (requeue, the default) always for a pod Argo's controller creates again on its
+// next pass (requeuedWhenRefused) and otherwise as fresh, or (fresh) for an object a retry sends only after re-running nodes (an
 // exit-handler pod, a WorkflowFailed Event, a TaskSet write that adds only the workflow's
 // exit-handler task) while the store is close behind the API server: the newest write it is
 // known to hold (of the object's namespace, with a watch per namespace) was written less than
@@ -413,9 +414,28 @@ func (g *guard) storeCompletionRefuses(f facts) bool {
 	switch g.opts.StoreFallback {
 	case FallbackCompletion:
 		return true
+	case FallbackRequeue:
+		if requeuedWhenRefused(f) {
+			return true
+		}
+		fallthrough
 	case FallbackFresh:
 		stale, ok := g.store.StalenessIn(f.namespace)
 		return comesAfterReRunNodes(f) && ok && stale < g.opts.StoreFreshFor
+	}
+	return false
+}
+
+// requeuedWhenRefused says whether Argo's controller creates the object of f again on its
+// next pass when the guard refuses it: the pods of a workflow's nodes, which createWorkflowPod
+// sends (a 429 is transient on every line: requeueIfTransientErr leaves the node Pending and
+// requeues the workflow). Not an agent pod (v3.4 makes the workflow Error on any create
+// error), a TaskSet write (logged, written again only when the workflow is woken) or an Event
+// (dropped).
+func requeuedWhenRefused(f facts) bool {
+	switch f.role {
+	case roleExitHandler, roleHook, roleStep:
+		return true
 	}
 	return false
 }

@@ -305,7 +305,8 @@ func decisionCases() []decisionCase {
 		{row: "11", name: "read times out, store Succeeded, watch fresh (default fallback)", facts: exit, live: liveTimesOut, store: storeSucceeded, deny: true, reason: ReasonWorkflowCompleted, source: sourceStore},
 		{row: "11", name: "agent pod, read fails, store Succeeded, watch fresh: a retry's agent pod comes at once, never refused from the store", facts: agent, live: liveFails, store: storeSucceeded, reason: ReasonUnconfirmedCompletion, source: sourceStore},
 		{row: "11", name: "agent pod, read fails, store Succeeded, completion fallback", facts: agent, opts: completion, live: liveFails, store: storeSucceeded, deny: true, reason: ReasonWorkflowCompleted, source: sourceStore},
-		{row: "11", name: "read times out, store Succeeded, watch quiet past fresh-for (default fallback)", facts: exit, live: liveTimesOut, store: storeSucceeded, staleWatch: true, reason: ReasonUnconfirmedCompletion, source: sourceStore},
+		{row: "11", name: "read times out, store Succeeded, watch quiet past fresh-for (default fallback: Argo sends the pod again)", facts: exit, live: liveTimesOut, store: storeSucceeded, staleWatch: true, deny: true, reason: ReasonWorkflowCompleted, source: sourceStore},
+		{row: "11", name: "read times out, store Succeeded, watch quiet past fresh-for (fresh fallback)", facts: exit, opts: Options{StoreFallback: FallbackFresh}, live: liveTimesOut, store: storeSucceeded, staleWatch: true, reason: ReasonUnconfirmedCompletion, source: sourceStore},
 		{row: "11", name: "read fails, store Succeeded, tombstone fallback", facts: exit, opts: tombstone, live: liveFails, store: storeSucceeded, reason: ReasonUnconfirmedCompletion, source: sourceStore},
 		{row: "11", name: "read fails, store Succeeded, completion fallback", facts: exit, opts: completion, live: liveFails, store: storeSucceeded, deny: true, reason: ReasonWorkflowCompleted, source: sourceStore},
 		{row: "11", name: "read times out, store Succeeded, watch quiet, completion fallback", facts: exit, opts: completion, live: liveTimesOut, store: storeSucceeded, staleWatch: true, deny: true, reason: ReasonWorkflowCompleted, source: sourceStore},
@@ -324,7 +325,8 @@ func decisionCases() []decisionCase {
 		{row: "18", name: "store-first, store tombstone, live 404", facts: exit, opts: storeFirst, store: storeTombstone, live: live404, deny: true, reason: ReasonWorkflowDeleted, source: sourceLive, wantRow: "8"},
 		{row: "18", name: "store-first, store unsettled, live Succeeded", facts: exit, opts: storeFirst, store: storeUnsettled, live: liveSucceeded, deny: true, reason: ReasonWorkflowCompleted, source: sourceLive, wantRow: "6"},
 		{row: "18", name: "store-first, store unsettled, live says not terminal", facts: exit, opts: storeFirst, store: storeUnsettled, live: liveUnknown, reason: ReasonWorkflowNotTerminal, source: sourceLive, wantRow: "5"},
-		{row: "18", name: "strict step pod, store Succeeded, read fails, default fallback: a retry's steps come at once", facts: step, opts: Options{Strict: true}, store: storeSucceeded, live: liveFails, reason: ReasonUnconfirmedCompletion, source: sourceStore, wantRow: "11"},
+		{row: "18", name: "strict step pod, store Succeeded, read fails, default fallback: Argo sends the pod again", facts: step, opts: Options{Strict: true}, store: storeSucceeded, live: liveFails, deny: true, reason: ReasonWorkflowCompleted, source: sourceStore, wantRow: "11"},
+		{row: "18", name: "strict step pod, store Succeeded, read fails, fresh fallback: a retry's steps come at once", facts: step, opts: Options{Strict: true, StoreFallback: FallbackFresh}, store: storeSucceeded, live: liveFails, reason: ReasonUnconfirmedCompletion, source: sourceStore, wantRow: "11"},
 		{row: "18", name: "strict step pod, store Succeeded, read fails, tombstone fallback", facts: step, opts: Options{Strict: true, StoreFallback: FallbackTombstone}, store: storeSucceeded, live: liveFails, reason: ReasonUnconfirmedCompletion, source: sourceStore, wantRow: "11"},
 		{row: "18", name: "strict step pod, store Succeeded, read fails, completion fallback", facts: step, opts: Options{Strict: true, StoreFallback: FallbackCompletion}, store: storeSucceeded, live: liveFails, deny: true, reason: ReasonWorkflowCompleted, source: sourceStore, wantRow: "11"},
 		{row: "19", name: "store-first, watch stale, live Succeeded", facts: exit, opts: storeFirst, staleWatch: true, live: liveSucceeded, deny: true, reason: ReasonWorkflowCompleted, source: sourceLive, wantRow: "6"},
@@ -626,7 +628,7 @@ func TestFreshFallbackCountsFromTheWatchsLastAdvance(t *testing.T) {
 		t.Fatal(err)
 	}
 	wf := tableWorkflow
-	g, err := newGuard(nil, store, Options{StoreFreshFor: 30 * time.Second})
+	g, err := newGuard(nil, store, Options{StoreFallback: FallbackFresh, StoreFreshFor: 30 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -665,6 +667,58 @@ func TestFreshFallbackCountsFromTheWatchsLastAdvance(t *testing.T) {
 		}
 		if d.deny != step.deny || d.reason != want || d.source != sourceStore || d.row != "11" {
 			t.Errorf("%s: deny %v reason %s source %s row %s, want deny %v reason %s from the store, row 11", step.what, d.deny, d.reason, d.source, d.row, step.deny, want)
+		}
+	}
+}
+
+// TestRequeueFallbackRefusesWhatArgoSendsAgain: with the default --store-fallback=requeue, a
+// completion only the store holds refuses, however old the store's newest write, the pods
+// Argo's controller creates again on its next pass (an exit handler; a hook with
+// --cover-hooks; a step with --strict); what a refusal would lose (an agent pod, a TaskSet
+// write, a WorkflowFailed Event) it judges as fresh does: refused while the store's newest
+// write is younger than --store-fresh-for, admitted (unconfirmed-completion) once older.
+func TestRequeueFallbackRefusesWhatArgoSendsAgain(t *testing.T) {
+	wf := tableWorkflow
+	onExit := argo.NodeID(wf.GetName(), argo.OnExitNodeName(wf.GetName()))
+	objects := []struct {
+		what    string
+		facts   func(t *testing.T) facts
+		requeue bool // Argo sends it again when refused
+		fresh   bool // fresh refuses it while the store is close behind
+	}{
+		{"an exit-handler pod", func(t *testing.T) facts { return podFacts(t, fixture.ExitPod(wf)) }, true, true},
+		{"a hook pod", func(t *testing.T) facts { return podFacts(t, fixture.Pod(wf, "hook", wf.GetName()+".hooks.running")) }, true, false},
+		{"a step pod", func(t *testing.T) facts { return podFacts(t, fixture.Pod(wf, "step", wf.GetName()+"[0].main")) }, true, false},
+		{"an agent pod", func(t *testing.T) facts { return podFacts(t, fixture.AgentPod(wf)) }, false, false},
+		{"a TaskSet write of the exit handler's task", func(t *testing.T) facts { return taskSetFacts(t, wf, nil, "false", []string{onExit}, "false") }, false, true},
+		{"a WorkflowFailed Event", func(t *testing.T) facts { return eventFacts(t, wf, EventReasonWorkflowFailed) }, false, true},
+	}
+	for _, storeFresh := range []bool{true, false} {
+		for _, o := range objects {
+			t.Run(o.what+map[bool]string{true: ", the store fresh", false: ", the store 5 minutes behind"}[storeFresh], func(t *testing.T) {
+				clk := clocktesting.NewFakeClock(time.Now())
+				store, err := completionstore.New(completionstore.Options{Clock: clk})
+				if err != nil {
+					t.Fatal(err)
+				}
+				store.Observe(completionstore.Observation{UID: wf.GetUID(), Namespace: wf.GetNamespace(), Name: wf.GetName(), ResourceVersion: "5", Phase: argo.PhaseSucceeded})
+				store.Progress("6")
+				store.NoteLag(time.Second)
+				if !storeFresh {
+					clk.Step(10 * time.Minute / 2) // past --store-fresh-for, inside --completion-ttl
+				}
+				g, err := newGuard(nil, store, Options{Hooks: true, Strict: true})
+				if err != nil {
+					t.Fatal(err)
+				}
+				calls := 0
+				g.readLive = cannedRead(liveTimesOut, &calls)
+				d := g.decide(t.Context(), o.facts(t))
+				want := o.requeue || storeFresh && o.fresh
+				if d.deny != want || d.source != sourceStore {
+					t.Errorf("deny %v (reason %s, source %s), want deny %v from the store", d.deny, d.reason, d.source, want)
+				}
+			})
 		}
 	}
 }
@@ -729,7 +783,7 @@ func TestFreshFallbackCountsTheWorkflowsOwnNamespace(t *testing.T) {
 			store.Observe(completionstore.Observation{UID: wf.GetUID(), Namespace: wf.GetNamespace(), Name: wf.GetName(), ResourceVersion: "5", Phase: argo.PhaseSucceeded})
 			store.Progress("5")
 			store.NoteLagIn(tc.sampleIn, time.Second)
-			g, err := newGuard(nil, store, Options{})
+			g, err := newGuard(nil, store, Options{StoreFallback: FallbackFresh})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -61,15 +61,25 @@ const (
 	// the watch advanced: more stale pods stopped while the API server cannot answer, at the
 	// price of refusing the exit handler of a workflow retried in that moment.
 	FallbackCompletion StoreFallback = "completion"
+	// FallbackRequeue refuses, for a completion that only the store holds however long ago
+	// the watch advanced, the pods Argo's controller creates again on its next pass when one
+	// is refused (exit-handler pods, and hook and step pods where the policy covers them):
+	// a refusal is a 429, which every controller line takes as transient (the node waits,
+	// Pending, and the workflow is requeued), so a wrong one costs a retried workflow's exit
+	// handler a requeue per pass until the guard can see the retry, never its notice, and
+	// the guard notices it (overturned.go). What a refusal would lose (an agent pod, which
+	// v3.4 turns into a workflow Error; a TaskSet write, which waits for something to wake
+	// the workflow; an Event, which client-go drops) is judged as with FallbackFresh.
+	FallbackRequeue StoreFallback = "requeue"
 )
 
 // ParseStoreFallback parses a store fallback name.
 func ParseStoreFallback(s string) (StoreFallback, error) {
 	switch f := StoreFallback(s); f {
-	case FallbackTombstone, FallbackFresh, FallbackCompletion:
+	case FallbackTombstone, FallbackFresh, FallbackCompletion, FallbackRequeue:
 		return f, nil
 	}
-	return "", fmt.Errorf("unknown store fallback %q: want tombstone, fresh or completion", s)
+	return "", fmt.Errorf("unknown store fallback %q: want requeue, fresh, tombstone or completion", s)
 }
 
 const (
@@ -97,11 +107,10 @@ const (
 	// defaultTaskSetRepeatsFor: row T7's window (docs/decisions.md).
 	defaultTaskSetRepeatsFor = 5 * time.Second
 	// defaultStoreFallback: see docs/reliability.md for the figures behind it.
-	defaultStoreFallback = FallbackFresh
-	// defaultStoreFreshFor: a store completion refuses only while the store's newest write is
-	// younger than 5 s. In the simulation no legitimate pod was refused at 3, 5, 10 or 15 s
-	// (20,000 histories); with Succeeded workflows retried 20 times as often, 0 at 3 and 5 s,
-	// 2 at 10 s, 5 at 15 s. docs/reliability.md has the figures.
+	defaultStoreFallback = FallbackRequeue
+	// defaultStoreFreshFor: with fresh, and with requeue for what Argo does not send again, a
+	// store completion refuses only while the store's newest write is younger than 5 s.
+	// docs/reliability.md has the figures.
 	defaultStoreFreshFor = 5 * time.Second
 )
 
@@ -140,7 +149,7 @@ type Options struct {
 	EventReadTimeout time.Duration
 	EventReadBudget  time.Duration
 	// StoreFallback is what the store alone may refuse when no live read answered within the
-	// budget (default FallbackFresh).
+	// budget (default FallbackRequeue).
 	StoreFallback StoreFallback
 	// StoreFreshFor is how recently the watch must have advanced for FallbackFresh to refuse
 	// from a completion only the store holds: how young its newest write must be (default 5 s).

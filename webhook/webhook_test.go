@@ -519,10 +519,10 @@ func retriedWorkflowAdmittedOnALateAnswer(t *testing.T, fallback StoreFallback) 
 // When no live read answers within the budget, the store alone decides, as --store-fallback
 // says. Here the workflow was retried and the guard's watch never delivered the retry: the
 // worst case of a store fallback. With tombstone a completion only the store holds never
-// refuses; with fresh (the default) it refuses while the watch advanced within
-// --store-fresh-for, and that retried workflow's exit handler is refused (the window
-// docs/reliability.md measures), and admits once the watch has been quiet longer; with
-// completion it always refuses. A tombstone refuses in every case.
+// refuses; with requeue (the default) and completion it always refuses the exit handler (a
+// 429: Argo's controller sends it again on its next pass, when the guard can read the
+// workflow); with fresh it refuses while the watch advanced within --store-fresh-for, and
+// admits once the watch has been quiet longer. A tombstone refuses in every case.
 func TestStoreFallbackWhenNoLiveReadAnswers(t *testing.T) {
 	for _, tc := range []struct {
 		name     string
@@ -533,8 +533,11 @@ func TestStoreFallbackWhenNoLiveReadAnswers(t *testing.T) {
 	}{
 		{name: "tombstone: a completion only the store holds admits", fallback: FallbackTombstone, quiet: time.Second, denied: false},
 		{name: "default, the watch advanced a second ago: it refuses", quiet: time.Second, denied: true},
-		{name: "default, the watch quiet for two minutes: it admits", quiet: 2 * time.Minute, denied: false},
-		{name: "default, the watch never advanced: it admits", denied: false},
+		{name: "default, the watch quiet for two minutes: it refuses", quiet: 2 * time.Minute, denied: true},
+		{name: "default, the watch never advanced: it refuses", denied: true},
+		{name: "fresh, the watch advanced a second ago: it refuses", fallback: FallbackFresh, quiet: time.Second, denied: true},
+		{name: "fresh, the watch quiet for two minutes: it admits", fallback: FallbackFresh, quiet: 2 * time.Minute, denied: false},
+		{name: "fresh, the watch never advanced: it admits", fallback: FallbackFresh, denied: false},
 		{name: "completion, the watch quiet for two minutes: it refuses", fallback: FallbackCompletion, quiet: 2 * time.Minute, denied: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -121,56 +121,79 @@ func TestListsRefusedWhileTheWatchCacheInitializesAreDecidedByAGet(t *testing.T)
 // TestLiveReadsThatHangAreDecidedInsideTheDeadline: the guard's store saw a workflow succeed
 // and another deleted through a watch that was delivering; then the API server stops
 // answering (every live read hangs, the watch stream holds every event and bookmark back).
-// With the default flags (--store-fallback=fresh) the guard answers inside the webhook's
-// timeout, from its store: while the newest write it received is younger than
-// --store-fresh-for (5 s), the stale exit handler of the completed workflow is refused; once
-// older, it is admitted, counted as unconfirmed-completion (a retry the watch never delivered
-// may be behind it). The deleted workflow's is refused throughout, the running one's admitted.
+// The guard answers inside the webhook's timeout, from its store. With the default
+// (--store-fallback=requeue) the stale exit handler of the completed workflow is refused
+// throughout: Argo's controller sends a refused pod again on its next pass, so a retry the
+// watch never delivered would wait, not lose its notice. With --store-fallback=fresh it is
+// refused while the newest write the store received is younger than --store-fresh-for (5 s)
+// and admitted once older, counted as unconfirmed-completion. The deleted workflow's is
+// refused throughout, the running one's admitted.
 func TestLiveReadsThatHangAreDecidedInsideTheDeadline(t *testing.T) {
-	b := newService(t)
-	p := testenv.StartAPIProxy(t, env.Config)
-	r := startReplicaWith(t, b, "a", p.KubeConfig(t), "--live-read-timeout=300ms", "--live-read-budget=1s")
+	for _, tc := range []struct {
+		fallback string
+		// lateRefused: the stale exit handler is still refused once the store's newest write
+		// is older than --store-fresh-for.
+		lateRefused bool
+	}{{"", true}, {"fresh", false}} {
+		name := "default"
+		args := []string{"--live-read-timeout=300ms", "--live-read-budget=1s"}
+		if tc.fallback != "" {
+			name = "--store-fallback=" + tc.fallback
+			args = append(args, name)
+		}
+		t.Run(name, func(t *testing.T) {
+			b := newService(t)
+			p := testenv.StartAPIProxy(t, env.Config)
+			r := startReplicaWith(t, b, "a", p.KubeConfig(t), args...)
 
-	running, succeeded, deleted := threeWorkflows(t)
-	waitFor(t, "the guard's store to hold the deletion and the completion", func() bool {
-		return r.metric(t, `exit_guard_store_records{state="deleted"}`) >= 1 && r.metric(t, `exit_guard_store_records{state="terminal"}`) >= 1
-	})
-	// A last write the guard's watch delivers (as a busy cluster's watch always has one
-	// coming), then the API server hangs.
-	rv := r.metric(t, "exit_guard_watch_resource_version")
-	touched := running.DeepCopy()
-	touched.SetAnnotations(map[string]string{"touched": "yes"})
-	if err := env.Client.Update(t.Context(), touched); err != nil {
-		t.Fatal(err)
-	}
-	waitFor(t, "the guard's watch to deliver the last write", func() bool { return r.metric(t, "exit_guard_watch_resource_version") > rv })
-	p.Stall.Store(true)
-	p.HangReads.Store(true)
-	quiet := time.Now()
+			running, succeeded, deleted := threeWorkflows(t)
+			waitFor(t, "the guard's store to hold the deletion and the completion", func() bool {
+				return r.metric(t, `exit_guard_store_records{state="deleted"}`) >= 1 && r.metric(t, `exit_guard_store_records{state="terminal"}`) >= 1
+			})
+			// A last write the guard's watch delivers (as a busy cluster's watch always has
+			// one coming), then the API server hangs.
+			rv := r.metric(t, "exit_guard_watch_resource_version")
+			touched := running.DeepCopy()
+			touched.SetAnnotations(map[string]string{"touched": "yes"})
+			if err := env.Client.Update(t.Context(), touched); err != nil {
+				t.Fatal(err)
+			}
+			waitFor(t, "the guard's watch to deliver the last write", func() bool { return r.metric(t, "exit_guard_watch_resource_version") > rv })
+			p.Stall.Store(true)
+			p.HangReads.Store(true)
+			quiet := time.Now()
 
-	c := &tally{}
-	decideAll(t, c, map[*unstructured.Unstructured]bool{succeeded: true})
-	took := time.Since(quiet)
-	t.Logf("live reads hanging, watch stalled: %s in %s; %d reads held until the guard gave up", c, took.Round(time.Millisecond), p.Hung.Load())
-	if p.Hung.Load() == 0 {
-		t.Error("no live read reached the hanging proxy: the test proved nothing")
-	}
-	if took > 4*time.Second {
-		t.Fatalf("the decision inside the fresh window took %s: this machine is too slow for the test to mean anything", took)
-	}
-	if got := r.metric(t, `exit_guard_decisions_total{kind="Pod",reason="workflow-completed",verdict="denied"}`); got != 1 {
-		t.Errorf("%v refusals of the completed workflow's exit handler (workflow-completed), want 1: the store's fresh completion refuses by default", got)
-	}
+			c := &tally{}
+			decideAll(t, c, map[*unstructured.Unstructured]bool{succeeded: true})
+			took := time.Since(quiet)
+			t.Logf("live reads hanging, watch stalled: %s in %s; %d reads held until the guard gave up", c, took.Round(time.Millisecond), p.Hung.Load())
+			if p.Hung.Load() == 0 {
+				t.Error("no live read reached the hanging proxy: the test proved nothing")
+			}
+			if took > 4*time.Second {
+				t.Fatalf("the decision inside the fresh window took %s: this machine is too slow for the test to mean anything", took)
+			}
+			completed := `exit_guard_decisions_total{kind="Pod",reason="workflow-completed",verdict="denied"}`
+			if got := r.metric(t, completed); got != 1 {
+				t.Errorf("%v refusals of the completed workflow's exit handler (workflow-completed), want 1: the store's fresh completion refuses", got)
+			}
 
-	waitFor(t, "the store's newest write to be older than --store-fresh-for", func() bool { return time.Since(quiet) > 6*time.Second })
-	late := &tally{}
-	decideAll(t, late, map[*unstructured.Unstructured]bool{running: false, succeeded: false, deleted: true})
-	t.Logf("the newest write older than 5 s: %s", late)
-	if got := r.metric(t, `exit_guard_decisions_total{kind="Pod",reason="unconfirmed-completion",verdict="allowed"}`); got != 1 {
-		t.Errorf("%v admissions as unconfirmed-completion once the store's newest write was older than --store-fresh-for, want 1", got)
-	}
-	if sent := c.sent.Load() + late.sent.Load(); r.metric(t, `exit_guard_live_read_failures_total{kind="timeout"}`) < float64(sent) {
-		t.Errorf("%v live reads counted as timed out, want %d", r.metric(t, `exit_guard_live_read_failures_total{kind="timeout"}`), sent)
+			waitFor(t, "the store's newest write to be older than --store-fresh-for", func() bool { return time.Since(quiet) > 6*time.Second })
+			late := &tally{}
+			decideAll(t, late, map[*unstructured.Unstructured]bool{running: false, succeeded: tc.lateRefused, deleted: true})
+			t.Logf("the newest write older than 5 s: %s", late)
+			unconfirmed := `exit_guard_decisions_total{kind="Pod",reason="unconfirmed-completion",verdict="allowed"}`
+			want := map[bool]float64{true: 0, false: 1}[tc.lateRefused]
+			if got := r.metric(t, unconfirmed); got != want {
+				t.Errorf("%v admissions as unconfirmed-completion once the store's newest write was older than --store-fresh-for, want %v", got, want)
+			}
+			if got, want := r.metric(t, completed), map[bool]float64{true: 2, false: 1}[tc.lateRefused]; got != want {
+				t.Errorf("%v refusals as workflow-completed in all, want %v", got, want)
+			}
+			if sent := c.sent.Load() + late.sent.Load(); r.metric(t, `exit_guard_live_read_failures_total{kind="timeout"}`) < float64(sent) {
+				t.Errorf("%v live reads counted as timed out, want %d", r.metric(t, `exit_guard_live_read_failures_total{kind="timeout"}`), sent)
+			}
+		})
 	}
 }
 
