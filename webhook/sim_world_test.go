@@ -30,6 +30,27 @@ var (
 	// a node selector (FormulateRetryWorkflow refuses it otherwise), which teams use to re-run
 	// a step by hand or from automation: rare. The default assumes 1 in 100 Succeeded runs.
 	simSucceededRetries = flag.Float64("sim.succeeded-retries", 0.01, "simulation: the chance that a Succeeded run is retried (argo retry --restart-successful)")
+	// simRequeue: a refused pod of a node (a 429, transient on every controller line) leaves
+	// the node Pending and requeues the workflow; Argo's queue tries it again after a fixed
+	// DEFAULT_REQUEUE_TIME (10 s unless set), with no backoff.
+	simRequeue = flag.Duration("sim.requeue", 10*time.Second, "simulation: Argo's DEFAULT_REQUEUE_TIME, the interval between a refused pass and the next")
+)
+
+// simResync is Argo's workflow resync period: what wakes a workflow that nothing else does
+// (a refused TaskSet write is only logged; the workflow's own status write wakes it once).
+const simResync = 20 * time.Minute
+
+// simHorizon is how long a refused legitimate pod or write may wait before the simulation
+// calls it lost (the store forgets a completion after 10 minutes by default).
+const simHorizon = time.Hour
+
+// Controller lines, as far as a refusal goes: on v3.4 (and 3.5) an agent pod's create error
+// makes the workflow Error, and a Succeeded workflow cannot be retried; on 3.6 and later a
+// refused agent pod is requeued like a node's pod, and argo retry --restart-successful with a
+// node selector may pick the exit handler alone, which then runs within a second of the retry.
+const (
+	lineV34   = "3.4/3.5"
+	lineV36Up = "3.6+"
 )
 
 // simT0 is the virtual clock's origin.
@@ -62,6 +83,9 @@ type podEvent struct {
 	// gcAt.
 	gcOwner types.UID
 	gcAt    time.Duration
+	// heldFor is how long Argo's informer holds a stale copy: while the guard refuses what it
+	// sends, it tries again every requeue within that time.
+	heldFor time.Duration
 	// firstPass: the write of the pass that creates the task's node, which Argo writes to
 	// the workflow's status only after the TaskSet; nextPass is when the workflow's next pass
 	// writes the task again (row T6 reads the node then), for such a write that met the old
@@ -154,6 +178,7 @@ func measuredLag(w, at time.Duration) time.Duration { return at - w.Truncate(tim
 type history struct {
 	seed   uint64
 	load   loadLevel
+	line   string // the controller line (lineV34, lineV36Up)
 	writes []write // in time order; resourceVersions increase with time
 	pods   []podEvent
 	watch  []watchAction
@@ -190,6 +215,12 @@ func generate(seed uint64) *history {
 	if h.load.name == "" {
 		h.load = loadLevels[len(loadLevels)-1].level
 	}
+	// An assumption (the report gives each line's losses apart): most exposed clusters run
+	// 3.6 or later, many still 3.4 or 3.5.
+	h.line = lineV36Up
+	if r.Float64() < 0.4 {
+		h.line = lineV34
+	}
 	put := func(at time.Duration, s wfState) {
 		h.writes = append(h.writes, write{at: at, state: s})
 	}
@@ -213,8 +244,29 @@ func generate(seed uint64) *history {
 		put(t, wfState{uid: uid})
 		var completions []time.Duration
 		var end argo.Phase
-		run := func(t time.Duration, phase argo.Phase) time.Duration {
+		// exitHandler creates the exit handler's pod at t (and, for an HTTP workflow, writes
+		// its task: the exit handler's own in half) and returns when it is done.
+		exitHandler := func(t time.Duration) time.Duration {
+			pod(t, uid, roleExitHandler, false)
+			if http {
+				taskWrite(t, uid)
+				h.pods[len(h.pods)-1].exitTask = r.Float64() < 0.5
+				h.pods[len(h.pods)-1].inExitHandler = true
+			}
+			return t + dur(r, 100*time.Millisecond, 3*time.Second)
+		}
+		run := func(t time.Duration, phase argo.Phase, exitOnly bool) time.Duration {
 			put(t, wfState{uid: uid, phase: phase})
+			if exitOnly {
+				// argo retry --restart-successful --node-field-selector picking the exit
+				// handler alone (3.6 and later): nothing runs before it, and its pod comes
+				// within a second of the retry's write.
+				t = exitHandler(t + dur(r, 50*time.Millisecond, time.Second))
+				end = argo.PhaseSucceeded
+				put(t, wfState{uid: uid, phase: end})
+				completions = append(completions, t)
+				return t
+			}
 			// A run (a first run or a retry) creates its step pods first: a retry re-runs
 			// the nodes it reset (for a Succeeded workflow, those the node selector picked)
 			// before its exit handler; a workflow with HTTP or plugin templates writes its
@@ -232,14 +284,7 @@ func generate(seed uint64) *history {
 				t += stepTime()
 			}
 			if r.Float64() < 0.9 {
-				pod(t, uid, roleExitHandler, false)
-				if http {
-					// The exit handler's HTTP task: the exit handler's own in half.
-					taskWrite(t, uid)
-					h.pods[len(h.pods)-1].exitTask = r.Float64() < 0.5
-					h.pods[len(h.pods)-1].inExitHandler = true
-				}
-				t += dur(r, 100*time.Millisecond, 3*time.Second)
+				t = exitHandler(t)
 			}
 			end = []argo.Phase{argo.PhaseSucceeded, argo.PhaseSucceeded, argo.PhaseSucceeded, argo.PhaseSucceeded,
 				argo.PhaseSucceeded, argo.PhaseSucceeded, argo.PhaseSucceeded, argo.PhaseFailed, argo.PhaseFailed, argo.PhaseError}[r.IntN(10)]
@@ -247,14 +292,20 @@ func generate(seed uint64) *history {
 			completions = append(completions, t)
 			return t
 		}
-		t = run(t+dur(r, 50*time.Millisecond, 500*time.Millisecond), argo.PhaseRunning)
+		t = run(t+dur(r, 50*time.Millisecond, 500*time.Millisecond), argo.PhaseRunning, false)
 		for {
 			// argo retry: a Failed or Error workflow often; a Succeeded one only with
 			// --restart-successful (rare, -sim.succeeded-retries).
 			p := 0.2
 			if end == argo.PhaseSucceeded {
 				p = *simSucceededRetries
+				if h.line == lineV34 {
+					p = 0 // FormulateRetryWorkflow refuses a Succeeded workflow there
+				}
 			}
+			// A Succeeded workflow's retry re-runs the nodes its selector picks: the exit
+			// handler alone in half of them.
+			exitOnly := end == argo.PhaseSucceeded && r.Float64() < 0.5
 			if r.Float64() >= p {
 				break
 			}
@@ -268,7 +319,7 @@ func generate(seed uint64) *history {
 			if r.Float64() < 0.5 {
 				retried = argo.PhaseUnknown // v4
 			}
-			t = run(t, retried)
+			t = run(t, retried, exitOnly)
 		}
 		return t, completions, http
 	}
@@ -284,6 +335,14 @@ func generate(seed uint64) *history {
 			if r.Float64() < 0.1 {
 				at = c + dur(r, 20*time.Second, 15*time.Minute)
 			}
+			// While refused it comes back every requeue, for as long as Argo's informer holds
+			// it: about 2 s on real controllers (docs/argo-e2e.md: 2 to 3 passes at a requeue
+			// of 1 s); here up to 3 s, and in one case in five (a watch that lags) up to a
+			// minute.
+			first, held := len(h.pods), dur(r, 0, 3*time.Second)
+			if r.Float64() < 0.2 {
+				held = dur(r, 3*time.Second, time.Minute)
+			}
 			pod(at, uid, roleExitHandler, true)
 			if r.Float64() < 0.5 {
 				pod(at-time.Millisecond, uid, roleStep, true) // argo-workflows #16294
@@ -297,6 +356,9 @@ func generate(seed uint64) *history {
 				pod(at+time.Millisecond, uid, roleTaskWrite, true)
 				h.pods[len(h.pods)-1].exitTask = r.Float64() < 0.5
 				pod(at+2*time.Millisecond, uid, roleAgent, true)
+			}
+			for i := first; i < len(h.pods); i++ {
+				h.pods[i].heldFor = held
 			}
 		}
 	}
@@ -346,6 +408,7 @@ func generate(seed uint64) *history {
 		}
 		if r.Float64() < 0.3 {
 			pod(del+dur(r, 10*time.Millisecond, 10*time.Second), uid1, roleExitHandler, true)
+			h.pods[len(h.pods)-1].heldFor = dur(r, 0, 3*time.Second)
 		}
 	}
 	// The second lifecycle's writes were appended after the deletion; keep time order (each
@@ -554,8 +617,14 @@ func (h *history) truth(uid types.UID, t time.Duration) (state wfState, seen boo
 // travels in the decision's context (the live read keeps its values), so that an attempt that
 // starts late still belongs to its own decision.
 type decisionPlan struct {
-	mu     sync.Mutex
-	now    time.Duration
+	mu  sync.Mutex
+	now time.Duration
+	// truthAt is the moment whose truth the live read answers: now, but for a legitimate
+	// pod tried again after its workflow, in the generated history, moved on to a completion,
+	// the moment of its first try. The history is fixed in advance, and in it the workflow
+	// completes on time; on a real controller a node left Pending by a refusal holds the
+	// workflow back until its pod is created, so the read would find it as it was.
+	truthAt time.Duration
 	plan   []bool
 	called int
 	// task is the task a TaskSet write adds, and nodeWritten says whether its node is in
@@ -576,10 +645,10 @@ func nextAttemptFails(ctx context.Context) (now time.Duration, fail bool) {
 	defer p.mu.Unlock()
 	k := p.called
 	p.called++
-	return p.now, k >= len(p.plan) || p.plan[k]
+	return p.truthAt, k >= len(p.plan) || p.plan[k]
 }
 
-// decisionMoment is the virtual moment of the decision in ctx.
+// decisionMoment is the virtual moment whose truth the decision in ctx reads.
 func decisionMoment(ctx context.Context) time.Duration {
 	p, ok := ctx.Value(planKey{}).(*decisionPlan)
 	if !ok {
@@ -587,5 +656,15 @@ func decisionMoment(ctx context.Context) time.Duration {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.now
+	return p.truthAt
+}
+
+// movedOn says whether workflow uid completed or was deleted after from, up to to.
+func (h *history) movedOn(uid types.UID, from, to time.Duration) bool {
+	for _, w := range h.writes {
+		if w.at > from && w.at <= to && w.state.uid == uid && (w.state.deleted || w.state.phase.Terminal()) {
+			return true
+		}
+	}
+	return false
 }
