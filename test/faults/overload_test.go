@@ -347,6 +347,8 @@ func waitClassifiedBy(t *testing.T, cfg *rest.Config, fs *unstructured.Unstructu
 // overloadRun is what one run measured.
 type overloadRun struct {
 	decisions, live, unverified, staleAdmitted, legitRefused, failed int
+	// storeRefused are the refusals the store made alone (no live answer within the budget).
+	storeRefused int
 	latencies                                                        []time.Duration
 	noisyLists                                                       []time.Duration
 }
@@ -382,8 +384,12 @@ func TestLiveReadsUnderPriorityAndFairness(t *testing.T) {
 
 	guardCfg := tokenConfig(t, e, overloadNamespace, "exit-guard")
 	out := &testenv.Output{}
-	g, err := testenv.StartGuard(t.Context(), guardBin, kubeconfigOf(t, guardCfg),
-		[]string{"--webhook-port=" + strconv.Itoa(e.WebhookPort), "--webhook-cert-path=" + e.WebhookCertDir, "--lock-check-interval=0s"}, out)
+	// OVERLOAD_GUARD_ARGS: further flags of the guard, to compare settings (a store fallback)
+	// under the same flood.
+	args := append([]string{"--webhook-port=" + strconv.Itoa(e.WebhookPort), "--webhook-cert-path=" + e.WebhookCertDir, "--lock-check-interval=0s"},
+		strings.Fields(os.Getenv("OVERLOAD_GUARD_ARGS"))...)
+	t.Logf("the guard's flags: %s", strings.Join(args, " "))
+	g, err := testenv.StartGuard(t.Context(), guardBin, kubeconfigOf(t, guardCfg), args, out)
 	if err != nil {
 		t.Fatalf("%v\n%s", err, out)
 	}
@@ -416,6 +422,7 @@ func TestLiveReadsUnderPriorityAndFairness(t *testing.T) {
 			t.Fatal(err)
 		}
 		_, mark = n.since(mark)
+		storeRefusedBefore := len(out.Lines(`"source":"store"`, `"verdict":"denied"`))
 		r := overloadRun{}
 		var mu sync.Mutex
 		var next atomic.Int64
@@ -463,12 +470,13 @@ func TestLiveReadsUnderPriorityAndFairness(t *testing.T) {
 			delta("exit_guard_live_read_duration_seconds", map[string]string{"result": "not-found"})
 		r.unverified = delta("exit_guard_decisions_total", map[string]string{"reason": string(webhook.ReasonUnverifiedFailOpen)}) +
 			delta("exit_guard_decisions_total", map[string]string{"reason": string(webhook.ReasonUnconfirmedCompletion)})
+		r.storeRefused = len(out.Lines(`"source":"store"`, `"verdict":"denied"`)) - storeRefusedBefore
 		r.noisyLists, mark = n.since(mark)
 		results[with] = r
 		lat := slices.Clone(r.latencies)
-		t.Logf("RESULT %s: %d decisions, %d from a live read (%.2f%%), %d unverified, %d stale pods admitted, %d legitimate pods refused, %d failed; "+
+		t.Logf("RESULT %s: %d decisions, %d from a live read (%.2f%%), %d refused from the store, %d unverified, %d stale pods admitted, %d legitimate pods refused, %d failed; "+
 			"decision latency p50 %s p99 %s; noisy LISTs %d, p50 %s p90 %s (%d failed); Argo's writes %d",
-			what, r.decisions, r.live, 100*float64(r.live)/float64(r.decisions), r.unverified, r.staleAdmitted, r.legitRefused, r.failed,
+			what, r.decisions, r.live, 100*float64(r.live)/float64(r.decisions), r.storeRefused, r.unverified, r.staleAdmitted, r.legitRefused, r.failed,
 			quantile(lat, .5).Round(time.Millisecond), quantile(lat, .99).Round(time.Millisecond),
 			len(r.noisyLists), quantile(r.noisyLists, .5).Round(time.Millisecond), quantile(r.noisyLists, .9).Round(time.Millisecond),
 			n.failures.Load(), n.writes.Load())
