@@ -49,34 +49,40 @@ type wrongRefusal struct {
 // alone (as `argo retry --restart-successful --node-field-selector` does on 3.6 and later; the
 // v3.4.17 CLI refuses a Succeeded workflow, so the test writes the retry, as retryWorkflow
 // does) while the guard cannot know: its reads of the workflow hang and its watch is held back
-// just after a write it saw, so its store holds the completion and counts itself fresh. The
-// controller re-runs the exit handler at once; the guard refuses it from the store. The
-// refusal is a 429: the node stays Pending, Argo tries again on its next pass, the store's
-// completion is no longer fresh, and the exit handler runs. When the guard's watch catches up
-// it sees the workflow running after it refused, counts the refusal overturned and records a
-// RefusalOverturned Event. With a 403 the exit node would become Error and the workflow would
-// end Error without its exit handler.
+// just after a write it saw, so its store holds the completion. The controller re-runs the
+// exit handler; the guard refuses it from the store (the default --store-fallback=requeue
+// refuses an exit handler of a completion the store holds, however old). The refusal is a 429:
+// the node stays Pending, and Argo tries again on each pass, refused again, until the guard
+// can read the workflow (the fault lifted after cutOff); then the exit handler runs. The
+// guard's watch catches up, sees the workflow running after it refused, counts the refusal
+// overturned and records a RefusalOverturned Event. With a 403 the exit node would become
+// Error and the workflow would end Error without its exit handler.
 func TestAWrongRefusalWaits(t *testing.T) {
-	for _, c := range []struct{ requeue, freshFor string }{
-		// At Argo's default requeue v3.4.17 first creates the retried exit handler on its
-		// next pass, 10 s after the retry's write, when a completion 5 s old no longer
-		// counts as fresh: the store is given 15 s, so that the first attempt is refused.
-		{"1s", "5s"}, {"10s", "15s"},
+	for _, c := range []struct {
+		requeue string
+		cutOff  time.Duration
+	}{
+		// Each cut-off outlasts --store-fresh-for (5 s) by a pass at least, so that a guard
+		// that refused only while its store was fresh would admit the exit handler before the
+		// fault lifts (seen with --store-fallback=fresh). At Argo's default requeue v3.4.17
+		// first creates the retried exit handler on its next pass, 10 s after the retry's
+		// write, and again 11 s later.
+		{"1s", 10 * time.Second}, {"10s", 25 * time.Second},
 	} {
-		requeue := c.requeue
+		requeue, cutOff := c.requeue, c.cutOff
 		t.Run("v3.4.17, requeue "+requeue, func(t *testing.T) {
 			var seen wrongRefusal
 			runScenario(t, scenario{version: "v3.4.17", mode: guardDirect, direct: true, guardProxy: true,
 				// Reads that hang cost the live-read budget before the store decides: a short
-				// one keeps the store's completion fresh for the first refusal.
-				guardArgs: []string{"--live-read-timeout=300ms", "--live-read-budget=1s", "--store-fresh-for=" + c.freshFor},
+				// one keeps Argo's passes close to its requeue.
+				guardArgs: []string{"--live-read-timeout=300ms", "--live-read-budget=1s"},
 				env:       []string{"DEFAULT_REQUEUE_TIME=" + requeue},
 				drive: func(ctx context.Context, t *testing.T, r rig) []*unstructured.Unstructured {
-					seen = driveWrongRefusal(ctx, t, r)
+					seen = driveWrongRefusal(ctx, t, r, cutOff)
 					return nil
 				}})
-			t.Logf("RESULT a wrong refusal on v3.4.17, requeue %s: the retried exit handler refused %d time(s), ran %v after the retry; refusals overturned %v, RefusalOverturned Events %d",
-				requeue, seen.refusals, seen.waited.Round(10*time.Millisecond), seen.overturned, seen.overturnEvents)
+			t.Logf("RESULT a wrong refusal on v3.4.17, requeue %s, the guard cut off for %s: the retried exit handler refused %d time(s), ran %v after the retry; refusals overturned %v, RefusalOverturned Events %d",
+				requeue, cutOff, seen.refusals, seen.waited.Round(10*time.Millisecond), seen.overturned, seen.overturnEvents)
 			if seen.refusals == 0 {
 				t.Errorf("the retried exit handler was not refused: the run shows nothing of a wrong refusal")
 			}
@@ -88,7 +94,7 @@ func TestAWrongRefusalWaits(t *testing.T) {
 }
 
 // driveWrongRefusal runs the scenario of TestAWrongRefusalWaits and checks its workflow.
-func driveWrongRefusal(ctx context.Context, t *testing.T, r rig) wrongRefusal {
+func driveWrongRefusal(ctx context.Context, t *testing.T, r rig, cutOff time.Duration) wrongRefusal {
 	t.Helper()
 	var out wrongRefusal
 	wf := alwaysNotifyWorkflow()
@@ -130,6 +136,16 @@ func driveWrongRefusal(ctx context.Context, t *testing.T, r rig) wrongRefusal {
 	r.proxy.HangReads.Store(true)
 	retried := time.Now()
 	retryWorkflow(ctx, t, r.c, wf)
+	select {
+	case <-ctx.Done():
+		t.Fatal(ctx.Err())
+	case <-time.After(cutOff):
+	}
+	if n := len(r.k.pods(name, ".onExit")); n != 1 {
+		t.Errorf("%d exit-handler pods while the guard was cut off, want the first run's alone: the store admitted the retry's", n)
+	}
+	r.proxy.Stall.Store(false)
+	r.proxy.HangReads.Store(false)
 	poll("the retried exit handler to run", 2*time.Minute, func(context.Context) bool {
 		return len(r.k.pods(name, ".onExit")) >= 2
 	})
@@ -137,8 +153,6 @@ func driveWrongRefusal(ctx context.Context, t *testing.T, r rig) wrongRefusal {
 	out.waited = slices.MaxFunc(times, func(a, b time.Time) int { return a.Compare(b) }).Sub(retried)
 	all, _ := refusalsLogged(r.guardLog, wf.GetUID())
 	out.refusals = all - before
-	r.proxy.Stall.Store(false)
-	r.proxy.HangReads.Store(false)
 	// The guard notices on its next decision about the workflow or its sweep (every 5 s).
 	_ = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
 		mfs, err := r.g.Metrics(ctx)
