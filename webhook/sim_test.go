@@ -705,7 +705,9 @@ func delayFigures(ds []time.Duration) string {
 		return "-"
 	}
 	ds = slices.Sorted(slices.Values(ds))
-	q := func(f float64) time.Duration { return ds[min(len(ds)-1, int(f*float64(len(ds))))].Round(100 * time.Millisecond) }
+	q := func(f float64) time.Duration {
+		return ds[min(len(ds)-1, int(f*float64(len(ds))))].Round(100 * time.Millisecond)
+	}
 	return fmt.Sprintf("%s / %s / %s", q(.5), q(.99), ds[len(ds)-1].Round(100*time.Millisecond))
 }
 

@@ -178,7 +178,7 @@ func measuredLag(w, at time.Duration) time.Duration { return at - w.Truncate(tim
 type history struct {
 	seed   uint64
 	load   loadLevel
-	line   string // the controller line (lineV34, lineV36Up)
+	line   string  // the controller line (lineV34, lineV36Up)
 	writes []write // in time order; resourceVersions increase with time
 	pods   []podEvent
 	watch  []watchAction
@@ -625,8 +625,8 @@ type decisionPlan struct {
 	// completes on time; on a real controller a node left Pending by a refusal holds the
 	// workflow back until its pod is created, so the read would find it as it was.
 	truthAt time.Duration
-	plan   []bool
-	called int
+	plan    []bool
+	called  int
 	// task is the task a TaskSet write adds, and nodeWritten says whether its node is in
 	// the writer's status (a later pass than the one that created it).
 	task, node  string

@@ -349,8 +349,8 @@ type overloadRun struct {
 	decisions, live, unverified, staleAdmitted, legitRefused, failed int
 	// storeRefused are the refusals the store made alone (no live answer within the budget).
 	storeRefused int
-	latencies                                                        []time.Duration
-	noisyLists                                                       []time.Duration
+	latencies    []time.Duration
+	noisyLists   []time.Duration
 }
 
 // TestLiveReadsUnderPriorityAndFairness floods an API server of small seat limits with
