@@ -155,3 +155,9 @@ func TestDocumentedValuesPassTheSchema(t *testing.T) {
 	}
 	render(t, "-f", vf)
 }
+
+// TestRendersAsASubchart: an umbrella chart passes its global values down to every subchart;
+// the schema, which refuses unknown keys, must take them (seen failing without "global").
+func TestRendersAsASubchart(t *testing.T) {
+	render(t, "--set", "global.imageRegistry=registry.example", "--set", "global.labels.team=platform")
+}
