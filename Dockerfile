@@ -18,7 +18,12 @@ COPY internal/shutdown/ internal/shutdown/
 COPY webhook/ webhook/
 ARG TARGETOS=linux
 ARG TARGETARCH=amd64
-RUN CGO_ENABLED=0 GOOS=${TARGETOS} GOARCH=${TARGETARCH} go build -trimpath -ldflags "-s -w" -o /exit-guard .
+# What exit-guard --version prints: docker build --build-arg VERSION=... --build-arg COMMIT=...
+ARG VERSION=dev
+ARG COMMIT=unknown
+ARG BUILD_DATE=unknown
+RUN CGO_ENABLED=0 GOOS=${TARGETOS} GOARCH=${TARGETARCH} go build -trimpath \
+      -ldflags "-s -w -X main.version=${VERSION} -X main.commit=${COMMIT} -X main.date=${BUILD_DATE}" -o /exit-guard .
 
 FROM scratch
 COPY --from=build /exit-guard /exit-guard

@@ -28,19 +28,25 @@ help: ## Show this help, by purpose.
 
 ##@ Build
 
+# The version is the chart's appVersion (one source); the commit and date are the checkout's.
+# --version prints the three.
+VERSION ?= $(shell sed -n 's/^appVersion: *"\(.*\)"/\1/p' $(CHART)/Chart.yaml)
+COMMIT ?= $(shell git rev-parse HEAD 2>/dev/null)$(shell git diff --quiet HEAD 2>/dev/null || echo -dirty)
+BUILD_DATE ?= $(shell date -u +%Y-%m-%dT%H:%M:%SZ)
+VERSION_LDFLAGS := -X main.version=$(VERSION) -X main.commit=$(COMMIT) -X main.date=$(BUILD_DATE)
+
 .PHONY: build
-build: ## Build the exit-guard binary into ./bin.
-	CGO_ENABLED=0 $(GO) build -trimpath -o $(BIN)/exit-guard .
+build: ## Build the exit-guard binary into ./bin (exit-guard --version names its version and commit).
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(VERSION_LDFLAGS)" -o $(BIN)/exit-guard .
 
 # The image `make image` builds and `make image-push` pushes (a registry/repository:tag you can
 # write to), and its platforms.
-VERSION ?= $(shell sed -n 's/^appVersion: *"\(.*\)"/\1/p' $(CHART)/Chart.yaml)
 IMAGE ?= exit-guard/exit-guard:$(VERSION)
 IMAGE_ARCHS ?= amd64 arm64
 
 .PHONY: image
 image: ## Build the container image without a container engine (hack/image) into the OCI layout bin/image, for IMAGE_ARCHS.
-	$(GO) run ./hack/image build --out $(BIN)/image --tag $(IMAGE) --version $(VERSION) $(addprefix --arch ,$(IMAGE_ARCHS))
+	$(GO) run ./hack/image build --out $(BIN)/image --tag $(IMAGE) --version $(VERSION) --ldflags "$(VERSION_LDFLAGS)" $(addprefix --arch ,$(IMAGE_ARCHS))
 
 .PHONY: image-push
 image-push: image ## Push bin/image to IMAGE (credentials from docker login or your registry's credential helper).

@@ -20,6 +20,7 @@ import (
 
 // flags holds the command line.
 type flags struct {
+	version          bool // print the version and exit
 	metricsAddr      string
 	metricsSecure    bool
 	probeAddr        string
@@ -280,6 +281,18 @@ func parseFlags(args []string) (*flags, error) {
 	fs.DurationVar(&f.certLookahead, "cert-lookahead", 90*24*time.Hour, "With --cert-mode=self: how long before expiry certificates are renewed.")
 	fs.DurationVar(&f.certCheckFrequency, "cert-check-frequency", 12*time.Hour, "With --cert-mode=self: how often expiry is checked.")
 	f.zap.BindFlags(fs)
+	fs.BoolVar(&f.version, "version", false, "Print the version, commit and build date, and exit.")
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), `Usage:
+  exit-guard [flags]          run the guard (the chart's Deployment or sidecar does)
+  exit-guard check [flags]    prove, with a dry-run exit-handler pod, that the API server calls the guard
+                              and that it answers (helm test runs it; exit-guard check -h for its flags)
+  exit-guard --version        print the version, commit and build date
+
+Flags:
+`)
+		fs.PrintDefaults()
+	}
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}

@@ -37,8 +37,14 @@ func main() {
 	if err != nil {
 		os.Exit(2)
 	}
+	if f.version {
+		fmt.Println(versionLine())
+		return
+	}
 	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&f.zap)))
 	setupLog := ctrl.Log.WithName("setup")
+	v, c, d := buildVersion()
+	setupLog.Info("exit-guard starting", "version", v, "commit", c, "built", d)
 	if limit, ok, err := setMemoryLimit(); err != nil {
 		setupLog.Error(err, "invalid environment")
 		os.Exit(2)

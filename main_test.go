@@ -106,3 +106,22 @@ func TestFlagsTheCertModeCannotHonourAreRefused(t *testing.T) {
 		})
 	}
 }
+
+// TestVersion: --version is a flag, and it prints what the build set (make build sets the
+// chart's appVersion, the commit and the date), or "unknown" for what neither the build nor
+// the toolchain recorded.
+func TestVersion(t *testing.T) {
+	f, err := parseFlags([]string{"--version"})
+	if err != nil || !f.version {
+		t.Fatalf("--version: %v, set %v", err, f != nil && f.version)
+	}
+	defer func(v, c, d string) { version, commit, date = v, c, d }(version, commit, date)
+	version, commit, date = "1.2.3", "0123abc", "2026-12-03T00:00:00Z"
+	if got, want := versionLine(), "exit-guard 1.2.3 (commit 0123abc, built 2026-12-03T00:00:00Z, go"; !strings.HasPrefix(got, want) {
+		t.Errorf("versionLine() = %q, want it to begin %q", got, want)
+	}
+	version, commit, date = "", "", ""
+	if v, _, _ := buildVersion(); v != "unknown" {
+		t.Errorf("a test binary's version = %q, want unknown (its module version is (devel), and no build set one)", v)
+	}
+}

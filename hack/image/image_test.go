@@ -121,7 +121,7 @@ func TestDockerfileCopiesEveryFileTheBinaryIsBuiltFrom(t *testing.T) {
 // the image's own `check` command then proves.
 func TestImageHoldsAStaticGuardThatStarts(t *testing.T) {
 	dir := t.TempDir()
-	bin, err := buildBinary(testenv.RepoRoot(), runtime.GOARCH, filepath.Join(dir, "build"))
+	bin, err := buildBinary(testenv.RepoRoot(), runtime.GOARCH, filepath.Join(dir, "build"), "")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -143,10 +143,11 @@ func readLayout(dir string) (v1.ImageIndex, error) {
 }
 
 // buildBinary builds the guard from the module at root for linux/goarch as the Dockerfile does
-// (static: no cgo; no paths or symbols of the build machine) into dir, and returns it.
-func buildBinary(root, goarch, dir string) (arch, error) {
+// (static: no cgo; no paths or symbols of the build machine; the version, commit and date
+// that --version prints, from ldflags) into dir, and returns it.
+func buildBinary(root, goarch, dir, ldflags string) (arch, error) {
 	out := filepath.Join(dir, "linux-"+goarch, binaryPath)
-	cmd := exec.Command("go", "build", "-trimpath", "-ldflags", "-s -w", "-o", out, ".") //nolint:gosec // G204: go build of this repository
+	cmd := exec.Command("go", "build", "-trimpath", "-ldflags", strings.TrimSpace("-s -w "+ldflags), "-o", out, ".") //nolint:gosec // G204: go build of this repository
 	cmd.Dir = root
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOARCH="+goarch)
 	if msg, err := cmd.CombinedOutput(); err != nil {
@@ -182,6 +183,7 @@ func run(args []string) error {
 		out := fs.String("out", "bin/image", "The OCI image layout to write.")
 		tag := fs.String("tag", "exit-guard/exit-guard:latest", "The image's name in the layout (org.opencontainers.image.ref.name).")
 		version := fs.String("version", "dev", "The version label of the image.")
+		ldflags := fs.String("ldflags", "", "Further -ldflags of the go build (make image sets the version, commit and date --version prints).")
 		fs.Var(&goarchs, "arch", "A GOARCH to build for (linux); repeat for more platforms (default: this machine's).")
 		if err := fs.Parse(args[1:]); err != nil {
 			return err
@@ -195,7 +197,7 @@ func run(args []string) error {
 		}
 		var bins []arch
 		for _, a := range goarchs {
-			b, err := buildBinary(root, a, filepath.Join(filepath.Dir(*out), "image-build"))
+			b, err := buildBinary(root, a, filepath.Join(filepath.Dir(*out), "image-build"), *ldflags)
 			if err != nil {
 				return err
 			}
