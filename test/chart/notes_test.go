@@ -29,7 +29,10 @@ func TestNotesTellWhatWasInstalledAndHowToCheckIt(t *testing.T) {
 			`exit_guard_decisions_total{verdict="denied"}`,
 			"prometheusRule.enabled=true adds alerts",
 			"is not published", "make image",
-			"It expects them from system:serviceaccount:argo:argo-workflows-workflow-controller (guard.expectedRequester)",
+			"guard.expectedRequester is not set: every refusal counts as a stale copy's",
+		}},
+		{profile{name: "expected requester", set: []string{"guard.expectedRequester=system:serviceaccount:argo:argo"}}, []string{
+			"It expects them from system:serviceaccount:argo:argo (guard.expectedRequester)",
 		}},
 		{profile{name: "warn", set: []string{"guard.mode=warn", "prometheusRule.enabled=true", "image.repository=registry.example.com/platform/exit-guard"}}, []string{
 			"mode warn", "reason=ExitHandlerWouldBeDenied", "kubectl get pods -A -l exit-guard.io/suspect",

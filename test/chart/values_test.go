@@ -127,9 +127,11 @@ func TestTuningValuesLandWhereTheySay(t *testing.T) {
 			t.Errorf("the webhook port is open to %v, want the API server's address alone", webhookFrom)
 		}
 		for _, tc := range []struct{ set, want string }{
-			{"", "--expected-requester=system:serviceaccount:argo:argo-workflows-workflow-controller"},
-			{"sidecar.controllerServiceAccount=wfc", "--expected-requester=system:serviceaccount:argo:wfc"},
-			{"guard.expectedRequester=", "--expected-requester="},
+			// Off until set: a guessed name files every real refusal as an unexpected
+			// requester's when Argo runs under another.
+			{"", "--expected-requester="},
+			{"sidecar.controllerServiceAccount=wfc", "--expected-requester="},
+			{"guard.expectedRequester=system:serviceaccount:argo:argo", "--expected-requester=system:serviceaccount:argo:argo"},
 		} {
 			p := profile{name: "requester"}
 			if tc.set != "" {

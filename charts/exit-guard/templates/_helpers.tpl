@@ -220,11 +220,7 @@ volumeMounts:
 
 {{/* The user the guard expects to send what it judges (guard.expectedRequester). */}}
 {{- define "exit-guard.expectedRequester" -}}
-{{- if eq .Values.guard.expectedRequester "auto" }}
-{{- printf "system:serviceaccount:%s:%s" .Release.Namespace .Values.sidecar.controllerServiceAccount }}
-{{- else }}
 {{- .Values.guard.expectedRequester }}
-{{- end }}
 {{- end }}
 
 {{/* The volume of the API server's client CA (webhook.clientAuth). */}}
