@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -162,15 +163,35 @@ func (g *Guard) Kill() error {
 	return nil
 }
 
-// FreeAddr returns a loopback address with a port that was free a moment ago.
+// FreeAddr returns a loopback address with a port that was free a moment ago and that it has not
+// returned before in this process.
 func FreeAddr() (string, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", err
+	handedOut.Lock()
+	defer handedOut.Unlock()
+	for range 100 {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return "", err
+		}
+		addr := l.Addr().String()
+		if err := l.Close(); err != nil {
+			return "", err
+		}
+		// The kernel may hand a port just closed out again: two callers that have not bound
+		// theirs yet (a guard's webhook and probe ports) would then collide.
+		if !handedOut.ports[addr] {
+			handedOut.ports[addr] = true
+			return addr, nil
+		}
 	}
-	addr := l.Addr().String()
-	return addr, l.Close()
+	return "", errors.New("no free port not handed out before, in 100 tries")
 }
+
+// handedOut are the addresses FreeAddr returned, in this process.
+var handedOut = struct {
+	sync.Mutex
+	ports map[string]bool
+}{ports: map[string]bool{}}
 
 // GuardWebhook is the guard's ValidatingWebhookConfiguration as config/webhook generates it
 // from the code's markers (pods and WorkflowTaskSets), with the chart's object selector on the
