@@ -9,11 +9,19 @@ import (
 	"strings"
 	"testing"
 
+	"sigs.k8s.io/yaml"
+
 	"github.com/exit-guard/exit-guard/internal/testenv"
 )
 
-// renderedAlerts are the names of the alerts the chart's PrometheusRule renders.
-func renderedAlerts(t *testing.T) []string {
+// renderedAlert is an alert of the chart's PrometheusRule.
+type renderedAlert struct {
+	Alert       string            `json:"alert"`
+	Annotations map[string]string `json:"annotations"`
+}
+
+// renderedAlerts are the alerts the chart's PrometheusRule renders.
+func renderedAlerts(t *testing.T) []renderedAlert {
 	t.Helper()
 	bin, err := testenv.HelmBin()
 	if err != nil {
@@ -24,12 +32,35 @@ func renderedAlerts(t *testing.T) []string {
 	if err != nil {
 		t.Fatalf("helm template: %v", err)
 	}
-	var names []string
-	for _, m := range regexp.MustCompile(`(?m)^\s*- alert: (\S+)`).FindAllStringSubmatch(string(out), -1) {
-		names = append(names, m[1])
+	var rule struct {
+		Spec struct {
+			Groups []struct {
+				Rules []renderedAlert `json:"rules"`
+			} `json:"groups"`
+		} `json:"spec"`
 	}
-	if len(names) == 0 {
+	if err := yaml.Unmarshal(out, &rule); err != nil {
+		t.Fatal(err)
+	}
+	var alerts []renderedAlert
+	for _, g := range rule.Spec.Groups {
+		for _, r := range g.Rules {
+			if r.Alert != "" {
+				alerts = append(alerts, r)
+			}
+		}
+	}
+	if len(alerts) == 0 {
 		t.Fatal("the chart's PrometheusRule rendered no alert")
+	}
+	return alerts
+}
+
+// alertNames are the names of alerts.
+func alertNames(alerts []renderedAlert) []string {
+	var names []string
+	for _, a := range alerts {
+		names = append(names, a.Alert)
 	}
 	return names
 }
@@ -38,7 +69,7 @@ func renderedAlerts(t *testing.T) []string {
 // chart renders, no other, and each row says when it fires and what to do in words (a row of
 // the e2e timings pasted over it, "12.8 s", says neither).
 func TestAlertsTableIsTheChartsAlerts(t *testing.T) {
-	alerts := renderedAlerts(t)
+	alerts := alertNames(renderedAlerts(t))
 	raw, err := os.ReadFile(filepath.Join(testenv.RepoRoot(), "docs", "alerts.md"))
 	if err != nil {
 		t.Fatal(err)
@@ -49,12 +80,22 @@ func TestAlertsTableIsTheChartsAlerts(t *testing.T) {
 		t.Fatal(`docs/alerts.md has no runbook table ("| alert | severity | fires when | what to do |")`)
 	}
 	var rows []string
+	// Each row opens with the anchor its alert's runbook_url names.
+	first := regexp.MustCompile("^\\| <a id=\"([a-z]+)\"></a>`(\\w+)`$")
 	for _, line := range strings.Split(doc[start:], "\n")[2:] {
-		if !strings.HasPrefix(line, "| `") {
+		if !strings.HasPrefix(line, "| ") {
 			break
 		}
 		cells := strings.Split(line, " | ")
-		name := strings.Trim(cells[0], "| `")
+		m := first.FindStringSubmatch(cells[0])
+		if m == nil {
+			t.Errorf("docs/alerts.md: a row opens with %q, not an anchor and an alert's name", cells[0])
+			continue
+		}
+		name := m[2]
+		if m[1] != strings.ToLower(name) {
+			t.Errorf("docs/alerts.md: the row of %s has the anchor %q, want %q", name, m[1], strings.ToLower(name))
+		}
 		rows = append(rows, name)
 		if len(cells) != 4 {
 			t.Errorf("docs/alerts.md: the row of %s has %d cells, want 4", name, len(cells))
@@ -92,6 +133,17 @@ func TestNoDocCountsTheAlerts(t *testing.T) {
 		}
 		for _, m := range count.FindAllString(string(raw), -1) {
 			t.Errorf("%s counts the alerts (%q): name docs/alerts.md instead, whose table a test checks", rel, m)
+		}
+	}
+}
+
+// TestEveryAlertHasARunbook: each alert's runbook_url is its row of docs/alerts.md
+// (prometheusRule.runbookBaseURL and the anchor TestAlertsTableIsTheChartsAlerts checks).
+func TestEveryAlertHasARunbook(t *testing.T) {
+	const base = "https://github.com/exit-guard/exit-guard/blob/main/docs/alerts.md"
+	for _, a := range renderedAlerts(t) {
+		if got, want := a.Annotations["runbook_url"], base+"#"+strings.ToLower(a.Alert); got != want {
+			t.Errorf("%s: runbook_url %q, want %q", a.Alert, got, want)
 		}
 	}
 }
