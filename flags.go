@@ -283,7 +283,7 @@ func parseFlags(args []string) (*flags, error) {
 	f.zap.BindFlags(fs)
 	fs.BoolVar(&f.version, "version", false, "Print the version, commit and build date, and exit.")
 	fs.Usage = func() {
-		fmt.Fprint(fs.Output(), `Usage:
+		_, _ = fmt.Fprint(fs.Output(), `Usage:
   exit-guard [flags]          run the guard (the chart's Deployment or sidecar does)
   exit-guard check [flags]    prove, with a dry-run exit-handler pod, that the API server calls the guard
                               and that it answers (helm test runs it; exit-guard check -h for its flags)
