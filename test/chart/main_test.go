@@ -101,7 +101,8 @@ var profiles = []profile{
 	{name: "host-network", podSecurity: "privileged", set: []string{"hostNetwork=true", "webhook.port=9445", "metrics.port=9446", "probePort=9447"}},
 	{name: "client-auth", set: []string{"webhook.clientAuth.caConfigMap=apiserver-client-ca", "webhook.clientAuth.caKey=client-ca.pem",
 		"networkPolicy.enabled=true", "networkPolicy.webhookFrom[0].ipBlock.cidr=10.0.0.10/32",
-		"guard.expectedRequester=system:serviceaccount:workflows:controller", "guard.maxConcurrentDecisions=64"}},
+		"guard.expectedRequester=system:serviceaccount:workflows:controller", "guard.maxConcurrentDecisions=64",
+		"guard.liveReadGetAfter=-1ms", "guard.taskSetRepeatsFor=3s", "guard.sweepInterval=1m"}},
 	{name: "dns-policy-percentage-budget", set: []string{"dnsPolicy=Default", "podDisruptionBudget.minAvailable=50%"}},
 	{name: "everything", set: []string{
 		"image.digest=sha256:" + strings.Repeat("ab", 32),

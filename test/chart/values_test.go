@@ -102,7 +102,8 @@ func TestTuningValuesLandWhereTheySay(t *testing.T) {
 		spec := convert[appsv1.Deployment](t, only(t, objs, "Deployment")).Spec.Template.Spec
 		c := spec.Containers[0]
 		for _, want := range []string{"--webhook-client-ca-file=/etc/exit-guard/client-ca/client-ca.pem",
-			"--expected-requester=system:serviceaccount:workflows:controller", "--max-concurrent-decisions=64"} {
+			"--expected-requester=system:serviceaccount:workflows:controller", "--max-concurrent-decisions=64",
+			"--live-read-get-after=-1ms", "--taskset-repeats-for=3s", "--sweep-interval=1m"} {
 			if !slices.Contains(c.Args, want) {
 				t.Errorf("args lack %s: %v", want, c.Args)
 			}

@@ -118,12 +118,15 @@ wins, so it would override the value past the chart's checks (timings, certifica
 - --store-first={{ .Values.guard.storeFirst }}
 - --live-read-timeout={{ .Values.guard.liveReadTimeout }}
 - --live-read-budget={{ .Values.guard.liveReadBudget }}
+- --live-read-get-after={{ .Values.guard.liveReadGetAfter }}
+- --taskset-repeats-for={{ .Values.guard.taskSetRepeatsFor }}
 - --event-read-timeout={{ .Values.guard.eventReadTimeout }}
 - --event-read-budget={{ .Values.guard.eventReadBudget }}
 - --store-fallback={{ .Values.guard.storeFallback }}
 - --store-fresh-for={{ .Values.guard.storeFreshFor }}
 - --namespaces={{ join "," .Values.guard.namespaces }}
 - --completion-ttl={{ .Values.guard.completionTTL }}
+- --sweep-interval={{ .Values.guard.sweepInterval }}
 - --lock-check-interval={{ .Values.guard.lockCheckInterval }}
 - --lock-stuck-after={{ .Values.guard.lockStuckAfter }}
 - --max-concurrent-decisions={{ .Values.guard.maxConcurrentDecisions }}
