@@ -2,7 +2,6 @@ package chartcheck
 
 import (
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -23,15 +22,7 @@ type renderedAlert struct {
 // renderedAlerts are the alerts the chart's PrometheusRule renders.
 func renderedAlerts(t *testing.T) []renderedAlert {
 	t.Helper()
-	bin, err := testenv.HelmBin()
-	if err != nil {
-		t.Fatalf("these checks need helm: %v", err)
-	}
-	out, err := exec.Command(bin, "template", "doc", chartDir, "--namespace", "argo", "--kube-version", testenv.KubeVersion(), //nolint:gosec // G204: the pinned helm of this repository
-		"--set", "prometheusRule.enabled=true", "--show-only", "templates/prometheusrule.yaml").Output()
-	if err != nil {
-		t.Fatalf("helm template: %v", err)
-	}
+	out := render(t, "--set", "prometheusRule.enabled=true", "--show-only", "templates/prometheusrule.yaml")
 	var rule struct {
 		Spec struct {
 			Groups []struct {

@@ -22,8 +22,8 @@ import (
 var chartDir = filepath.Join(testenv.RepoRoot(), "charts", "exit-guard")
 
 // render runs helm template with the extra arguments (Helm checks the values against
-// values.schema.json) and fails the test when it refuses.
-func render(t *testing.T, extra ...string) {
+// values.schema.json), fails the test when it refuses, and returns what it rendered.
+func render(t *testing.T, extra ...string) []byte {
 	t.Helper()
 	bin, err := testenv.HelmBin()
 	if err != nil {
@@ -31,11 +31,12 @@ func render(t *testing.T, extra ...string) {
 	}
 	args := append([]string{"template", "doc", chartDir, "--namespace", "argo", "--kube-version", testenv.KubeVersion()}, extra...)
 	cmd := exec.Command(bin, args...) //nolint:gosec // G204: the pinned helm of this repository
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	if err := cmd.Run(); err != nil {
 		t.Errorf("helm %s: %v\n%s", strings.Join(args, " "), err, stderr.String())
 	}
+	return stdout.Bytes()
 }
 
 // schemaNode is the part of a JSON schema the test reads.
