@@ -34,14 +34,18 @@ const (
 func (g *guard) audit(ctx context.Context, req request, f facts, d decision, verdict string) {
 	spec := f.object.spec()
 	// A refusal for someone other than the expected controller is counted apart: it may be a
-	// forged review, which must not raise the alerts on stale exit handlers. Not a dry run's
-	// (exit-guard check, helm test), which persists nothing and is counted as before.
+	// forged review, which must not raise the alerts on stale exit handlers. A dry run
+	// (exit-guard check, helm test, kubectl --dry-run=server) persists nothing and is counted
+	// apart too, whoever sent it: an install check must not look like a refused exit handler.
 	unexpected := d.deny && f.unexpected && !f.dryRun
-	if unexpected {
-		g.metrics.unexpected.WithLabelValues(verdict, string(d.reason), string(spec.kind)).Inc()
-	} else {
-		g.metrics.decisions.WithLabelValues(verdict, string(d.reason), string(spec.kind)).Inc()
+	counter := g.metrics.decisions
+	switch {
+	case f.dryRun:
+		counter = g.metrics.dryRuns
+	case unexpected:
+		counter = g.metrics.unexpected
 	}
+	counter.WithLabelValues(verdict, string(d.reason), string(spec.kind)).Inc()
 	if d.liveErr != nil {
 		kind := "error"
 		switch {

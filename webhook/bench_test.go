@@ -17,7 +17,7 @@ import (
 
 // BenchmarkDecide measures one decision against the real test API server: an exit-handler pod
 // with its live read (the default), the same decided store-first, and a pod the policy does
-// not cover. Run with: go test -run '^$' -bench Decide ./webhook (docs/performance.md).
+// not cover. Run with: go test -run '^$' -bench Decide ./webhook (docs/evidence/performance.md).
 func BenchmarkDecide(b *testing.B) {
 	ns := newNamespace(b)
 	wf := createWorkflow(b, ns, "bench", argo.PhaseRunning)

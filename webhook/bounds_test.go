@@ -110,8 +110,9 @@ func TestRefusalsForAnUnexpectedRequesterAreCountedApart(t *testing.T) {
 			t.Errorf("%q: audit annotation requester = %q, want %q", c.user, got, c.annotation)
 		}
 	}
-	// A dry run (exit-guard check, helm test) persists nothing: counted as before, whoever
-	// sends it, so that the install check does not raise the unexpected-requester alert.
+	// A dry run (exit-guard check, helm test) persists nothing: counted apart, whoever sends it,
+	// so that the install check raises neither the unexpected-requester alert nor the
+	// stale-exit-handler one.
 	req := exitPodRequest("system:serviceaccount:argo:exit-guard-check")
 	req.DryRun = ptr.To(true)
 	if r := answerOf(t, h, req); r.Allowed {
@@ -120,8 +121,11 @@ func TestRefusalsForAnUnexpectedRequesterAreCountedApart(t *testing.T) {
 	if got := value(t, g.metrics.unexpected.WithLabelValues(verdictDenied, string(ReasonWorkflowCompleted), string(kindPod))); got != 2 {
 		t.Errorf("after a dry run for another user, exit_guard_unexpected_requester_decisions_total = %v, want 2 still", got)
 	}
-	if got := value(t, g.metrics.decisions.WithLabelValues(verdictDenied, string(ReasonWorkflowCompleted), string(kindPod))); got != 2 {
-		t.Errorf("after a dry run for another user, exit_guard_decisions_total = %v, want 2", got)
+	if got := value(t, g.metrics.decisions.WithLabelValues(verdictDenied, string(ReasonWorkflowCompleted), string(kindPod))); got != 1 {
+		t.Errorf("after a dry run for another user, exit_guard_decisions_total = %v, want 1 still", got)
+	}
+	if got := value(t, g.metrics.dryRuns.WithLabelValues(verdictDenied, string(ReasonWorkflowCompleted), string(kindPod))); got != 1 {
+		t.Errorf("after a dry run for another user, exit_guard_dry_run_decisions_total = %v, want 1", got)
 	}
 }
 

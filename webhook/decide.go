@@ -74,13 +74,6 @@ const (
 	ReasonTaskSetOwnerGone Reason = "taskset-owner-gone"
 )
 
-// admissionReasons are the reasons an admission carries: each kind's decision series start at
-// 0 with them (initDecisions), so that increase() sees the first admission of each.
-var admissionReasons = []Reason{ReasonNotOwnedByWorkflow, ReasonArtifactGCOrOtherComponent, ReasonNamespaceNotWatched,
-	ReasonNotCoveredByPolicy, ReasonNoNewTask, ReasonNotAFailureClaim, ReasonClaimMatchesPhase, ReasonWorkflowGone,
-	ReasonWorkflowNotTerminal, ReasonPhaseNotDenied, ReasonNotSeenCompleted, ReasonUnverifiedFailOpen,
-	ReasonUnconfirmedCompletion, ReasonTasksOfNameHolder, ReasonRepeatsAdmittedCreate}
-
 // refusalReasons are the reasons a refusal carries (kindSpec.refusals, those of each kind).
 var refusalReasons = []Reason{ReasonWorkflowCompleted, ReasonWorkflowDeleted, ReasonWorkflowReplaced, ReasonWorkflowSucceeded, ReasonTaskSetOwnerGone}
 

@@ -449,6 +449,9 @@ func storeFor(t *testing.T, wf client.Object, state storeState, staleWatch bool)
 // are about the API server itself (what a live read sees, how it fails) are checked through a
 // real one by TestLiveReadThroughTheAPIServer.
 func TestDecisionTable(t *testing.T) {
+	// seen are the (kind, reason) pairs the rows give: each kind's declared reasons (its metric
+	// series) must be exactly those.
+	seen := map[objectKind]map[Reason]bool{}
 	for _, c := range decisionCases() {
 		t.Run(c.row+" "+c.name, func(t *testing.T) {
 			g, err := newGuard(nil, storeFor(t, tableWorkflow, c.store, c.staleWatch), c.opts)
@@ -480,6 +483,18 @@ func TestDecisionTable(t *testing.T) {
 				g.creates.now = func() time.Time { return now }
 			}
 			d := g.decide(t.Context(), f)
+			spec := f.object.spec()
+			if seen[spec.kind] == nil {
+				seen[spec.kind] = map[Reason]bool{}
+			}
+			seen[spec.kind][d.reason] = true
+			declared := spec.admissions
+			if d.deny {
+				declared = spec.refusals
+			}
+			if !slices.Contains(declared, d.reason) {
+				t.Errorf("a %s decided deny %v for %s, which its kindSpec does not declare: no metric series starts at 0 for it", spec.kind, d.deny, d.reason)
+			}
 			wantRow := c.wantRow
 			if wantRow == "" {
 				wantRow = c.row
@@ -495,6 +510,13 @@ func TestDecisionTable(t *testing.T) {
 				t.Errorf("whole read of the name's holder made %d times; the case wants it made: %v", nodeCalls, c.nodes != nodesNone)
 			}
 		})
+	}
+	for _, k := range kinds {
+		for _, r := range slices.Concat(k.refusals, k.admissions) {
+			if !seen[k.kind][r] {
+				t.Errorf("%s declares %s, which no row of the table gives it: a metric series that can never move", k.kind, r)
+			}
+		}
 	}
 }
 

@@ -135,6 +135,9 @@ var eventSpec = &kindSpec{
 	eventType: corev1.EventTypeNormal, eventDenied: EventReasonFailureEventDenied, eventWarned: EventReasonFailureEventWarned,
 	rowNotOwned: "E1", rowNotWatched: "E2", rowIdle: "E3", idleReason: ReasonNotAFailureClaim,
 	refusals: []Reason{ReasonWorkflowSucceeded},
+	admissions: []Reason{ReasonNotOwnedByWorkflow, ReasonNamespaceNotWatched, ReasonNotAFailureClaim,
+		ReasonClaimMatchesPhase, ReasonWorkflowGone, ReasonWorkflowNotTerminal, ReasonUnverifiedFailOpen,
+		ReasonUnconfirmedCompletion},
 	// The pass that records a WorkflowFailed Event is the one that counts the workflow's own
 	// user metrics: users correct those by this count.
 	staleFailure: true,

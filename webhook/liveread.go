@@ -304,7 +304,7 @@ const (
 	// GET is there for the tail (a LIST slower than its usual p99); when most LISTs are slow,
 	// the API server is struggling, and a GET for each would add as many reads as it is
 	// already failing to serve (measured: with no bound, exit handlers at 500/s had a p99 of
-	// 571 ms, docs/performance.md).
+	// 571 ms, docs/evidence/performance.md).
 	getBesideShare = 0.05
 	// getBesideBurst is how many GETs beside may start at once after a quiet spell.
 	getBesideBurst = 10

@@ -6,6 +6,7 @@ import "github.com/prometheus/client_golang/prometheus"
 type guardMetrics struct {
 	decisions        *prometheus.CounterVec
 	unexpected       *prometheus.CounterVec
+	dryRuns          *prometheus.CounterVec
 	liveRead         *prometheus.HistogramVec
 	liveReadFailures *prometheus.CounterVec
 	liveReadAttempts *prometheus.CounterVec
@@ -21,6 +22,10 @@ func newGuardMetrics() *guardMetrics {
 		unexpected: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "exit_guard_unexpected_requester_decisions_total",
 			Help: "Refusals (and, in warn and dry-run mode, would-be refusals) of requests sent for a user other than the expected workflow controller (--expected-requester), by verdict, reason and kind; they are not counted in exit_guard_decisions_total.",
+		}, []string{"verdict", "reason", "kind"}),
+		dryRuns: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "exit_guard_dry_run_decisions_total",
+			Help: "Decisions of dry-run requests (exit-guard check, helm test, kubectl --dry-run=server), which persist nothing, by verdict, reason and kind; they are not counted in exit_guard_decisions_total or exit_guard_unexpected_requester_decisions_total, so no alert or panel counts them.",
 		}, []string{"verdict", "reason", "kind"}),
 		liveRead: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "exit_guard_live_read_duration_seconds",
@@ -40,8 +45,8 @@ func newGuardMetrics() *guardMetrics {
 	}
 }
 
-// initDecisions creates, at 0, the decision series that alerts count with increase(): the
-// refusals of mode and every admission, for each kind. A series that first
+// initDecisions creates, at 0, the decision series that alerts count with increase(): for
+// each kind, the refusals of mode and the admissions, only those its decisions can give. A series that first
 // appeared at 1 would hide its first event from increase(), and that event is often the only
 // one.
 func (m *guardMetrics) initDecisions(mode Mode) {
@@ -54,7 +59,7 @@ func (m *guardMetrics) initDecisions(mode Mode) {
 		// Every admission series too: ExitGuardNeverCalled counts the pod webhook's admissions
 		// with increase(), which would miss the first admission of a series that appeared at 1
 		// (seen on the real Prometheus: the alert stayed firing after the guard was called).
-		for _, r := range admissionReasons {
+		for _, r := range k.admissions {
 			m.decisions.WithLabelValues(verdictAllowed, string(r), string(kind))
 		}
 	}
@@ -69,7 +74,7 @@ func (m *guardMetrics) register(reg prometheus.Registerer) error {
 	for _, cause := range []string{"error", "hedged", "shed", "get-beside-list"} {
 		m.liveReadAttempts.WithLabelValues(cause)
 	}
-	for _, c := range []prometheus.Collector{m.decisions, m.unexpected, m.liveRead, m.liveReadFailures, m.liveReadAttempts, m.staleFailures} {
+	for _, c := range []prometheus.Collector{m.decisions, m.unexpected, m.dryRuns, m.liveRead, m.liveReadFailures, m.liveReadAttempts, m.staleFailures} {
 		if err := reg.Register(c); err != nil {
 			return err
 		}

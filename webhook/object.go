@@ -43,8 +43,10 @@ type kindSpec struct {
 	// policy does not judge (none for pods: they all start work), with the reason of the last.
 	rowNotOwned, rowNotWatched, rowIdle string
 	idleReason                          Reason
-	// refusals are the reasons it can be refused for (the metric series created at 0).
-	refusals []Reason
+	// refusals are the reasons it can be refused for, admissions those it can be admitted for:
+	// its decision series, created at 0 (initDecisions), and no others (TestDecisionTable checks
+	// both lists against the decisions of every row of its kind).
+	refusals, admissions []Reason
 	// staleFailure: a refusal is a stale pass of Argo's controller that marked the workflow
 	// failed in its memory, counted by workflow (exit_guard_stale_failures_total).
 	staleFailure bool

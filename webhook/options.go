@@ -55,7 +55,7 @@ const (
 	// Otherwise (the store further behind, or an agent, step or hook pod, which a retry sends
 	// at once) the object is admitted as unconfirmed-completion. A retry can still be refused
 	// when its re-run nodes finish within StoreFreshFor while the guard cannot see it:
-	// docs/reliability.md measures how often.
+	// docs/evidence/reliability.md measures how often.
 	FallbackFresh StoreFallback = "fresh"
 	// FallbackCompletion refuses for a completion that only the store holds however long ago
 	// the watch advanced: more stale pods stopped while the API server cannot answer, at the
@@ -102,15 +102,15 @@ const (
 	// a GET of the workflow starts beside it. The LIST is answered from the API server's watch
 	// cache once that cache has caught up with etcd, a wait that makes the read's tail; the GET
 	// goes to etcd at once. 25 ms is past the LIST's p99 on an idle API server (8.5 to 17 ms,
-	// docs/performance.md table 6), so that about one read in a hundred costs a second request.
+	// docs/evidence/performance.md table 6), so that about one read in a hundred costs a second request.
 	defaultGetBesideListAfter = 25 * time.Millisecond
 	// defaultTaskSetRepeatsFor: row T7's window (docs/decisions.md).
 	defaultTaskSetRepeatsFor = 5 * time.Second
-	// defaultStoreFallback: see docs/reliability.md for the figures behind it.
+	// defaultStoreFallback: see docs/evidence/reliability.md for the figures behind it.
 	defaultStoreFallback = FallbackRequeue
 	// defaultStoreFreshFor: with fresh, and with requeue for what Argo does not send again, a
 	// store completion refuses only while the store's newest write is younger than 5 s.
-	// docs/reliability.md has the figures.
+	// docs/evidence/reliability.md has the figures.
 	defaultStoreFreshFor = 5 * time.Second
 )
 

@@ -116,6 +116,9 @@ var podSpec = &kindSpec{
 	eventType: corev1.EventTypeWarning, eventDenied: EventReasonDenied, eventWarned: EventReasonWarned,
 	rowNotOwned: "1", rowNotWatched: "3",
 	refusals: []Reason{ReasonWorkflowCompleted, ReasonWorkflowDeleted, ReasonWorkflowReplaced},
+	admissions: []Reason{ReasonNotOwnedByWorkflow, ReasonArtifactGCOrOtherComponent, ReasonNamespaceNotWatched,
+		ReasonNotCoveredByPolicy, ReasonWorkflowNotTerminal, ReasonPhaseNotDenied, ReasonNotSeenCompleted,
+		ReasonUnverifiedFailOpen, ReasonUnconfirmedCompletion},
 }
 
 func (p *podObject) spec() *kindSpec { return podSpec }

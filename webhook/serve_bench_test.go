@@ -17,7 +17,7 @@ import (
 // one admission of a 10 KB pod as Argo v3.4.17 makes it costs the guard from the request body
 // to the answer (decoding, decision, audit, encoding), next to a handler that admits
 // everything on controller-runtime's decoding. Run with:
-// go test -run '^$' -bench Serve -benchmem ./webhook (docs/performance.md).
+// go test -run '^$' -bench Serve -benchmem ./webhook (docs/evidence/performance.md).
 func BenchmarkServe(b *testing.B) {
 	read := func(name string) []byte {
 		raw, err := os.ReadFile(filepath.Join("testdata", "argo-pods", name)) //nolint:gosec // G304: the repository's own test data

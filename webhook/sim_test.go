@@ -629,7 +629,7 @@ func simulationReport(n int, seed uint64, loads map[string]int, results [][]*tal
 	var b strings.Builder
 	levels := loadLevelNames()
 	b.WriteString("# The simulation at length\n\nWritten by `make soak` (`go test ./webhook -run TestSimulation -args -sim.histories=N -sim.report=FILE`);\n" +
-		"docs/reliability.md says what it models and what the figures mean.\n\n")
+		"docs/evidence/reliability.md says what it models and what the figures mean.\n\n")
 	fmt.Fprintf(&b, "%d histories from seed %d, %s; Argo's requeue %s; Succeeded runs retried (--restart-successful, 3.6+): %.1f%%. Load levels:",
 		n, seed, took.Round(time.Second), *simRequeue, 100**simSucceededRetries)
 	for i, l := range levels {

@@ -20,7 +20,7 @@ import (
 // The randomized simulation: thousands of random workflow histories, each driven through the
 // real decision code (guard.decide with its live read, and completionstore.Store) in virtual
 // time, with an oracle that knows the true history. `make test` runs a short fixed-seed
-// version; `make soak` runs 100,000 histories and writes the report of docs/reliability.md.
+// version; `make soak` runs 100,000 histories and writes the report of docs/evidence/reliability.md.
 var (
 	simHistories = flag.Int("sim.histories", 3000, "simulation: how many random workflow histories")
 	simSeed      = flag.Uint64("sim.seed", 1, "simulation: the seed of the first history; history i uses seed+i")
@@ -131,7 +131,7 @@ type loadLevel struct {
 
 // The load levels and their shares. The shares are assumptions (the report gives every
 // level apart, so they weigh only the totals); the busy levels' read failures are measured:
-// TestLiveReadsUnderPriorityAndFairness (docs/reliability.md, "Under load") had no live
+// TestLiveReadsUnderPriorityAndFairness (docs/evidence/reliability.md, "Under load") had no live
 // answer for 6 of 800 decisions without the chart's FlowSchema and for 0 of 800 with it.
 var loadLevels = []struct {
 	share float64
@@ -336,7 +336,7 @@ func generate(seed uint64) *history {
 				at = c + dur(r, 20*time.Second, 15*time.Minute)
 			}
 			// While refused it comes back every requeue, for as long as Argo's informer holds
-			// it: about 2 s on real controllers (docs/argo-e2e.md: 2 to 3 passes at a requeue
+			// it: about 2 s on real controllers (docs/evidence/argo-e2e.md: 2 to 3 passes at a requeue
 			// of 1 s); here up to 3 s, and in one case in five (a watch that lags) up to a
 			// minute.
 			first, held := len(h.pods), dur(r, 0, 3*time.Second)

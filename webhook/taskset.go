@@ -180,6 +180,9 @@ var taskSetSpec = &kindSpec{
 	eventType: corev1.EventTypeWarning, eventDenied: EventReasonDenied, eventWarned: EventReasonWarned,
 	rowNotOwned: "T1", rowNotWatched: "T2", rowIdle: "T3", idleReason: ReasonNoNewTask,
 	refusals: []Reason{ReasonWorkflowCompleted, ReasonWorkflowDeleted, ReasonWorkflowReplaced, ReasonTaskSetOwnerGone},
+	admissions: []Reason{ReasonNotOwnedByWorkflow, ReasonNamespaceNotWatched, ReasonNoNewTask, ReasonRepeatsAdmittedCreate,
+		ReasonWorkflowNotTerminal, ReasonPhaseNotDenied, ReasonNotSeenCompleted, ReasonUnverifiedFailOpen,
+		ReasonUnconfirmedCompletion, ReasonTasksOfNameHolder},
 }
 
 func (ts *taskSetObject) spec() *kindSpec { return taskSetSpec }

@@ -354,8 +354,12 @@ func TestDryRunRequestIsDecidedWithoutSideEffects(t *testing.T) {
 	if err == nil {
 		t.Errorf("%d Event occurrences for one real and one dry-run denial, want 1", countEvents(t, ns, wf))
 	}
-	if got := h.counter(t, "exit_guard_decisions_total", map[string]string{"verdict": "denied"}); got != 2 {
-		t.Errorf("denied decisions = %v, want 2 (dry runs are counted)", got)
+	// The dry run is counted apart, where no alert or panel looks.
+	if got := h.counter(t, "exit_guard_decisions_total", map[string]string{"verdict": "denied"}); got != 1 {
+		t.Errorf("denied decisions = %v, want 1 (the real refusal; a dry run is counted apart)", got)
+	}
+	if got := h.counter(t, "exit_guard_dry_run_decisions_total", map[string]string{"verdict": "denied", "reason": string(ReasonWorkflowCompleted), "kind": "Pod"}); got != 1 {
+		t.Errorf("dry-run decisions = %v, want 1", got)
 	}
 }
 

@@ -173,7 +173,7 @@ func TestLiveReadsThatHangAreDecidedInsideTheDeadline(t *testing.T) {
 			if took > 4*time.Second {
 				t.Fatalf("the decision inside the fresh window took %s: this machine is too slow for the test to mean anything", took)
 			}
-			completed := `exit_guard_decisions_total{kind="Pod",reason="workflow-completed",verdict="denied"}`
+			completed := `exit_guard_dry_run_decisions_total{kind="Pod",reason="workflow-completed",verdict="denied"}`
 			if got := r.metric(t, completed); got != 1 {
 				t.Errorf("%v refusals of the completed workflow's exit handler (workflow-completed), want 1: the store's fresh completion refuses", got)
 			}
@@ -182,7 +182,7 @@ func TestLiveReadsThatHangAreDecidedInsideTheDeadline(t *testing.T) {
 			late := &tally{}
 			decideAll(t, late, map[*unstructured.Unstructured]bool{running: false, succeeded: tc.lateRefused, deleted: true})
 			t.Logf("the newest write older than 5 s: %s", late)
-			unconfirmed := `exit_guard_decisions_total{kind="Pod",reason="unconfirmed-completion",verdict="allowed"}`
+			unconfirmed := `exit_guard_dry_run_decisions_total{kind="Pod",reason="unconfirmed-completion",verdict="allowed"}`
 			want := map[bool]float64{true: 0, false: 1}[tc.lateRefused]
 			if got := r.metric(t, unconfirmed); got != want {
 				t.Errorf("%v admissions as unconfirmed-completion once the store's newest write was older than --store-fresh-for, want %v", got, want)
@@ -428,8 +428,8 @@ func TestAPIServerRestartsUnderLoad(t *testing.T) {
 	// restarted API server answered no read within the budget. Any other wrong decision fails.
 	var window float64
 	for _, rep := range []*replica{r, r2} {
-		window += max(0, rep.metric(t, `exit_guard_decisions_total{kind="Pod",reason="unconfirmed-completion",verdict="allowed"}`)) +
-			max(0, rep.metric(t, `exit_guard_decisions_total{kind="Pod",reason="unverified-fail-open",verdict="allowed"}`))
+		window += max(0, rep.metric(t, `exit_guard_dry_run_decisions_total{kind="Pod",reason="unconfirmed-completion",verdict="allowed"}`)) +
+			max(0, rep.metric(t, `exit_guard_dry_run_decisions_total{kind="Pod",reason="unverified-fail-open",verdict="allowed"}`))
 	}
 	t.Logf("API server restarted under load: %s; of the failures, %d never reached an API server (%d requests were sent while it was stopping or starting) and %d were the webhook's; admitted unverified (the documented window): %v",
 		c, apiDown, up-down, webhook, window)

@@ -468,8 +468,8 @@ func TestLiveReadsUnderPriorityAndFairness(t *testing.T) {
 		r.decisions = decisions
 		r.live = delta("exit_guard_live_read_duration_seconds", map[string]string{"result": "found"}) +
 			delta("exit_guard_live_read_duration_seconds", map[string]string{"result": "not-found"})
-		r.unverified = delta("exit_guard_decisions_total", map[string]string{"reason": string(webhook.ReasonUnverifiedFailOpen)}) +
-			delta("exit_guard_decisions_total", map[string]string{"reason": string(webhook.ReasonUnconfirmedCompletion)})
+		r.unverified = delta("exit_guard_dry_run_decisions_total", map[string]string{"reason": string(webhook.ReasonUnverifiedFailOpen)}) +
+			delta("exit_guard_dry_run_decisions_total", map[string]string{"reason": string(webhook.ReasonUnconfirmedCompletion)})
 		r.storeRefused = len(out.Lines(`"source":"store"`, `"verdict":"denied"`)) - storeRefusedBefore
 		r.noisyLists, mark = n.since(mark)
 		results[with] = r
