@@ -12,17 +12,33 @@ import (
 	"github.com/exit-guard/exit-guard/internal/check"
 )
 
-// runCheck is `exit-guard check`: it proves that the API server reaches the guard and that the
-// guard refuses a stale exit-handler pod (internal/check), and returns the exit status.
-func runCheck(args []string) int {
+// checkFlags are the flags of `exit-guard check`.
+type checkFlags struct {
+	namespace, image string
+	timeout          time.Duration
+}
+
+// newCheckFlagSet is the command line of `exit-guard check` (docs/flags.md is generated from it).
+func newCheckFlagSet() (*checkFlags, *flag.FlagSet) {
+	c := &checkFlags{}
 	fs := flag.NewFlagSet("exit-guard check", flag.ContinueOnError)
-	namespace := fs.String("namespace", os.Getenv("POD_NAMESPACE"),
+	fs.StringVar(&c.namespace, "namespace", os.Getenv("POD_NAMESPACE"),
 		"The namespace to send the dry-run exit-handler pod to: one the guard watches (default $POD_NAMESPACE).")
-	image := fs.String("image", "pause", "The image of the dry-run pod (never pulled; image policies may look at it).")
-	timeout := fs.Duration("timeout", 30*time.Second, "How long the check may take.")
+	fs.StringVar(&c.image, "image", "pause", "The image of the dry-run pod (never pulled; image policies may look at it).")
+	fs.DurationVar(&c.timeout, "timeout", time.Minute,
+		"How long the check may take: until then it sends the dry-run pod again every second while the guard does not answer (its webhook not yet served).")
+	return c, fs
+}
+
+// runCheck is `exit-guard check`: it proves that the API server reaches the guard and that the
+// guard refuses a stale exit-handler pod (internal/check), waiting for the guard to answer, and
+// returns the exit status.
+func runCheck(args []string) int {
+	c, fs := newCheckFlagSet()
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
+	namespace, image, timeout := &c.namespace, &c.image, &c.timeout
 	cfg, err := ctrl.GetConfig()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "exit-guard check: FAIL:", err)

@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -33,6 +34,8 @@ type Options struct {
 	Namespace string
 	// Image of the pod's container; the pod is never created, but image policies may look.
 	Image string
+	// Interval between attempts while the guard does not answer (default 1s).
+	Interval time.Duration
 }
 
 // Result is what the check saw.
@@ -48,7 +51,10 @@ type Result struct {
 }
 
 // Run sends the dry-run create and returns what the guard did, or an error that says why the
-// install does not work.
+// install does not work. Until the guard answers (its webhook is not yet served, or the API
+// server does not yet send it this namespace's pods), it sends the create again every
+// opts.Interval, for as long as ctx allows, and then fails with the last answer; an answer
+// from the guard that is not the one wanted fails at once.
 func Run(ctx context.Context, cfg *rest.Config, opts Options) (Result, error) {
 	if opts.Namespace == "" {
 		return Result{}, errors.New("check: a namespace is needed")
@@ -56,32 +62,55 @@ func Run(ctx context.Context, cfg *rest.Config, opts Options) (Result, error) {
 	if opts.Image == "" {
 		opts.Image = "pause"
 	}
+	if opts.Interval <= 0 {
+		opts.Interval = time.Second
+	}
 	c, err := client.New(cfg, client.Options{})
 	if err != nil {
 		return Result{}, fmt.Errorf("check: reaching the API server: %w", err)
 	}
 	wf := "exit-guard-check-" + rand.String(8)
-	pod := Pod(opts.Namespace, wf, types.UID("00000000-0000-4000-8000-"+rand.String(12)), opts.Image)
+	uid := types.UID("00000000-0000-4000-8000-" + rand.String(12))
+	started := time.Now()
+	for attempt := 1; ; attempt++ {
+		res, answered, err := once(ctx, c, opts, wf, uid)
+		if answered {
+			return res, err
+		}
+		select {
+		case <-ctx.Done():
+			return res, fmt.Errorf("no answer from the guard in %s (%d attempts); the last: %w", time.Since(started).Round(time.Second), attempt, err)
+		case <-time.After(opts.Interval):
+		}
+	}
+}
+
+// once sends the dry-run create once; answered says whether the guard answered it.
+func once(ctx context.Context, c client.Client, opts Options, wf string, uid types.UID) (Result, bool, error) {
+	pod := Pod(opts.Namespace, wf, uid, opts.Image)
 	res := Result{Pod: pod.Name, Workflow: wf}
-	err = c.Create(ctx, pod, client.DryRunAll)
+	err := c.Create(ctx, pod, client.DryRunAll)
 	switch {
 	case err == nil:
 		if reason, ok := pod.Annotations[webhook.AnnotationSuspectReason]; ok && pod.Labels[webhook.LabelSuspect] == "true" {
 			res.Verdict, res.Message = "marked", reason
-			return res, nil
+			return res, true, nil
 		}
-		return res, fmt.Errorf("the API server admitted the dry-run exit-handler pod %s/%s of the workflow %s, which does not exist, unmarked: "+
+		return res, false, fmt.Errorf("the API server admitted the dry-run exit-handler pod %s/%s of the workflow %s, which does not exist, unmarked: "+
 			"it did not reach the guard, or failed open. Check that the ValidatingWebhookConfiguration exists and covers the namespace %s, "+
 			"that the webhook Service has ready endpoints, that the guard watches that namespace (guard.namespaces), "+
 			"and the API server's apiserver_admission_webhook_fail_open_count", opts.Namespace, pod.Name, wf, opts.Namespace)
 	case isGuardRefusal(err):
 		if reason, _ := webhook.RefusalReason(err); reason != webhook.ReasonWorkflowDeleted {
-			return res, fmt.Errorf("the guard refused the pod as %s, not because its workflow does not exist (%s): %w", reason, webhook.ReasonWorkflowDeleted, err)
+			return res, true, fmt.Errorf("the guard refused the pod as %s, not because its workflow does not exist (%s): %w", reason, webhook.ReasonWorkflowDeleted, err)
 		}
 		res.Verdict, res.Reason, res.Message = "denied", webhook.ReasonWorkflowDeleted, err.Error()
-		return res, nil
+		return res, true, nil
+	case strings.Contains(err.Error(), "failed calling webhook"):
+		// failurePolicy Fail, and the guard not served (yet).
+		return res, false, fmt.Errorf("the API server could not call the guard: %w", err)
 	default:
-		return res, fmt.Errorf("the dry-run create was refused, but not by the guard (another admission check, or the check's own permissions: it needs create on pods in %s): %w", opts.Namespace, err)
+		return res, true, fmt.Errorf("the dry-run create was refused, but not by the guard (another admission check, or the check's own permissions: it needs create on pods in %s): %w", opts.Namespace, err)
 	}
 }
 

@@ -13,14 +13,30 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/exit-guard/exit-guard/internal/argo"
+	"github.com/exit-guard/exit-guard/internal/testenv"
 )
 
 // runCheck runs the `helm test` pod's command, `exit-guard <args>`, as the test's own
 // ServiceAccount, and returns its exit status and output.
 func runCheck(t *testing.T, ns, sa string, args []string) (int, string) {
+	t.Helper()
+	code, out, err := checkCommand(t, ns, sa, args)()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return code, out
+}
+
+// checkCommand prepares runCheck's command; the function it returns runs it (from any
+// goroutine) and returns its exit status and output, or an error when it could not run.
+func checkCommand(t *testing.T, ns, sa string, args []string) func() (int, string, error) {
 	t.Helper()
 	kc := filepath.Join(t.TempDir(), "kubeconfig")
 	if err := os.WriteFile(kc, kubeconfigAs(t, ns, sa), 0o600); err != nil {
@@ -28,24 +44,29 @@ func runCheck(t *testing.T, ns, sa string, args []string) (int, string) {
 	}
 	cmd := exec.CommandContext(t.Context(), guardBin, args...) //nolint:gosec // G204: the binary this repository built
 	cmd.Env = append(os.Environ(), "KUBECONFIG="+kc)
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	err := cmd.Run()
-	var exit *exec.ExitError
-	switch {
-	case errors.As(err, &exit):
-		return exit.ExitCode(), out.String()
-	case err != nil:
-		t.Fatal(err)
+	return func() (int, string, error) {
+		var out bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &out
+		err := cmd.Run()
+		var exit *exec.ExitError
+		switch {
+		case errors.As(err, &exit):
+			return exit.ExitCode(), out.String(), nil
+		case err != nil:
+			return 0, "", err
+		}
+		return 0, out.String(), nil
 	}
-	return 0, out.String()
 }
 
 // TestCheckProvesTheInstall runs the chart's `helm test` command, with its ServiceAccount and
 // nothing more, against an install: it passes when the API server calls the guard and the
-// guard refuses the dry-run exit-handler pod as workflow-deleted, in enforce and in warn mode;
-// it fails, saying why, when the webhook configuration is missing (the API server never asks
-// the guard) and when the guard is down (the API server fails open). It leaves nothing behind.
+// guard refuses the dry-run exit-handler pod as workflow-deleted, in enforce and in warn mode,
+// waiting for the guard when it starts before the webhook is served; it fails, saying why, when
+// the webhook configuration is missing (the API server never asks the guard) and when the guard
+// is down (the API server fails open). It leaves nothing behind, and it leaves every alert of
+// the chart silent and every decision panel of its dashboard where it was: the check's dry run
+// is counted apart (exit_guard_dry_run_decisions_total).
 func TestCheckProvesTheInstall(t *testing.T) {
 	for _, mode := range []string{"enforce", "warn"} {
 		t.Run(mode, func(t *testing.T) {
@@ -59,26 +80,58 @@ func TestCheckProvesTheInstall(t *testing.T) {
 			if want := []string{"check", "--namespace=" + ns}; !slices.Equal(c.Args[:2], want) || c.Command != nil {
 				t.Fatalf("the test pod runs %v %v, want the image's entrypoint with %v", c.Command, c.Args, want)
 			}
+			short := append(slices.Clone(c.Args), "--timeout=3s")
 
-			code, out := runCheck(t, ns, sa, c.Args)
-			if code == 0 || !strings.Contains(out, "did not reach the guard") {
+			code, out := runCheck(t, ns, sa, short)
+			if code == 0 || !strings.Contains(out, "did not reach the guard") || !strings.Contains(out, "no answer from the guard in") {
 				t.Errorf("with no webhook configuration: exit %d, want a failure that says the guard was not reached:\n%s", code, out)
 			}
 
+			// The check started before the webhook is served waits for it.
+			type result struct {
+				code int
+				out  string
+				err  error
+			}
+			waited := make(chan result, 1)
+			run := checkCommand(t, ns, sa, c.Args)
+			go func() {
+				code, out, err := run()
+				waited <- result{code, out, err}
+			}()
 			g, gout := startChartGuard(t, ns, objs)
+			// A cluster where workflows run: the guard's watch has advanced (a watch that never
+			// has is ExitGuardWatchStalled's, with or without the check).
+			createWorkflow(t, ns, argo.PhaseRunning)
+			if err := wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+				mfs, err := g.Metrics(ctx)
+				return err == nil && testenv.SumSeries(mfs, "exit_guard_watch_last_progress_timestamp_seconds", nil) > 0, nil
+			}); err != nil {
+				t.Fatalf("the guard's watch never advanced: %v", err)
+			}
+			before := scrapeBoth(t, g)
 			for _, wh := range webhooks {
 				registerAt(t, wh, fmt.Sprintf("https://%s:%d", env.WebhookHost, env.WebhookPort), env.WebhookCAData)
 			}
-			code, out = runCheck(t, ns, sa, c.Args)
-			want := map[string]string{"enforce": "which denied (workflow-deleted)", "warn": "which marked"}[mode]
-			if code != 0 || !strings.Contains(out, "exit-guard check: OK") || !strings.Contains(out, want) {
-				t.Errorf("exit %d, want 0 and %q:\n%s\nguard:\n%s", code, want, out, gout)
+			r := <-waited
+			if r.err != nil {
+				t.Fatal(r.err)
 			}
+			want := map[string]string{"enforce": "which denied (workflow-deleted)", "warn": "which marked"}[mode]
+			if r.code != 0 || !strings.Contains(r.out, "exit-guard check: OK") || !strings.Contains(r.out, want) {
+				t.Errorf("exit %d, want 0 and %q:\n%s\nguard:\n%s", r.code, want, r.out, gout)
+			}
+			after := scrapeBoth(t, g)
+			if got := testenv.SumSeries(after.guard, "exit_guard_dry_run_decisions_total", nil) - testenv.SumSeries(before.guard, "exit_guard_dry_run_decisions_total", nil); got != 1 {
+				t.Errorf("exit_guard_dry_run_decisions_total moved by %v, want 1 (the check's one dry run that reached the guard); the counters that moved:\n%s", got, moved(before, after, ns))
+			}
+			checkAlertsSilent(t, "chk", ns, before, after)
+			checkPanelsUnmoved(t, ns, before, after)
 
 			if err := g.Stop(); err != nil {
 				t.Logf("stopping the guard: %v", err)
 			}
-			code, out = runCheck(t, ns, sa, c.Args)
+			code, out = runCheck(t, ns, sa, short)
 			if code == 0 {
 				t.Errorf("with the guard down: exit 0, want a failure:\n%s", out)
 			}
@@ -92,4 +145,18 @@ func TestCheckProvesTheInstall(t *testing.T) {
 			}
 		})
 	}
+}
+
+// scrapeBoth reads the guard's metrics and the API server's.
+func scrapeBoth(t *testing.T, g *testenv.Guard) scrape {
+	t.Helper()
+	guard, err := g.Metrics(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	apiserver, err := env.APIServerMetrics(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return scrape{guard: guard, apiserver: apiserver, at: time.Now()}
 }
