@@ -204,6 +204,18 @@ func splitList(s string) []string {
 }
 
 func parseFlags(args []string) (*flags, error) {
+	f, fs := newFlagSet()
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	f.set = map[string]bool{}
+	fs.Visit(func(fl *flag.Flag) { f.set[fl.Name] = true })
+	return f, nil
+}
+
+// newFlagSet is the guard's command line, bound to the flags it fills: parseFlags parses it,
+// and docs/flags.md is generated from it (TestFlagReference).
+func newFlagSet() (*flags, *flag.FlagSet) {
 	f := &flags{zap: zap.Options{TimeEncoder: zapcore.ISO8601TimeEncoder}}
 	fs := flag.NewFlagSet("exit-guard", flag.ContinueOnError)
 	fs.StringVar(&f.metricsAddr, "metrics-bind-address", ":8080",
@@ -293,10 +305,5 @@ Flags:
 `)
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
-		return nil, err
-	}
-	f.set = map[string]bool{}
-	fs.Visit(func(fl *flag.Flag) { f.set[fl.Name] = true })
-	return f, nil
+	return f, fs
 }
