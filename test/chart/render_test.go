@@ -322,6 +322,8 @@ func TestChartRefusesTimingsThatDoNotFit(t *testing.T) {
 		{name: "an attempt longer than the budget", set: []string{"guard.liveReadTimeout=2s", "guard.liveReadBudget=1500ms"}, wantErr: "is longer than guard.liveReadBudget"},
 		{name: "a shutdown delay that leaves no time to stop", set: []string{"shutdownDelay=25s"}, wantErr: "do not fit in terminationGracePeriodSeconds (40)"},
 		{name: "a longer grace period makes room for it", set: []string{"shutdownDelay=25s", "terminationGracePeriodSeconds=45"}},
+		{name: "a graceful shutdown that leaves no time to stop", set: []string{"gracefulShutdownTimeout=31s"}, wantErr: "gracefulShutdownTimeout (31s) do not fit in terminationGracePeriodSeconds (40)"},
+		{name: "a shorter graceful shutdown makes room for a longer delay", set: []string{"shutdownDelay=25s", "gracefulShutdownTimeout=15s"}},
 		{name: "extraArgs with a flag the chart does not set", set: []string{"extraArgs={--kube-api-qps=50}"}},
 		{name: "extraArgs overriding the live-read budget", set: []string{"extraArgs={--live-read-budget=9s}"}, wantErr: "extraArgs sets --live-read-budget, which the chart sets from its values"},
 		{name: "extraArgs overriding a flag without its value", set: []string{"extraArgs={--webhook-port}"}, wantErr: "extraArgs sets --webhook-port"},

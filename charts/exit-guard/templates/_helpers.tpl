@@ -135,6 +135,7 @@ wins, so it would override the value past the chart's checks (timings, certifica
 - --webhook-client-ca-file=/etc/exit-guard/client-ca/{{ .Values.webhook.clientAuth.caKey }}
 {{- end }}
 - --shutdown-delay={{ .Values.shutdownDelay }}
+- --graceful-shutdown-timeout={{ .Values.gracefulShutdownTimeout }}
 - --webhook-port={{ .Values.webhook.port }}
 - --webhook-cert-path=/tmp/k8s-webhook-server/serving-certs
 - --metrics-bind-address=:{{ .Values.metrics.port }}
@@ -163,19 +164,41 @@ wins, so it would override the value past the chart's checks (timings, certifica
 {{- end }}
 {{- end }}
 
-{{/* The guard's container, in the Deployment and in the sidecar snippet. */}}
+{{/*
+The guard's container: in the Deployment (include with the root context), and in the sidecar
+values (exit-guard.sidecarContainer), where it restarts in its process rather than exit, has no
+readiness probe (the controller's pod would be NotReady when the guard is), names its ports
+apart from the controller's, and carries the pod's security settings itself.
+*/}}
 {{- define "exit-guard.container" -}}
+{{- include "exit-guard.containerOf" (dict "root" . "sidecar" false) }}
+{{- end }}
+
+{{- define "exit-guard.sidecarContainer" -}}
+{{- include "exit-guard.containerOf" (dict "root" . "sidecar" true) }}
+{{- end }}
+
+{{- define "exit-guard.containerOf" -}}
+{{- $ := .root }}
+{{- $sidecar := .sidecar }}
+{{- $metrics := ternary "eg-metrics" "metrics" $sidecar }}
+{{- $probes := ternary "eg-probes" "probes" $sidecar -}}
 name: exit-guard
-image: {{ include "exit-guard.image" . }}
-imagePullPolicy: {{ .Values.image.pullPolicy }}
+image: {{ include "exit-guard.image" $ }}
+imagePullPolicy: {{ $.Values.image.pullPolicy }}
 args:
-  {{- include "exit-guard.args" . | nindent 2 }}
+  {{- include "exit-guard.args" $ | nindent 2 }}
+  {{- if $sidecar }}
+  # A failure restarts the guard in its process: an exiting container would make the
+  # controller's pod NotReady (docs/sidecar.md).
+  - --restart-on-failure
+  {{- end }}
 env:
   - name: POD_NAMESPACE
     valueFrom:
       fieldRef:
         fieldPath: metadata.namespace
-  {{- if (.Values.resources.limits | default dict).memory }}
+  {{- if ($.Values.resources.limits | default dict).memory }}
   # The guard holds its Go heap to 90% of this (GOMEMLIMIT in extraEnv wins).
   - name: EXIT_GUARD_MEMORY_LIMIT
     valueFrom:
@@ -183,42 +206,82 @@ env:
         containerName: exit-guard
         resource: limits.memory
   {{- end }}
-  {{- with .Values.extraEnv }}
+  {{- with $.Values.extraEnv }}
   {{- toYaml . | nindent 2 }}
   {{- end }}
 ports:
   - name: webhook
-    containerPort: {{ .Values.webhook.port }}
+    containerPort: {{ $.Values.webhook.port }}
     protocol: TCP
-  - name: metrics
-    containerPort: {{ .Values.metrics.port }}
+  - name: {{ $metrics }}
+    containerPort: {{ $.Values.metrics.port }}
     protocol: TCP
-  - name: probes
-    containerPort: {{ .Values.probePort }}
+  - name: {{ $probes }}
+    containerPort: {{ $.Values.probePort }}
     protocol: TCP
 livenessProbe:
   httpGet:
     path: /healthz
-    port: probes
+    port: {{ $probes }}
   periodSeconds: 10
+{{- if $sidecar }}
+# No readiness probe: the guard's readiness must not become the controller pod's.
+{{- else }}
 readinessProbe:
   httpGet:
     path: /readyz
-    port: probes
+    port: {{ $probes }}
   periodSeconds: 5
+{{- end }}
 resources:
-  {{- toYaml .Values.resources | nindent 2 }}
+  {{- toYaml $.Values.resources | nindent 2 }}
 securityContext:
-  {{- toYaml .Values.securityContext | nindent 2 }}
+  {{- if $sidecar }}
+  {{- /* The controller's pod has its own pod security context: the container carries the guard's. */}}
+  {{- toYaml (merge (deepCopy $.Values.securityContext) (pick $.Values.podSecurityContext "runAsNonRoot" "runAsUser" "runAsGroup" "seccompProfile")) | nindent 2 }}
+  {{- else }}
+  {{- toYaml $.Values.securityContext | nindent 2 }}
+  {{- end }}
 volumeMounts:
   - name: exit-guard-webhook-tls
     mountPath: /tmp/k8s-webhook-server/serving-certs
     readOnly: true
-  {{- if .Values.webhook.clientAuth.caConfigMap }}
+  {{- if $.Values.webhook.clientAuth.caConfigMap }}
   - name: exit-guard-client-ca
     mountPath: /etc/exit-guard/client-ca
     readOnly: true
   {{- end }}
+{{- end }}
+
+{{/*
+The values of the community argo-workflows chart that add the guard to Argo's workflow-controller
+pod (installMode sidecar): rendered into the ConfigMap <fullname>-sidecar, and, for the default
+values, into examples/sidecar-values.yaml (make manifests).
+*/}}
+{{- define "exit-guard.sidecarValues" -}}
+# Values for the community argo-workflows chart that run exit-guard inside the pod of Argo's
+# workflow-controller, rendered by exit-guard's chart (release {{ .Release.Name }} in {{ .Release.Namespace }}, installMode
+# sidecar) from its values: add them to Argo's release with helm upgrade ... -f <this file>
+# (docs/sidecar.md). The certificate volume is optional, so that Argo's controller pod starts
+# without exit-guard's Secret. Set guard.expectedRequester in exit-guard's values to the
+# controller's ServiceAccount (system:serviceaccount:<namespace>:<name>) to count other users'
+# requests apart.
+controller:
+  extraContainers:
+    - {{ include "exit-guard.sidecarContainer" . | nindent 6 | trim }}
+  volumes:
+    # Optional whatever the certificate mode: uninstalling exit-guard deletes the Secret, and a
+    # volume that is not optional would keep the controller's next pod from starting.
+    - name: exit-guard-webhook-tls
+      secret:
+        secretName: {{ include "exit-guard.secretName" . }}
+        optional: true
+    {{- if .Values.webhook.clientAuth.caConfigMap }}
+    - name: exit-guard-client-ca
+      configMap:
+        name: {{ .Values.webhook.clientAuth.caConfigMap }}
+        optional: true
+    {{- end }}
 {{- end }}
 
 {{/* The user the guard expects to send what it judges (guard.expectedRequester). */}}
@@ -287,8 +350,8 @@ on the guard first and applies the failure policy to every slow decision.
 {{- fail (printf "guard.liveReadTimeout (%s) is longer than guard.liveReadBudget (%s)" .Values.guard.liveReadTimeout .Values.guard.liveReadBudget) }}
 {{- end }}
 {{- $grace := mul (int .Values.terminationGracePeriodSeconds) 1000 | int }}
-{{- if and (ne .Values.installMode "sidecar") (gt (add (include "exit-guard.millis" .Values.shutdownDelay | int) 20000) $grace) }}
-{{- fail (printf "shutdownDelay (%s) and the guard's 20s graceful shutdown do not fit in terminationGracePeriodSeconds (%d)" .Values.shutdownDelay (int .Values.terminationGracePeriodSeconds)) }}
+{{- if and (ne .Values.installMode "sidecar") (gt (add (include "exit-guard.millis" .Values.shutdownDelay | int) (include "exit-guard.millis" .Values.gracefulShutdownTimeout | int)) $grace) }}
+{{- fail (printf "shutdownDelay (%s) and gracefulShutdownTimeout (%s) do not fit in terminationGracePeriodSeconds (%d)" .Values.shutdownDelay .Values.gracefulShutdownTimeout (int .Values.terminationGracePeriodSeconds)) }}
 {{- end }}
 {{- if gt (add $budget 1000) $webhook }}
 {{- fail (printf "guard.liveReadBudget (%s) does not fit in webhook.timeoutSeconds (%d): keep it at least 1s shorter" .Values.guard.liveReadBudget (int .Values.webhook.timeoutSeconds)) }}
