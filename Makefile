@@ -14,6 +14,9 @@ HELM := $(BIN)/helm-$(HELM_VERSION)
 CONTROLLER_GEN := $(BIN)/controller-gen-$(CONTROLLER_GEN_VERSION)
 HELM_DOCS := $(BIN)/helm-docs-$(HELM_DOCS_VERSION)
 PROMTOOL := $(BIN)/promtool-$(PROMTOOL_VERSION)
+COSIGN := $(BIN)/cosign-$(COSIGN_VERSION)
+SYFT := $(BIN)/syft-$(SYFT_VERSION)
+ACTIONLINT := $(BIN)/actionlint-$(ACTIONLINT_VERSION)
 CHART := charts/exit-guard
 # Options for `go test`, e.g. GOTESTFLAGS='-run TestX -v'.
 GOTESTFLAGS ?=
@@ -41,7 +44,7 @@ build: ## Build the exit-guard binary into ./bin (exit-guard --version names its
 
 # The image `make image` builds and `make image-push` pushes (a registry/repository:tag you can
 # write to), and its platforms.
-IMAGE ?= exit-guard/exit-guard:$(VERSION)
+IMAGE ?= ghcr.io/exit-guard/exit-guard:$(VERSION)
 IMAGE_ARCHS ?= amd64 arm64
 
 .PHONY: image
@@ -51,6 +54,53 @@ image: ## Build the container image without a container engine (hack/image) into
 .PHONY: image-push
 image-push: image ## Push bin/image to IMAGE (credentials from docker login or your registry's credential helper).
 	$(GO) run ./hack/image push --layout $(BIN)/image --to $(IMAGE)
+
+##@ Release
+
+RELEASE_TOOLS := $(HELM) $(COSIGN) $(SYFT)
+RELEASE_ENV = GO="$(GO)" HELM="$(HELM)" COSIGN="$(COSIGN)" SYFT="$(SYFT)" DIST="$(BIN)/release"
+
+.PHONY: release-tools
+release-tools: $(RELEASE_TOOLS) $(ACTIONLINT) ## Build the release's tools (helm, cosign, syft, actionlint; pinned, from Go modules) into ./bin.
+
+.PHONY: release-snapshot
+release-snapshot: $(RELEASE_TOOLS) ## The release workflow's steps, here: binaries, multi-arch image, SBOMs, chart, pushed to a loopback registry, signed with a key made for the run, verified (bin/release).
+	@mkdir -p $(BIN)
+	@rm -f $(BIN)/registry.addr
+	@$(GO) build -o $(BIN)/registry ./hack/registry
+	@$(BIN)/registry --addr-file $(BIN)/registry.addr & pid=$$!; trap "kill $$pid" EXIT; \
+	  for i in $$(seq 50); do test -s $(BIN)/registry.addr && break; sleep 0.1; done; \
+	  SNAPSHOT_REGISTRY=$$(cat $(BIN)/registry.addr) $(RELEASE_ENV) hack/release.sh snapshot
+
+.PHONY: test-release
+test-release: $(RELEASE_TOOLS) ## Run hack/release.sh snapshot against a registry in the test and check the image, SBOMs, signatures and chart it publishes (test/release).
+	@assets=$$(hack/envtest-binaries.sh ensure) && \
+	  KUBEBUILDER_ASSETS="$$assets" HELM="$(HELM)" COSIGN="$(COSIGN)" SYFT="$(SYFT)" $(GO) test -tags release -count=1 $(GOTESTFLAGS) ./test/release
+
+.PHONY: release
+release: $(RELEASE_TOOLS) ## Publish a release (the release workflow runs it on a tag v<appVersion>; RELEASE_TAG is the tag).
+	$(RELEASE_ENV) RELEASE_TAG="$(RELEASE_TAG)" hack/release.sh publish
+
+.PHONY: actionlint
+actionlint: $(ACTIONLINT) ## Check the GitHub Actions workflows (actionlint, pinned, from Go modules).
+	$(ACTIONLINT) -no-color -shellcheck= -pyflakes=
+
+$(COSIGN):
+	@mkdir -p $(BIN)
+	@echo "building cosign $(COSIGN_VERSION) into ./bin from Go modules (several minutes the first time)"
+	CGO_ENABLED=0 GOBIN=$(BIN)/.cosign-tmp $(GO) install -trimpath github.com/sigstore/cosign/v2/cmd/cosign@$(COSIGN_VERSION)
+	mv $(BIN)/.cosign-tmp/cosign $@ && rmdir $(BIN)/.cosign-tmp
+
+$(SYFT):
+	@mkdir -p $(BIN)
+	@echo "building syft $(SYFT_VERSION) into ./bin from Go modules (several minutes the first time)"
+	CGO_ENABLED=0 GOBIN=$(BIN)/.syft-tmp $(GO) install -trimpath github.com/anchore/syft/cmd/syft@$(SYFT_VERSION)
+	mv $(BIN)/.syft-tmp/syft $@ && rmdir $(BIN)/.syft-tmp
+
+$(ACTIONLINT):
+	@mkdir -p $(BIN)
+	GOBIN=$(BIN)/.actionlint-tmp $(GO) install github.com/rhysd/actionlint/cmd/actionlint@$(ACTIONLINT_VERSION)
+	mv $(BIN)/.actionlint-tmp/actionlint $@ && rmdir $(BIN)/.actionlint-tmp
 
 ##@ Run
 
@@ -84,10 +134,10 @@ test-unit: $(HELM) ## Run the tests that need no API server, in seconds (-short:
 SOAK_HISTORIES ?= 100000
 
 .PHONY: soak
-soak: $(HELM) ## The randomized simulation at length (SOAK_HISTORIES histories) and the fault tests; writes docs/reliability-simulation.md.
+soak: $(HELM) ## The randomized simulation at length (SOAK_HISTORIES histories) and the fault tests; writes docs/evidence/reliability-simulation.md.
 	@assets=$$(hack/envtest-binaries.sh ensure) && \
 	  $(GO) test -count=1 -timeout 3h -run '^TestSimulation$$' -v ./webhook \
-	    -args -sim.histories=$(SOAK_HISTORIES) -sim.report=$(CURDIR)/docs/reliability-simulation.md && \
+	    -args -sim.histories=$(SOAK_HISTORIES) -sim.report=$(CURDIR)/docs/evidence/reliability-simulation.md && \
 	  KUBEBUILDER_ASSETS="$$assets" HELM="$(HELM)" $(GO) test -tags envtest -count=3 -timeout 1h -v ./test/faults
 
 # Decisions per run of make overload (make test runs 400).
@@ -110,13 +160,13 @@ fuzz: ## Run each fuzz target of the request decoders for FUZZTIME (seeds: webho
 	done
 
 # make load's scenarios, and the retained workflows of its start-up run and their sizes
-# (docs/performance.md has the runs at 10,000 and 100,000).
+# (docs/evidence/performance.md has the runs at 10,000 and 100,000).
 LOAD_SCENARIOS ?= apiserver webhook startup watch
 LOAD_WORKFLOWS ?= 10000
 LOAD_SIZE_KB ?= 32
 LOAD_LARGE_KB ?= 300
 LOAD_LARGE_EVERY ?= 100
-# Where make load draws its plots (docs/performance.md shows them).
+# Where make load draws its plots (docs/evidence/performance.md shows them).
 LOAD_PLOTS ?= docs/img
 
 ##@ Measure
@@ -144,7 +194,8 @@ bench: ## Run the benchmarks (one decision, live reads by size, the Workflow cac
 E2E_TRIES ?= 5
 # The Argo versions built, and the proof's tests run (a go test -run pattern; all by default;
 # write a $ as $$, or make reads it as a variable). A pattern that matches no test fails the run.
-# CI builds v3.4.17 alone and runs its core proofs at requeue 1 s (about 8 minutes once built): see .ci/run.
+# CI builds v3.4.17 alone and runs its core proofs at requeue 1 s (about 5 minutes once built; a
+# whole cold .ci/run measured 50 minutes: docs/evidence/ci.md): see .ci/run.
 ARGO_VERSIONS ?= v3.4.17 v3.6.18 v3.7.18 v4.0.5
 E2E_RUN ?= .
 # Where TestSignalsNoWebhookCanStop keeps the promtool tests of the series it captured (empty:
@@ -213,7 +264,7 @@ e2e-argocd: $(HELM) ## The Argo CD recipe (docs/gitops.md) on a real Argo CD: th
 ##@ Generate and check
 
 .PHONY: manifests
-manifests: $(CONTROLLER_GEN) $(HELM_DOCS) ## Generate config/ from the code's markers, copy it into the chart, write the chart README (helm-docs).
+manifests: $(CONTROLLER_GEN) $(HELM_DOCS) $(HELM) ## Generate config/ from the code's markers, copy it into the chart, write the chart README (helm-docs), docs/flags.md (from the binary's flags) and examples/sidecar-values.yaml (from the chart).
 	$(CONTROLLER_GEN) rbac:roleName=exit-guard paths=./completionstore/... paths=./internal/metricsauth/... paths=./webhook/... output:rbac:dir=config/rbac \
 	  webhook paths=./webhook/... output:webhook:dir=config/webhook
 	$(CONTROLLER_GEN) rbac:roleName=exit-guard-certs paths=./internal/certs/... output:rbac:dir=config/rbac-certs
@@ -221,6 +272,8 @@ manifests: $(CONTROLLER_GEN) $(HELM_DOCS) ## Generate config/ from the code's ma
 	cp config/rbac-certs/role.yaml $(CHART)/files/rbac/certs.yaml
 	cp config/webhook/manifests.yaml $(CHART)/files/webhook/manifests.yaml
 	$(HELM_DOCS) --chart-search-root $(CHART) --template-files README.md.gotmpl --sort-values-order file --log-level warning
+	$(GO) test -count=1 -run '^TestFlagReference$$' . -update-docs
+	HELM="$(HELM)" $(GO) test -count=1 -run '^TestSidecarExampleIsTheChartsRender$$' ./hack/chartcheck -update
 
 .PHONY: helm-lint
 helm-lint: $(HELM) ## Lint the chart.
@@ -265,12 +318,15 @@ $(GOLANGCI_LINT):
 fmt: ## Format the Go sources.
 	gofmt -w $$(git ls-files '*.go')
 
+# Files make manifests writes beside config/ and the chart.
+GENERATED := docs/flags.md examples/sidecar-values.yaml
+
 .PHONY: verify
-verify: manifests helm-lint ## Regenerate config/, the chart's copies and README; check formatting, go.mod, and the values against their schema and docs; fail on any drift.
+verify: manifests helm-lint actionlint ## Regenerate config/, the chart's copies and README; check formatting, go.mod, and the values against their schema and docs; fail on any drift.
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt: run 'make fmt'"; exit 1; }
 	$(GO) mod tidy
-	@git diff --exit-code -- go.mod go.sum config $(CHART) || { echo "generated files drift: run 'make manifests' and 'go mod tidy', and commit"; exit 1; }
-	@test -z "$$(git status --porcelain -- config $(CHART))" || { git status --porcelain -- config $(CHART); echo "untracked generated files: commit them"; exit 1; }
+	@git diff --exit-code -- go.mod go.sum config $(CHART) $(GENERATED) || { echo "generated files drift: run 'make manifests' and 'go mod tidy', and commit"; exit 1; }
+	@test -z "$$(git status --porcelain -- config $(CHART) $(GENERATED))" || { git status --porcelain -- config $(CHART) $(GENERATED); echo "untracked generated files: commit them"; exit 1; }
 	HELM="$(HELM)" $(GO) test -count=1 ./hack/chartcheck
 	@# No build output or binary in the repository: every tracked file under 1 MiB.
 	@big=$$(git ls-files -z | xargs -0 -r stat -c '%s %n' 2>/dev/null | awk '$$1 > 1048576 {print $$2 " (" $$1 " bytes)"}'); \

@@ -3,8 +3,9 @@
 // image is the one the Dockerfile builds: one layer holding the static binary /exit-guard, run
 // as user 65532 with /exit-guard as its entrypoint, on no base image.
 //
-//	go run ./hack/image build --out bin/image --tag exit-guard/exit-guard:0.1.0 --arch amd64 --arch arm64
+//	go run ./hack/image build --out bin/image --tag ghcr.io/exit-guard/exit-guard:0.1.0 --arch amd64 --arch arm64
 //	go run ./hack/image push --layout bin/image --to registry.example.com/platform/exit-guard:0.1.0
+//	go run ./hack/image digests --layout bin/image
 package main
 
 import (
@@ -160,6 +161,27 @@ func buildBinary(root, goarch, dir, ldflags string) (arch, error) {
 	return arch{name: goarch, binary: raw}, nil
 }
 
+// digests lists the digest of the index ("index sha256:…") and of each platform's image
+// ("linux/amd64 sha256:…"), a line each: what the release signs and attests.
+func digests(idx v1.ImageIndex) ([]string, error) {
+	d, err := idx.Digest()
+	if err != nil {
+		return nil, err
+	}
+	lines := []string{"index " + d.String() + "\n"}
+	m, err := idx.IndexManifest()
+	if err != nil {
+		return nil, err
+	}
+	for _, desc := range m.Manifests {
+		if desc.Platform == nil {
+			return nil, fmt.Errorf("the index's manifest %s names no platform", desc.Digest)
+		}
+		lines = append(lines, desc.Platform.OS+"/"+desc.Platform.Architecture+" "+desc.Digest.String()+"\n")
+	}
+	return lines, nil
+}
+
 type list []string
 
 func (l *list) String() string     { return strings.Join(*l, ",") }
@@ -174,14 +196,14 @@ func main() {
 
 func run(args []string) error {
 	if len(args) == 0 {
-		return errors.New("usage: image build|push [flags]")
+		return errors.New("usage: image build|push|digests [flags]")
 	}
 	fs := flag.NewFlagSet("image "+args[0], flag.ContinueOnError)
 	switch args[0] {
 	case "build":
 		var goarchs list
 		out := fs.String("out", "bin/image", "The OCI image layout to write.")
-		tag := fs.String("tag", "exit-guard/exit-guard:latest", "The image's name in the layout (org.opencontainers.image.ref.name).")
+		tag := fs.String("tag", "ghcr.io/exit-guard/exit-guard:latest", "The image's name in the layout (org.opencontainers.image.ref.name).")
 		version := fs.String("version", "dev", "The version label of the image.")
 		ldflags := fs.String("ldflags", "", "Further -ldflags of the go build (make image sets the version, commit and date --version prints).")
 		fs.Var(&goarchs, "arch", "A GOARCH to build for (linux); repeat for more platforms (default: this machine's).")
@@ -239,7 +261,22 @@ func run(args []string) error {
 		}
 		fmt.Printf("pushed %s@%s\n", ref.Context(), d)
 		return nil
+	case "digests":
+		dir := fs.String("layout", "bin/image", "The OCI image layout that `image build` wrote.")
+		if err := fs.Parse(args[1:]); err != nil {
+			return err
+		}
+		idx, err := readLayout(*dir)
+		if err != nil {
+			return err
+		}
+		lines, err := digests(idx)
+		if err != nil {
+			return err
+		}
+		fmt.Print(strings.Join(lines, ""))
+		return nil
 	default:
-		return fmt.Errorf("unknown command %q: want build or push", args[0])
+		return fmt.Errorf("unknown command %q: want build, push or digests", args[0])
 	}
 }
