@@ -182,7 +182,7 @@ func TestWatchFeedsTheStoreFromTheAPIServer(t *testing.T) {
 // BenchmarkCacheMemory measures what the guard's Workflow cache holds per workflow, with the
 // metadata-only informer and transform of CacheByObject, against a cache of whole
 // unstructured workflows. Run
-// with: go test -run '^$' -bench CacheMemory ./completionstore (docs/performance.md).
+// with: go test -run '^$' -bench CacheMemory ./completionstore (docs/evidence/performance.md).
 func BenchmarkCacheMemory(b *testing.B) {
 	const workflows, nodes = 50, 2000
 	ns := "bench-" + rand.String(5)

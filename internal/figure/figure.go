@@ -1,4 +1,4 @@
-// Package figure draws the project's plots (docs/performance.md, docs/alerts.md) with gonum's
+// Package figure draws the project's plots (docs/evidence/performance.md, docs/alerts.md) with gonum's
 // plot package, from the numbers of the run that measured them.
 package figure
 

@@ -5,7 +5,7 @@
 // A stale copy of a completed workflow, reconciled by the controller, takes or queues for the
 // workflow's locks before its write fails; the completed workflow is never reconciled again,
 // so its hold, or its place at the front of the lock's queue, stays until the workflow is
-// deleted or the controller restarts (docs/reliability.md, "Held locks"). No webhook sees
+// deleted or the controller restarts (docs/evidence/reliability.md, "Held locks"). No webhook sees
 // this: the lock lives in the controller's memory. What the API server does see is the
 // waiters' status, which the controller writes: a Pending workflow whose message is "Waiting
 // for <lock> lock. Lock status: <free>/<limit>", and whose status.synchronization names the

@@ -2,7 +2,7 @@
 
 // Package e2e proves exit-guard on real Argo workflow-controllers: it reproduces the stale
 // exit handler on an exposed controller, then shows the guard refusing it. Run it with
-// `make e2e-argo` (E2E_TRIES workflows per run, default 5); docs/argo-e2e.md has the figures.
+// `make e2e-argo` (E2E_TRIES workflows per run, default 5); docs/evidence/argo-e2e.md has the figures.
 package e2e
 
 import (

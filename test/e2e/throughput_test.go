@@ -40,7 +40,7 @@ import (
 // clients loading it. The configurations alternate in a random order within each round, so
 // that this shared machine's drift hits them alike; the report gives each one's ratio to no
 // webhook in the same round, with its spread over the rounds. `make e2e-throughput` runs it at
-// length (docs/performance.md); `make e2e-argo` runs one short round.
+// length (docs/evidence/performance.md); `make e2e-argo` runs one short round.
 
 // throughputConfigs are the configurations compared: no webhook, the guard as the chart
 // installs it (default and --store-first), and the live-GET peer (pods only).

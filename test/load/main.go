@@ -1,6 +1,6 @@
 // Command load measures what exit-guard costs, on loopback only, against a local API server
 // (the envtest binaries of hack/envtest-binaries.sh) and the real exit-guard binary. Every run
-// is bounded in count and time. `make load` runs it; docs/performance.md holds its results.
+// is bounded in count and time. `make load` runs it; docs/evidence/performance.md holds its results.
 //
 //	load apiserver  exit-handler pod creates through the API server, side by side: no webhook,
 //	              two webhooks that admit everything at once (the floor), exit-guard (default
