@@ -9,7 +9,6 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
-	"sort"
 	"strconv"
 	"strings"
 	"testing"
@@ -40,7 +39,7 @@ func (s series) key() string {
 	for n := range s.labels {
 		names = append(names, n)
 	}
-	sort.Strings(names)
+	slices.Sort(names)
 	var b strings.Builder
 	b.WriteString(s.name + "{")
 	for i, n := range names {
@@ -227,7 +226,7 @@ func checkAlertsSilent(t *testing.T, release, ns string, before, after scrape) {
 	for k := range a {
 		keys = append(keys, k)
 	}
-	sort.Strings(keys)
+	slices.Sort(keys)
 	for _, k := range keys {
 		s := a[k]
 		if !slices.ContainsFunc(read, func(sel selector) bool { return sel.name == s.name }) {
@@ -302,6 +301,6 @@ func moved(before, after scrape, ns string) string {
 			out = append(out, fmt.Sprintf("%s %v→%v", k, b[k].value, s.value))
 		}
 	}
-	sort.Strings(out)
+	slices.Sort(out)
 	return strings.Join(out, "\n")
 }
