@@ -19,7 +19,7 @@ func flagReference(guard, check *flag.FlagSet) string {
 
 Generated from the binary's own flags by ` + "`make manifests`" + ` (` + "`TestFlagReference`" + `); ` + "`make verify`" + `
 fails when this page and the binary disagree. The chart sets these flags from its values
-([the chart's values](../charts/exit-guard/README.md)); ` + "`guard.extraArgs`" + ` adds any other. ` + "`exit-guard -h`" + `
+([the chart's values](../charts/exit-guard/README.md)); ` + "`extraArgs`" + ` adds any other. ` + "`exit-guard -h`" + `
 prints the same.
 
 `)
