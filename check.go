@@ -38,6 +38,10 @@ func runCheck(args []string) int {
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
+	if c.timeout <= 0 {
+		fmt.Fprintln(os.Stderr, "exit-guard check: --timeout must be positive")
+		return 2
+	}
 	namespace, image, timeout := &c.namespace, &c.image, &c.timeout
 	cfg, err := ctrl.GetConfig()
 	if err != nil {

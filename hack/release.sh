@@ -37,8 +37,13 @@ publish)
   [ "${RELEASE_TAG:-}" = "v$version" ] || die "the tag ${RELEASE_TAG:-(none)} is not v$version, the chart's appVersion"
   registry=ghcr.io/exit-guard
   sign=(--yes)
-  verify=(--certificate-identity "https://$repo/.github/workflows/release.yaml@refs/tags/v$version"
-    --certificate-oidc-issuer https://token.actions.githubusercontent.com)
+  # The identity the keyless certificate names: the workflow that runs this, at its ref (as the
+  # runner says it; docs/install.md gives users the same string).
+  identity="https://$repo/.github/workflows/release.yaml@refs/tags/v$version"
+  if [ -n "${GITHUB_WORKFLOW_REF:-}" ]; then
+    identity="${GITHUB_SERVER_URL:-https://github.com}/$GITHUB_WORKFLOW_REF"
+  fi
+  verify=(--certificate-identity "$identity" --certificate-oidc-issuer https://token.actions.githubusercontent.com)
   plain_http=()
   if [ -n "${REGISTRY_PASSWORD:-}" ]; then
     # helm keeps its own registry credentials; the others read the docker config that the
@@ -57,7 +62,7 @@ esac
 image=$registry/exit-guard
 commit=${COMMIT:-$(git rev-parse HEAD)}
 # The commit's date, not the clock's: the same commit builds the same binaries.
-date=${BUILD_DATE:-$(git log -1 --format=%cd --date=format-local:%Y-%m-%dT%H:%M:%SZ)}
+date=${BUILD_DATE:-$(TZ=UTC git log -1 --format=%cd --date=format-local:%Y-%m-%dT%H:%M:%SZ)}
 ldflags="-X main.version=$version -X main.commit=$commit -X main.date=$date"
 
 rm -rf "$dist"
@@ -69,7 +74,7 @@ if [ "$mode" = snapshot ]; then
   "$COSIGN" generate-key-pair --output-key-prefix "$dist/cosign" >/dev/null
 fi
 
-echo "== exit-guard $version ($commit): binaries and image"
+echo "== exit-guard $version ($commit), $("$GO" version): binaries and image"
 "$GO" run ./hack/image build --out "$dist/image" --tag "$image:$version" --version "$version" \
   --ldflags "$ldflags" --arch amd64 --arch arm64
 archives=()
@@ -116,7 +121,7 @@ blob_sign=("${sign[@]}")
 if [ "$mode" = snapshot ]; then
   blob_sign=(--yes --key "$dist/cosign.key" --tlog-upload=false)
 fi
-"$COSIGN" sign-blob "${blob_sign[@]}" --bundle "$dist/SHA256SUMS.sigstore.json" "$dist/SHA256SUMS" >/dev/null
+"$COSIGN" sign-blob "${blob_sign[@]}" --bundle "$dist/SHA256SUMS.cosign.bundle" "$dist/SHA256SUMS" >/dev/null
 
 echo "== verify, as a user would"
 "$COSIGN" verify "${verify[@]}" "$image:$version" >/dev/null
@@ -129,7 +134,7 @@ blob_verify=("${verify[@]}")
 if [ "$mode" = snapshot ]; then
   blob_verify=(--key "$dist/cosign.pub" --insecure-ignore-tlog)
 fi
-"$COSIGN" verify-blob "${blob_verify[@]}" --bundle "$dist/SHA256SUMS.sigstore.json" "$dist/SHA256SUMS" >/dev/null
+"$COSIGN" verify-blob "${blob_verify[@]}" --bundle "$dist/SHA256SUMS.cosign.bundle" "$dist/SHA256SUMS" >/dev/null
 
 cat >"$dist/release.env" <<EOF
 VERSION=$version

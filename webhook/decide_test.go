@@ -452,8 +452,11 @@ func TestDecisionTable(t *testing.T) {
 	// seen are the (kind, reason) pairs the rows give: each kind's declared reasons (its metric
 	// series) must be exactly those.
 	seen := map[objectKind]map[Reason]bool{}
-	for _, c := range decisionCases() {
+	ran := 0
+	cases := decisionCases()
+	for _, c := range cases {
 		t.Run(c.row+" "+c.name, func(t *testing.T) {
+			ran++
 			g, err := newGuard(nil, storeFor(t, tableWorkflow, c.store, c.staleWatch), c.opts)
 			if err != nil {
 				t.Fatal(err)
@@ -510,6 +513,10 @@ func TestDecisionTable(t *testing.T) {
 				t.Errorf("whole read of the name's holder made %d times; the case wants it made: %v", nodeCalls, c.nodes != nodesNone)
 			}
 		})
+	}
+	if ran < len(cases) {
+		t.Logf("%d of %d rows ran (-run): the declared reasons are checked against the whole table only", ran, len(cases))
+		return
 	}
 	for _, k := range kinds {
 		for _, r := range slices.Concat(k.refusals, k.admissions) {

@@ -148,7 +148,11 @@ func readLayout(dir string) (v1.ImageIndex, error) {
 // that --version prints, from ldflags) into dir, and returns it.
 func buildBinary(root, goarch, dir, ldflags string) (arch, error) {
 	out := filepath.Join(dir, "linux-"+goarch, binaryPath)
-	cmd := exec.Command("go", "build", "-trimpath", "-ldflags", strings.TrimSpace("-s -w "+ldflags), "-o", out, ".") //nolint:gosec // G204: go build of this repository
+	goBin := os.Getenv("GO") // the go command make and hack/release.sh name; go on the PATH otherwise
+	if goBin == "" {
+		goBin = "go"
+	}
+	cmd := exec.Command(goBin, "build", "-trimpath", "-ldflags", strings.TrimSpace("-s -w "+ldflags), "-o", out, ".") //nolint:gosec // G204: go build of this repository
 	cmd.Dir = root
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOARCH="+goarch)
 	if msg, err := cmd.CombinedOutput(); err != nil {

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/rand"
@@ -24,9 +25,12 @@ import (
 	"github.com/exit-guard/exit-guard/webhook"
 )
 
-// validatingWebhook is the name of the guard's pod webhook, as the API server quotes it in a
-// refusal.
-const validatingWebhook = "validate.exit-guard.io"
+// The names of the guard's pod webhooks, as the API server quotes them in a refusal (the
+// validating one) and in a failed call (either).
+const (
+	validatingWebhook = "validate.exit-guard.io"
+	mutatingWebhook   = "mutate.exit-guard.io"
+)
 
 // Options says where to check.
 type Options struct {
@@ -72,14 +76,19 @@ func Run(ctx context.Context, cfg *rest.Config, opts Options) (Result, error) {
 	wf := "exit-guard-check-" + rand.String(8)
 	uid := types.UID("00000000-0000-4000-8000-" + rand.String(12))
 	started := time.Now()
+	var last error
 	for attempt := 1; ; attempt++ {
 		res, answered, err := once(ctx, c, opts, wf, uid)
 		if answered {
 			return res, err
 		}
+		// An attempt the deadline cut short says less than the one before it.
+		if last == nil || ctx.Err() == nil {
+			last = err
+		}
 		select {
 		case <-ctx.Done():
-			return res, fmt.Errorf("no answer from the guard in %s (%d attempts); the last: %w", time.Since(started).Round(time.Second), attempt, err)
+			return res, fmt.Errorf("no answer from the guard in %s (%d attempts); the last: %w", time.Since(started).Round(time.Second), attempt, last)
 		case <-time.After(opts.Interval):
 		}
 	}
@@ -106,12 +115,30 @@ func once(ctx context.Context, c client.Client, opts Options, wf string, uid typ
 		}
 		res.Verdict, res.Reason, res.Message = "denied", webhook.ReasonWorkflowDeleted, err.Error()
 		return res, true, nil
-	case strings.Contains(err.Error(), "failed calling webhook"):
+	case ctx.Err() != nil:
+		// The deadline ran out during the request: no answer.
+		return res, false, fmt.Errorf("the dry-run create did not finish: %w", err)
+	case callFailed(err):
 		// failurePolicy Fail, and the guard not served (yet).
 		return res, false, fmt.Errorf("the API server could not call the guard: %w", err)
 	default:
-		return res, true, fmt.Errorf("the dry-run create was refused, but not by the guard (another admission check, or the check's own permissions: it needs create on pods in %s): %w", opts.Namespace, err)
+		refused := fmt.Errorf("the dry-run create was refused, but not by the guard (another admission check, or the check's own permissions: it needs create on pods in %s): %w", opts.Namespace, err)
+		// The API server's own overload, and permissions still reaching it, pass: try again.
+		transient := apierrors.IsTooManyRequests(err) || apierrors.IsServerTimeout(err) || apierrors.IsTimeout(err) ||
+			apierrors.IsServiceUnavailable(err) || apierrors.IsForbidden(err)
+		return res, !transient, refused
 	}
+}
+
+// callFailed says whether err is the API server's failure to call one of the guard's pod
+// webhooks (another webhook's failure is not the guard's).
+func callFailed(err error) bool {
+	for _, name := range []string{validatingWebhook, mutatingWebhook} {
+		if strings.Contains(err.Error(), fmt.Sprintf("failed calling webhook %q", name)) {
+			return true
+		}
+	}
+	return false
 }
 
 // isGuardRefusal says whether err is a refusal by the guard's pod webhook: one that carries

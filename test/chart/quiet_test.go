@@ -232,7 +232,12 @@ func checkAlertsSilent(t *testing.T, release, ns string, before, after scrape) {
 		if !slices.ContainsFunc(read, func(sel selector) bool { return sel.name == s.name }) {
 			continue
 		}
+		// A counter that first appears with the check was 0 before it: given as 0, not as
+		// missing, so that increase() and rate() see its first count.
 		first := "_x29"
+		if s.counter {
+			first = "0x29"
+		}
 		if old, ok := b[k]; ok {
 			first = num(old.value) + "x29"
 		}

@@ -194,7 +194,7 @@ func TestReleaseSnapshot(t *testing.T) {
 			}
 			run(t, nil, cosign, append([]string{"verify-attestation", "--type", "spdxjson"}, append(verify, image+"@"+digest)...)...)
 		}
-		run(t, nil, cosign, "verify-blob", "--key", pub, "--insecure-ignore-tlog", "--bundle", filepath.Join(dist, "SHA256SUMS.sigstore.json"), filepath.Join(dist, "SHA256SUMS"))
+		run(t, nil, cosign, "verify-blob", "--key", pub, "--insecure-ignore-tlog", "--bundle", filepath.Join(dist, "SHA256SUMS.cosign.bundle"), filepath.Join(dist, "SHA256SUMS"))
 
 		other := filepath.Join(t.TempDir(), "other")
 		run(t, []string{"COSIGN_PASSWORD="}, cosign, "generate-key-pair", "--output-key-prefix", other)
