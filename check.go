@@ -42,15 +42,14 @@ func runCheck(args []string) int {
 		fmt.Fprintln(os.Stderr, "exit-guard check: --timeout must be positive")
 		return 2
 	}
-	namespace, image, timeout := &c.namespace, &c.image, &c.timeout
 	cfg, err := ctrl.GetConfig()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "exit-guard check: FAIL:", err)
 		return 1
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
+	ctx, cancel := context.WithTimeout(context.Background(), c.timeout)
 	defer cancel()
-	res, err := check.Run(ctx, cfg, check.Options{Namespace: *namespace, Image: *image})
+	res, err := check.Run(ctx, cfg, check.Options{Namespace: c.namespace, Image: c.image})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "exit-guard check: FAIL:", err)
 		return 1
@@ -60,6 +59,6 @@ func runCheck(args []string) int {
 		verdict += " (" + string(res.Reason) + ")"
 	}
 	fmt.Printf("exit-guard check: OK: the API server called the guard, which %s the dry-run exit-handler pod %s/%s of the workflow %s, which does not exist.\n%s\n",
-		verdict, *namespace, res.Pod, res.Workflow, res.Message)
+		verdict, c.namespace, res.Pod, res.Workflow, res.Message)
 	return 0
 }
