@@ -116,8 +116,20 @@ func TestAlertsTableIsTheChartsAlerts(t *testing.T) {
 func TestNoDocCountsTheAlerts(t *testing.T) {
 	count := regexp.MustCompile(`(?i)\b(\d+|two|three|four|five|six|seven|eight|nine|ten|eleven|twelve|thirteen|fourteen|fifteen|sixteen|twenty)\s+alerts\b`)
 	root := testenv.RepoRoot()
-	for _, rel := range []string{"README.md", "charts/exit-guard/Chart.yaml", "charts/exit-guard/CHANGELOG.md", "charts/exit-guard/README.md",
-		"charts/exit-guard/README.md.gotmpl", "charts/exit-guard/templates/NOTES.txt", "docs/alerts.md"} {
+	rels := []string{"README.md", "charts/exit-guard/Chart.yaml", "charts/exit-guard/CHANGELOG.md", "charts/exit-guard/README.md",
+		"charts/exit-guard/README.md.gotmpl", "charts/exit-guard/templates/NOTES.txt"}
+	// Every user doc and evidence report too.
+	for _, pattern := range []string{"docs/*.md", "docs/evidence/*.md"} {
+		m, err := filepath.Glob(filepath.Join(root, pattern))
+		if err != nil || len(m) == 0 {
+			t.Fatalf("no documents match %s: %v", pattern, err)
+		}
+		for _, f := range m {
+			rel, _ := filepath.Rel(root, f)
+			rels = append(rels, rel)
+		}
+	}
+	for _, rel := range rels {
 		raw, err := os.ReadFile(filepath.Join(root, rel))
 		if err != nil {
 			t.Fatal(err)

@@ -102,7 +102,7 @@ func sortedKeys(m map[string]any) []string { return slices.Sorted(maps.Keys(m)) 
 func TestDocumentedValuesPassTheSchema(t *testing.T) {
 	root := testenv.RepoRoot()
 	files := []string{filepath.Join(root, "README.md"), filepath.Join(chartDir, "templates", "NOTES.txt")}
-	for _, pattern := range []string{filepath.Join(root, "docs", "*.md"), filepath.Join(chartDir, "*.md")} {
+	for _, pattern := range []string{filepath.Join(root, "docs", "*.md"), filepath.Join(root, "docs", "evidence", "*.md"), filepath.Join(chartDir, "*.md")} {
 		m, err := filepath.Glob(pattern)
 		if err != nil {
 			t.Fatal(err)
