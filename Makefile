@@ -257,7 +257,7 @@ argocd-binaries: ## Build Argo CD's application controller and repo server from 
 	@hack/argocd-binaries.sh ensure
 
 .PHONY: e2e-argocd
-e2e-argocd: $(HELM) ## The Argo CD recipe (docs/gitops.md) on a real Argo CD: the chart synced from a local git repository around a running guard.
+e2e-argocd: $(HELM) ## The Argo CD recipe (docs/gitops.md) on a real Argo CD: the chart pulled from an OCI registry on loopback and synced around a running guard.
 	@assets=$$(hack/envtest-binaries.sh ensure) && acd=$$(hack/argocd-binaries.sh ensure) && \
 	  KUBEBUILDER_ASSETS="$$assets" EXIT_GUARD_ARGOCD_BIN="$$acd" HELM="$(HELM)" $(GO) test -tags 'envtest e2e' -count=1 -v -timeout 30m -run '^TestArgoCD' ./test/chart
 

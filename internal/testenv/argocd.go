@@ -5,13 +5,10 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"net/http"
-	"net/http/cgi" //nolint:gosec // G504: Httpoxy concerns Go before 1.6.3; git http-backend for a test
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"testing"
 	"time"
 )
 
@@ -95,24 +92,4 @@ func (a ArgoCD) StartApplicationController(ctx context.Context, repoServer strin
 		"--redis=" + a.Redis, "--metrics-port=" + mport, "--app-resync=" + fmt.Sprint(int(resync.Seconds())),
 		"--status-processors=2", "--operation-processors=2", "--loglevel=info", "--logformat=text",
 	}, a.environ(), out, "/healthz")
-}
-
-// ServeGit serves the git repositories under root over HTTP (git's smart protocol, git
-// http-backend), on a free loopback port, until t ends; it returns the base URL.
-func ServeGit(t *testing.T, root string) string {
-	t.Helper()
-	backend, err := exec.Command("git", "--exec-path").Output()
-	if err != nil {
-		t.Fatalf("the GitOps proof needs git (Debian's git package): %v", err)
-	}
-	h := &cgi.Handler{Path: filepath.Join(strings.TrimSpace(string(backend)), "git-http-backend"),
-		Env: []string{"GIT_PROJECT_ROOT=" + root, "GIT_HTTP_EXPORT_ALL=1"}}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
-	go func() { _ = srv.Serve(ln) }()
-	t.Cleanup(func() { _ = srv.Close() })
-	return "http://" + ln.Addr().String()
 }

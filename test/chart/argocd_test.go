@@ -3,11 +3,12 @@
 package chart
 
 import (
-	"bytes"
 	"context"
 	"fmt"
+	"io"
+	"log"
+	"net/http/httptest"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"reflect"
 	"strconv"
@@ -16,6 +17,7 @@ import (
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
+	"github.com/google/go-containerregistry/pkg/registry"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -41,7 +43,8 @@ var applicationGVK = schema.GroupVersionKind{Group: "argoproj.io", Version: "v1a
 
 // TestArgoCDKeepsTheGuardSynced runs the real Argo CD (application controller and repo server,
 // make e2e-argocd) on the test API server. The Application of examples/argocd-application.yaml,
-// pointed at a local git repository that holds this chart, syncs it; the guard, run as a test
+// pointed at an OCI registry on loopback that holds this chart (packaged and pushed as a release
+// pushes it), syncs it; the guard, run as a test
 // process with the chart's arguments and its ServiceAccount's rights, writes its CA into the
 // webhooks and its certificate into the Secret; the API server calls it through the rendered
 // clientConfig (the Service, untouched), routed to an EndpointSlice of this machine's address.
@@ -71,10 +74,14 @@ func TestArgoCDKeepsTheGuardSynced(t *testing.T) {
 	installArgoCD(t, dir)
 	createOnce(t, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})
 
-	// The chart, committed to a local repository served over HTTP.
-	gitRoot := t.TempDir()
-	repoURL := testenv.ServeGit(t, gitRoot) + "/exit-guard.git"
-	commitChart(t, gitRoot)
+	// The chart, packaged and pushed to an OCI registry on loopback as the release pushes it,
+	// and the repository Secret Argo CD needs for a registry served over plain HTTP.
+	repoURL := pushChart(t)
+	createOnce(t, &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: "exit-guard-chart", Namespace: argoCDNamespace,
+			Labels: map[string]string{"argocd.argoproj.io/secret-type": "repository"}},
+		StringData: map[string]string{"url": repoURL, "type": "oci", "insecureOCIForceHttp": "true"},
+	})
 
 	redis := miniredis.RunT(t)
 	work := t.TempDir()
@@ -112,10 +119,10 @@ func TestArgoCDKeepsTheGuardSynced(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = ctrl.Stop() })
 
-	// The recipe, pointed at the local repository; the image is never pulled (no kubelet).
+	// The recipe, pointed at the local registry (its targetRevision, the chart's version, and
+	// its path as they are); the image is never pulled (no kubelet).
 	app.SetNamespace(argoCDNamespace)
 	must(t, unstructured.SetNestedField(app.Object, repoURL, "spec", "source", "repoURL"))
-	must(t, unstructured.SetNestedField(app.Object, "main", "spec", "source", "targetRevision"))
 	if err := env.Client.Create(ctx, app); err != nil {
 		t.Fatalf("creating the Application: %v", err)
 	}
@@ -125,8 +132,7 @@ func TestArgoCDKeepsTheGuardSynced(t *testing.T) {
 	// The guard, as the Deployment would run it, on a port of this machine's address that the
 	// Service's EndpointSlice names. The Secret's content reaches its certificate folder as
 	// the kubelet would bring it.
-	image, _, _ := unstructured.NestedMap(app.Object, "spec", "source", "helm", "valuesObject", "image")
-	objs := render(t, profile{name: "argocd", set: []string{"image.repository=" + fmt.Sprint(image["repository"]), "image.tag=" + fmt.Sprint(image["tag"])}}, release, ns)
+	objs := render(t, profile{name: "argocd"}, release, ns)
 	svc := only(t, objs, "Service")
 	secret := only(t, objs, "Secret")
 	addr, err := testenv.FreeAddr()
@@ -381,29 +387,22 @@ func createOnce(t *testing.T, obj client.Object) {
 	t.Cleanup(func() { _ = env.Client.Delete(context.Background(), obj) })
 }
 
-// commitChart commits the chart of this checkout (its files as they are) to the bare
-// repository exit-guard.git under root, on branch main.
-func commitChart(t *testing.T, root string) {
+// pushChart packages the chart of this checkout (its files as they are) and pushes it to an OCI
+// registry served in memory on loopback over plain HTTP, as hack/release.sh pushes it to
+// ghcr.io; it returns the chart's address, oci://<host>/charts/exit-guard.
+func pushChart(t *testing.T) string {
 	t.Helper()
-	work := t.TempDir()
-	if err := os.CopyFS(filepath.Join(work, "charts", "exit-guard"), os.DirFS(chartDir)); err != nil {
-		t.Fatal(err)
+	srv := httptest.NewServer(registry.New(registry.Logger(log.New(io.Discard, "", 0))))
+	t.Cleanup(srv.Close)
+	host := strings.TrimPrefix(srv.URL, "http://")
+	dir := t.TempDir()
+	runHelm(t, "package", chartDir, "--destination", dir)
+	pkgs, err := filepath.Glob(filepath.Join(dir, "exit-guard-*.tgz"))
+	if err != nil || len(pkgs) != 1 {
+		t.Fatalf("helm package wrote %v (%v), want one exit-guard-*.tgz", pkgs, err)
 	}
-	git := func(dir string, args ...string) {
-		cmd := exec.Command("git", args...)
-		cmd.Dir = dir
-		cmd.Env = append(os.Environ(), "GIT_AUTHOR_NAME=test", "GIT_AUTHOR_EMAIL=test@example.com",
-			"GIT_COMMITTER_NAME=test", "GIT_COMMITTER_EMAIL=test@example.com", "GIT_CONFIG_NOSYSTEM=1", "HOME="+dir)
-		var stderr bytes.Buffer
-		cmd.Stderr = &stderr
-		if err := cmd.Run(); err != nil {
-			t.Fatalf("git %s: %v\n%s", strings.Join(args, " "), err, stderr.String())
-		}
-	}
-	git(work, "init", "-q", "-b", "main")
-	git(work, "add", ".")
-	git(work, "commit", "-q", "-m", "exit-guard chart")
-	git(root, "clone", "-q", "--bare", work, "exit-guard.git")
+	runHelm(t, "push", pkgs[0], "oci://"+host+"/charts", "--plain-http")
+	return "oci://" + host + "/charts/exit-guard"
 }
 
 func liveObject(t *testing.T, o *unstructured.Unstructured) *unstructured.Unstructured {

@@ -73,8 +73,10 @@ func lineDiff(a, b []byte) string {
 type application struct {
 	Spec struct {
 		Source struct {
-			Path string `json:"path"`
-			Helm struct {
+			RepoURL        string `json:"repoURL"`
+			TargetRevision string `json:"targetRevision"`
+			Path           string `json:"path"`
+			Helm           struct {
 				ReleaseName string `json:"releaseName"`
 			} `json:"helm"`
 		} `json:"source"`
@@ -101,8 +103,11 @@ func readApplication(t *testing.T) application {
 	if err := yaml.Unmarshal(raw, &app); err != nil {
 		t.Fatalf("examples/argocd-application.yaml: %v", err)
 	}
-	if app.Spec.Source.Path != "charts/exit-guard" || app.Spec.Source.Helm.ReleaseName == "" {
-		t.Fatalf("examples/argocd-application.yaml installs %q as %q, want charts/exit-guard under a release name", app.Spec.Source.Path, app.Spec.Source.Helm.ReleaseName)
+	// The released chart: the registry the release workflow pushes to, at the chart's version.
+	src := app.Spec.Source
+	if src.RepoURL != releasedChart || src.Path != "." || src.TargetRevision != chartVersion(t) || src.Helm.ReleaseName == "" {
+		t.Fatalf("examples/argocd-application.yaml installs %s path %q at %q as %q, want %s path \".\" at the chart's version %s under a release name",
+			src.RepoURL, src.Path, src.TargetRevision, src.Helm.ReleaseName, releasedChart, chartVersion(t))
 	}
 	if !contains(app.Spec.SyncPolicy.SyncOptions, "RespectIgnoreDifferences=true") {
 		t.Error("examples/argocd-application.yaml lacks RespectIgnoreDifferences=true: a sync would write over the caBundle")
@@ -347,4 +352,24 @@ func TestGitOpsSyncSettlesAroundTheGuard(t *testing.T) {
 			}
 		}
 	}
+}
+
+// releasedChart is where the release (hack/release.sh publish: registry ghcr.io/exit-guard, the
+// chart under charts/) pushes the chart.
+const releasedChart = "oci://ghcr.io/exit-guard/charts/exit-guard"
+
+// chartVersion is the version in the chart's Chart.yaml: the version a release publishes.
+func chartVersion(t *testing.T) string {
+	t.Helper()
+	raw, err := os.ReadFile(filepath.Join(chartDir, "Chart.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var meta struct {
+		Version string `json:"version"`
+	}
+	if err := yaml.Unmarshal(raw, &meta); err != nil || meta.Version == "" {
+		t.Fatalf("Chart.yaml: no version (%v)", err)
+	}
+	return meta.Version
 }
