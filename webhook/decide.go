@@ -226,10 +226,11 @@ func (g *guard) decide(ctx context.Context, f facts) decision {
 	return d
 }
 
-// noteCreate remembers the TaskSet create of a running workflow that d admits: should it fail
-// with AlreadyExists, Argo's patch of the existing object follows at once (row T6), and the
-// same create on its next passes (row T7, when a live read found the workflow running). Not a
-// dry run's. A refusal of a TaskSet write for the workflow forgets what was remembered of it.
+// noteCreate remembers the TaskSet create of a running workflow that d admits, with the user
+// that sent it: should it fail with AlreadyExists, Argo's patch of the existing object follows
+// at once (row T6), and the same create on its next passes (row T7, when a live read found the
+// workflow running), both sent by the same user. Not a dry run's, nor an unexpected
+// requester's. A refusal of a TaskSet write for the workflow forgets what was remembered of it.
 func (g *guard) noteCreate(f facts, d decision) {
 	ts, ok := f.object.(*taskSetObject)
 	if !ok {
@@ -239,16 +240,16 @@ func (g *guard) noteCreate(f facts, d decision) {
 	switch {
 	case d.deny:
 		g.creates.forget(key, d.wfUID)
-	case !f.update && !f.dryRun && d.reason == ReasonWorkflowNotTerminal:
-		g.creates.note(key, d.wfUID, ts.templates, f.received, d.source == sourceLive)
+	case !f.update && !f.dryRun && !f.unexpected && d.reason == ReasonWorkflowNotTerminal:
+		g.creates.note(key, d.wfUID, f.requester, ts.templates, f.received, d.source == sourceLive)
 	}
 }
 
 // repeatsAdmittedCreate says whether f is a TaskSet create whose every task, with the same
 // template, this replica admitted in a create of the same TaskSet by the same workflow (by
-// UID) after a live read found it running (row 5), received less than --taskset-repeats-for
-// ago, and whether the store still holds that workflow, not deleted, not complete (row T7). Such a
-// create fails with AlreadyExists unless the first one did not land (another webhook refused
+// UID), sent by the same user, after a live read found it running (row 5), received less than
+// --taskset-repeats-for ago, and whether the store still holds that workflow, not deleted, not
+// complete (row T7). Such a create fails with AlreadyExists unless the first one did not land (another webhook refused
 // it, the API server failed) or the TaskSet was deleted since (with its workflow); even then
 // it hands the agent only what was found admissible seconds before. A stale copy's create of a
 // TaskSet that does not exist yet (its exit handler the first HTTP node) adds a task no
@@ -256,7 +257,7 @@ func (g *guard) noteCreate(f facts, d decision) {
 // the guard's watch has not seen the deletion.
 func (g *guard) repeatsAdmittedCreate(f facts, d decision) bool {
 	ts, ok := f.object.(*taskSetObject)
-	if !ok || f.update || !g.creates.repeats(ts.key(), d.wfUID, ts.templates) {
+	if !ok || f.update || !g.creates.repeats(ts.key(), d.wfUID, f.requester, ts.templates) {
 		return false
 	}
 	rec, ok := g.store.Get(d.wfUID)
@@ -275,7 +276,7 @@ func (g *guard) nameHolderWrote(ctx context.Context, f facts, d decision) bool {
 	if d.nameHolderDone {
 		return false
 	}
-	if g.creates.covers(ts.key(), d.nameHolder, ts.templates) {
+	if g.creates.covers(ts.key(), d.nameHolder, f.requester, ts.templates) {
 		return true
 	}
 	return g.nameHolderRunsTasks(ctx, f, d)

@@ -219,6 +219,9 @@ type decisionCase struct {
 	// createdFromStore: that create was admitted from the store (rows 13, 17), not after a
 	// live read.
 	createdFromStore bool
+	// createdByOtherUser: that create was sent by another user than the case's write (another
+	// tenant of the namespace; Argo's controller sends both).
+	createdByOtherUser bool
 	store            storeState
 	// staleWatch: the guard's watch has not advanced for longer than WatchStaleAfter (and
 	// than StoreFreshFor).
@@ -348,6 +351,7 @@ func decisionCases() []decisionCase {
 		{row: "T4", name: "as 6: TaskSet created as admitted for the workflow 1 s before, the store since saw it succeed, live Succeeded", facts: created, createdBy: wf.GetUID(), createdAgo: time.Second, store: storeSucceeded, live: liveSucceeded, deny: true, reason: ReasonWorkflowCompleted, source: sourceLive, wantRow: "6"},
 		{row: "T4", name: "as 9: TaskSet created as admitted for the workflow 1 s before, the store since saw it deleted (its name reused), live other UID", facts: created, createdBy: wf.GetUID(), createdAgo: time.Second, store: storeTombstone, live: liveOtherUID, deny: true, reason: ReasonWorkflowReplaced, source: sourceLive, wantRow: "9"},
 		{row: "T4", name: "as 15: TaskSet created as admitted for the workflow 1 s before, the store holding nothing of it, read fails", facts: created, createdBy: wf.GetUID(), createdAgo: time.Second, live: liveFails, reason: ReasonUnverifiedFailOpen, wantRow: "15"},
+		{row: "T4", name: "as 6: TaskSet created again with the tasks and templates admitted for the workflow after a live read 1 s before, in a create another user sent, live Succeeded", facts: created, createdBy: wf.GetUID(), createdAgo: time.Second, createdByOtherUser: true, store: storeRunning, live: liveSucceeded, deny: true, reason: ReasonWorkflowCompleted, source: sourceLive, wantRow: "6"},
 		{row: "T4", name: "as 6: TaskSet created as admitted for another workflow of the name, live Succeeded", facts: created, createdBy: "uid-of-another", createdAgo: time.Second, store: storeRunning, live: liveSucceeded, deny: true, reason: ReasonWorkflowCompleted, source: sourceLive, wantRow: "6"},
 		{row: "T4", name: "as 6: task added by an update, a create of it admitted for the workflow 1 s before (the patch after AlreadyExists is judged), live Succeeded", facts: stale, createdBy: wf.GetUID(), createdAgo: time.Second, store: storeRunning, live: liveSucceeded, deny: true, reason: ReasonWorkflowCompleted, source: sourceLive, wantRow: "6"},
 		{row: "T4", name: "as 7: task added, live Failed, default policy", facts: stale, live: liveFailed, reason: ReasonPhaseNotDenied, source: sourceLive, wantRow: "7"},
@@ -372,6 +376,7 @@ func decisionCases() []decisionCase {
 		{row: "T5", name: "update that only sets completed back, owner's name held by another", facts: reopenOnly, live: liveOtherUID, deny: true, reason: ReasonTaskSetOwnerGone, source: sourceLive},
 		{row: "T5", name: "update of a TaskSet whose owner the store saw deleted, read fails", facts: stale, live: liveFails, store: storeTombstone, deny: true, reason: ReasonTaskSetOwnerGone, source: sourceStore},
 		{row: "T5", name: "owner's name held by another; a create with these tasks remembered, by a third", facts: stale, live: liveOtherUID, createdBy: "uid-of-a-third", nodes: nodesNotWritten, deny: true, reason: ReasonTaskSetOwnerGone, source: sourceLive},
+		{row: "T5", name: "owner's name held by another; a create with these tasks remembered for it, sent by another user (another tenant of the namespace)", facts: stale, live: liveOtherUID, createdBy: "uid-of-another", createdAgo: time.Second, createdByOtherUser: true, nodes: nodesNotWritten, deny: true, reason: ReasonTaskSetOwnerGone, source: sourceLive},
 		{row: "T5", name: "owner's name held by another; its create remembered, older than the memory", facts: stale, live: liveOtherUID, createdBy: "uid-of-another", createdAgo: createMemory + time.Second, nodes: nodesNotWritten, deny: true, reason: ReasonTaskSetOwnerGone, source: sourceLive},
 		{row: "T5", name: "owner's name held by another; its create remembered, with other tasks", facts: stale, live: liveOtherUID, createdBy: "uid-of-another", createdOtherTask: true, nodes: nodesNotWritten, deny: true, reason: ReasonTaskSetOwnerGone, source: sourceLive},
 		{row: "T5", name: "owner's name held by another; its create remembered, the same task with another template (a stale copy's own)", facts: stale, live: liveOtherUID, createdBy: "uid-of-another", createdOtherTemplate: true, nodes: nodesNotWritten, deny: true, reason: ReasonTaskSetOwnerGone, source: sourceLive},
@@ -482,7 +487,11 @@ func TestDecisionTable(t *testing.T) {
 						created[k] = sha256.Sum256([]byte("another template"))
 					}
 				}
-				g.creates.note(ts.key(), c.createdBy, created, time.Time{}, !c.createdFromStore)
+				requester := f.requester
+				if c.createdByOtherUser {
+					requester = "another user"
+				}
+				g.creates.note(ts.key(), c.createdBy, requester, created, time.Time{}, !c.createdFromStore)
 				g.creates.now = func() time.Time { return now }
 			}
 			d := g.decide(t.Context(), f)

@@ -13,19 +13,23 @@ const (
 	// Argo sends the patch that follows an AlreadyExists within the same pass, milliseconds
 	// later.
 	createMemory = 10 * time.Second
-	// maxCreatesRemembered bounds the memory: past it, a create is not remembered (its patch,
-	// if one comes, is judged by the node tree alone; its next create is read).
+	// maxCreatesRemembered bounds the memory: full, it forgets what has expired, then the
+	// oldest entry. To push out a create before the patch that follows it milliseconds later,
+	// a flood would need this many admitted creates in those milliseconds; one that does
+	// costs a read (row T7) or a requeue (row T6), not a notice.
 	maxCreatesRemembered = 10000
 )
 
-// createdTaskSet is a TaskSet create the guard admitted: by which workflow, with which tasks
-// (the digest of each task's template), when it was received, and whether a live read found
-// the workflow running (row 5), rather than the store (rows 13 and 17).
+// createdTaskSet is a TaskSet create the guard admitted: by which workflow, sent by which user
+// (request.userInfo.username), with which tasks (the digest of each task's template), when it
+// was received, and whether a live read found the workflow running (row 5), rather than the
+// store (rows 13 and 17).
 type createdTaskSet struct {
-	owner types.UID
-	tasks map[string][sha256.Size]byte
-	at    time.Time
-	live  bool
+	owner     types.UID
+	requester string
+	tasks     map[string][sha256.Size]byte
+	at        time.Time
+	live      bool
 }
 
 // taskSetCreates remembers, by namespace and name, the last TaskSet create the guard admitted
@@ -35,11 +39,14 @@ type createdTaskSet struct {
 // AlreadyExists, Argo patches the existing object with the same tasks: when a workflow reused
 // the name of a deleted one whose TaskSet the garbage collector has not removed yet, that
 // patch keeps the deleted workflow's owner reference, and this memory is how the guard knows
-// the running workflow sent it (row T6): the same tasks with the same templates, less than
-// createMemory ago. A stale copy of the deleted workflow cannot put itself here (its create
-// names the deleted workflow, is read and refused), and its patch, should its create have been
-// admitted unverified, carries its own rendered templates. A refusal for the same workflow
-// and name forgets what was remembered (forget).
+// the running workflow sent it (row T6): the same tasks with the same templates, sent by the
+// same user, less than createMemory ago. A stale copy of the deleted workflow cannot put itself
+// here (its create names the deleted workflow, is read and refused), and its patch, should its
+// create have been admitted unverified, carries its own rendered templates. Another user's
+// create (any tenant who may create TaskSets in the namespace: the API server calls validating
+// webhooks before it finds that the object exists) vouches only for that user's own writes,
+// never for Argo's. A refusal for the same workflow and name forgets what was remembered
+// (forget).
 type taskSetCreates struct {
 	now func() time.Time
 	// repeatMemory is how long a create admitted after a live read lets the same create
@@ -58,10 +65,10 @@ func newTaskSetCreates(now func() time.Time, repeatMemory time.Duration) *taskSe
 	return &taskSetCreates{now: now, repeatMemory: repeatMemory, m: map[types.NamespacedName]createdTaskSet{}}
 }
 
-// note remembers an admitted create of the TaskSet key by owner with tasks (digests of their
-// templates by task key), received at at (now when zero); live says a live read found the
-// workflow running.
-func (c *taskSetCreates) note(key types.NamespacedName, owner types.UID, tasks map[string][sha256.Size]byte, at time.Time, live bool) {
+// note remembers an admitted create of the TaskSet key by owner, sent by requester, with tasks
+// (digests of their templates by task key), received at at (now when zero); live says a live
+// read found the workflow running.
+func (c *taskSetCreates) note(key types.NamespacedName, owner types.UID, requester string, tasks map[string][sha256.Size]byte, at time.Time, live bool) {
 	if len(tasks) == 0 {
 		return
 	}
@@ -72,16 +79,20 @@ func (c *taskSetCreates) note(key types.NamespacedName, owner types.UID, tasks m
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if _, ok := c.m[key]; !ok && len(c.m) >= maxCreatesRemembered {
+		var oldest types.NamespacedName
+		var oldestAt time.Time
 		for k, v := range c.m {
 			if now.Sub(v.at) > createMemory {
 				delete(c.m, k)
+			} else if oldestAt.IsZero() || v.at.Before(oldestAt) {
+				oldest, oldestAt = k, v.at
 			}
 		}
 		if len(c.m) >= maxCreatesRemembered {
-			return
+			delete(c.m, oldest)
 		}
 	}
-	c.m[key] = createdTaskSet{owner: owner, tasks: tasks, at: at, live: live}
+	c.m[key] = createdTaskSet{owner: owner, requester: requester, tasks: tasks, at: at, live: live}
 }
 
 // forget drops what is remembered of the TaskSet key, if owner created it.
@@ -94,25 +105,26 @@ func (c *taskSetCreates) forget(key types.NamespacedName, owner types.UID) {
 }
 
 // covers says whether, within createMemory, owner created the TaskSet key with every one of
-// tasks (and at least one), each with the same template (row T6).
-func (c *taskSetCreates) covers(key types.NamespacedName, owner types.UID, tasks map[string][sha256.Size]byte) bool {
-	return c.matches(key, owner, tasks, createMemory, false)
+// tasks (and at least one), each with the same template, in a create sent by requester (row T6).
+func (c *taskSetCreates) covers(key types.NamespacedName, owner types.UID, requester string, tasks map[string][sha256.Size]byte) bool {
+	return c.matches(key, owner, requester, tasks, createMemory, false)
 }
 
 // repeats says whether, within repeatMemory, owner created the TaskSet key with every one of
-// tasks (and at least one), each with the same template, admitted after a live read (row T7).
-func (c *taskSetCreates) repeats(key types.NamespacedName, owner types.UID, tasks map[string][sha256.Size]byte) bool {
-	return c.repeatMemory > 0 && c.matches(key, owner, tasks, c.repeatMemory, true)
+// tasks (and at least one), each with the same template, in a create sent by requester and
+// admitted after a live read (row T7).
+func (c *taskSetCreates) repeats(key types.NamespacedName, owner types.UID, requester string, tasks map[string][sha256.Size]byte) bool {
+	return c.repeatMemory > 0 && c.matches(key, owner, requester, tasks, c.repeatMemory, true)
 }
 
-func (c *taskSetCreates) matches(key types.NamespacedName, owner types.UID, tasks map[string][sha256.Size]byte, within time.Duration, live bool) bool {
+func (c *taskSetCreates) matches(key types.NamespacedName, owner types.UID, requester string, tasks map[string][sha256.Size]byte, within time.Duration, live bool) bool {
 	if len(tasks) == 0 || owner == "" {
 		return false
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	v, ok := c.m[key]
-	if !ok || v.owner != owner || c.now().Sub(v.at) > within || live && !v.live {
+	if !ok || v.owner != owner || v.requester != requester || c.now().Sub(v.at) > within || live && !v.live {
 		return false
 	}
 	for t, digest := range tasks {

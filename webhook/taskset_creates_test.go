@@ -9,9 +9,9 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 )
 
-// The memory of admitted TaskSet creates answers for the owner and tasks it holds, within
-// createMemory, and stays bounded: full, it forgets what has expired, and remembers nothing
-// new while every entry is fresh.
+// The memory of admitted TaskSet creates answers for the owner, requester and tasks it holds,
+// within createMemory, and stays bounded: full, it forgets what has expired, then the oldest
+// entry, so that a flood of creates cannot keep a new one out.
 func TestTaskSetCreatesRemembersBoundedAndBriefly(t *testing.T) {
 	now := time.Unix(1000, 0)
 	c := newTaskSetCreates(func() time.Time { return now }, defaultTaskSetRepeatsFor)
@@ -25,46 +25,54 @@ func TestTaskSetCreatesRemembersBoundedAndBriefly(t *testing.T) {
 		}
 		return m
 	}
-	c.note(key(0), "uid-a", digests("t1", "t2"), time.Time{}, true)
+	c.note(key(0), "uid-a", "argo", digests("t1", "t2"), time.Time{}, true)
 	otherTemplate := digests("t1")
 	otherTemplate["t1"] = sha256.Sum256([]byte("another template"))
 	for _, tc := range []struct {
-		name  string
-		owner types.UID
-		tasks map[string][sha256.Size]byte
-		want  bool
+		name      string
+		owner     types.UID
+		requester string
+		tasks     map[string][sha256.Size]byte
+		want      bool
 	}{
-		{"the owner, a task it created", "uid-a", digests("t1"), true},
-		{"the owner, every task it created", "uid-a", digests("t2", "t1"), true},
-		{"the owner, a task it did not create", "uid-a", digests("t1", "t3"), false},
-		{"the owner, a task it created with another template", "uid-a", otherTemplate, false},
-		{"another owner", "uid-b", digests("t1"), false},
-		{"no task", "uid-a", nil, false},
+		{"the owner, a task it created", "uid-a", "argo", digests("t1"), true},
+		{"the owner, every task it created", "uid-a", "argo", digests("t2", "t1"), true},
+		{"the owner, a task it did not create", "uid-a", "argo", digests("t1", "t3"), false},
+		{"the owner, a task it created with another template", "uid-a", "argo", otherTemplate, false},
+		{"another owner", "uid-b", "argo", digests("t1"), false},
+		{"the owner, a task it created, sent by another user", "uid-a", "mallory", digests("t1"), false},
+		{"no task", "uid-a", "argo", nil, false},
 	} {
-		if got := c.covers(key(0), tc.owner, tc.tasks); got != tc.want {
+		if got := c.covers(key(0), tc.owner, tc.requester, tc.tasks); got != tc.want {
 			t.Errorf("%s: covers = %v, want %v", tc.name, got, tc.want)
 		}
 	}
 	now = now.Add(createMemory + time.Millisecond)
-	if c.covers(key(0), "uid-a", digests("t1")) {
+	if c.covers(key(0), "uid-a", "argo", digests("t1")) {
 		t.Error("a create older than createMemory still covers")
 	}
 	// Full of expired entries: a new create purges them.
 	for i := 1; i < maxCreatesRemembered; i++ {
-		c.note(key(i), "uid-a", digests("t"), time.Time{}, true)
+		c.note(key(i), "uid-a", "argo", digests("t"), time.Time{}, true)
 	}
 	now = now.Add(createMemory + time.Millisecond)
-	c.note(key(maxCreatesRemembered), "uid-a", digests("t"), time.Time{}, true)
-	if len(c.m) != 1 || !c.covers(key(maxCreatesRemembered), "uid-a", digests("t")) {
+	c.note(key(maxCreatesRemembered), "uid-a", "argo", digests("t"), time.Time{}, true)
+	if len(c.m) != 1 || !c.covers(key(maxCreatesRemembered), "uid-a", "argo", digests("t")) {
 		t.Errorf("after the purge the memory holds %d entries, want the new one alone", len(c.m))
 	}
-	// Full of fresh entries: a new one is not remembered, the others stay.
+	// Full of fresh entries (a flood of creates): a new one is remembered, and the oldest
+	// entry forgotten, so that no flood keeps Argo's create from its patch a moment later.
 	for i := range maxCreatesRemembered - 1 {
-		c.note(key(i), "uid-a", digests("t"), time.Time{}, true)
+		now = now.Add(time.Microsecond)
+		c.note(key(i), "uid-a", "flood", digests("t"), time.Time{}, true)
 	}
-	c.note(key(-1), "uid-a", digests("t"), time.Time{}, true)
-	if len(c.m) != maxCreatesRemembered || c.covers(key(-1), "uid-a", digests("t")) {
-		t.Errorf("full of fresh entries, the memory holds %d and remembered the new one: %v", len(c.m), c.covers(key(-1), "uid-a", digests("t")))
+	now = now.Add(time.Microsecond)
+	c.note(key(-1), "uid-a", "argo", digests("t"), time.Time{}, true)
+	if len(c.m) != maxCreatesRemembered || !c.covers(key(-1), "uid-a", "argo", digests("t")) {
+		t.Errorf("full of fresh entries, the memory holds %d (want %d) and covers the new one: %v (want true)", len(c.m), maxCreatesRemembered, c.covers(key(-1), "uid-a", "argo", digests("t")))
+	}
+	if c.covers(key(maxCreatesRemembered), "uid-a", "argo", digests("t")) || !c.covers(key(0), "uid-a", "flood", digests("t")) {
+		t.Error("full of fresh entries, the memory forgot another entry than the oldest")
 	}
 }
 
@@ -76,26 +84,26 @@ func TestTaskSetCreatesRepeatsOnlyLiveAndBriefly(t *testing.T) {
 	key := types.NamespacedName{Namespace: "argo", Name: "wf"}
 	tasks := map[string][sha256.Size]byte{"t1": sha256.Sum256([]byte("template"))}
 
-	c.note(key, "uid-a", tasks, time.Time{}, false)
-	if c.repeats(key, "uid-a", tasks) || !c.covers(key, "uid-a", tasks) {
-		t.Errorf("a create admitted from the store: repeats %v (want false), covers %v (want true)", c.repeats(key, "uid-a", tasks), c.covers(key, "uid-a", tasks))
+	c.note(key, "uid-a", "argo", tasks, time.Time{}, false)
+	if c.repeats(key, "uid-a", "argo", tasks) || !c.covers(key, "uid-a", "argo", tasks) {
+		t.Errorf("a create admitted from the store: repeats %v (want false), covers %v (want true)", c.repeats(key, "uid-a", "argo", tasks), c.covers(key, "uid-a", "argo", tasks))
 	}
 	// Received 3 s before it was remembered (the decision took that long): counted from then.
-	c.note(key, "uid-a", tasks, now.Add(-3*time.Second), true)
-	if !c.repeats(key, "uid-a", tasks) || c.repeats(key, "uid-b", tasks) {
+	c.note(key, "uid-a", "argo", tasks, now.Add(-3*time.Second), true)
+	if !c.repeats(key, "uid-a", "argo", tasks) || c.repeats(key, "uid-b", "argo", tasks) {
 		t.Error("a create admitted after a live read: want repeats for its owner alone")
 	}
 	now = now.Add(defaultTaskSetRepeatsFor - 3*time.Second + time.Millisecond)
-	if c.repeats(key, "uid-a", tasks) || !c.covers(key, "uid-a", tasks) {
-		t.Errorf("past the repeat window from its receipt: repeats %v (want false), covers %v (want true)", c.repeats(key, "uid-a", tasks), c.covers(key, "uid-a", tasks))
+	if c.repeats(key, "uid-a", "argo", tasks) || !c.covers(key, "uid-a", "argo", tasks) {
+		t.Errorf("past the repeat window from its receipt: repeats %v (want false), covers %v (want true)", c.repeats(key, "uid-a", "argo", tasks), c.covers(key, "uid-a", "argo", tasks))
 	}
-	c.note(key, "uid-a", tasks, time.Time{}, true)
+	c.note(key, "uid-a", "argo", tasks, time.Time{}, true)
 	c.forget(key, "uid-b")
-	if !c.repeats(key, "uid-a", tasks) {
+	if !c.repeats(key, "uid-a", "argo", tasks) {
 		t.Error("a refusal for another workflow forgot this one's create")
 	}
 	c.forget(key, "uid-a")
-	if c.repeats(key, "uid-a", tasks) || c.covers(key, "uid-a", tasks) {
+	if c.repeats(key, "uid-a", "argo", tasks) || c.covers(key, "uid-a", "argo", tasks) {
 		t.Error("a refusal for the owner left its create remembered")
 	}
 }

@@ -360,6 +360,34 @@ func TestTaskSetWrites(t *testing.T) {
 		}
 	})
 
+	t.Run("a create another user sends vouches for nothing Argo sends: its patch of a deleted workflow's TaskSet stays refused", func(t *testing.T) {
+		h := startGuard(t, Options{}, harnessOptions{})
+		ns := newNamespace(t)
+		old, ts, step := runningTaskSet(t, ns, "planted")
+		complete(t, old, ts, step)
+		if err := env.Client.Delete(t.Context(), old); err != nil {
+			t.Fatal(err)
+		}
+		// The name is reused; the old TaskSet waits for the garbage collector.
+		wf := createWorkflow(t, ns, "planted", argo.PhaseRunning)
+		key, tmpl := fixture.OnExitTask(wf)
+		// Another tenant of the namespace, who may create TaskSets, sends a create that names
+		// the running workflow with the exit handler's task: the guard admits it (the
+		// workflow runs), then the API server finds the object exists.
+		mallory := userClient(t, ns, "mallory", "workflowtasksets")
+		err := mallory.Create(t.Context(), fixture.TaskSet(wf, map[string]any{key: tmpl}))
+		if !apierrors.IsAlreadyExists(err) {
+			t.Fatalf("the other user's create: %v, want AlreadyExists (admitted by the guard)", err)
+		}
+		// The stale copy of the deleted, succeeded workflow then patches its own TaskSet with
+		// its exit handler's task, the same template, as Argo's controller.
+		err = env.Client.Patch(t.Context(), ts, fixture.TaskSetPatch(false, map[string]any{key: tmpl}))
+		wantRefused(t, err, ReasonTaskSetOwnerGone)
+		if got := h.counter(t, "exit_guard_decisions_total", map[string]string{"verdict": "allowed", "reason": string(ReasonTasksOfNameHolder), "kind": argo.TaskSetKind}); got != 0 {
+			t.Errorf("tasks-of-name-holder admissions counted = %v, want 0", got)
+		}
+	})
+
 	t.Run("warn mode: admitted with a warning and an Event", func(t *testing.T) {
 		h := startGuard(t, Options{Mode: ModeWarn}, harnessOptions{})
 		ns := newNamespace(t)
