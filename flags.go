@@ -23,6 +23,7 @@ type flags struct {
 	version          bool // print the version and exit
 	metricsAddr      string
 	metricsSecure    bool
+	metricsAudiences string
 	probeAddr        string
 	pprofAddr        string
 	webhookPort      int
@@ -222,6 +223,8 @@ func newFlagSet() (*flags, *flag.FlagSet) {
 		"The address the Prometheus metrics endpoint binds to; 0 disables it.")
 	fs.BoolVar(&f.metricsSecure, "metrics-secure", false,
 		"Serve metrics over HTTPS, only to clients the API server authenticates (TokenReview) and authorizes (SubjectAccessReview: get on the /metrics URL).")
+	fs.StringVar(&f.metricsAudiences, "metrics-token-audiences", "",
+		"With --metrics-secure, the audiences a scraper's token must be issued for, comma-separated (a projected ServiceAccount token with one of them); empty: the API server's own, which any token the API server accepts has.")
 	fs.StringVar(&f.probeAddr, "health-probe-bind-address", ":8081", "The address the health probes bind to.")
 	fs.StringVar(&f.pprofAddr, "pprof-bind-address", "0",
 		"The address Go's profiling endpoints (/debug/pprof/) bind to; 0 disables them. Keep it on 127.0.0.1 and reach it with kubectl port-forward.")

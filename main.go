@@ -138,7 +138,7 @@ func run(ctx context.Context, f *flags, opts options, drainer *shutdown.Drainer,
 	metricsOpts := metricsserver.Options{BindAddress: f.metricsAddr, TLSOpts: tlsOpts}
 	if f.metricsSecure {
 		metricsOpts.SecureServing = true
-		metricsOpts.FilterProvider = metricsauth.FilterProvider
+		metricsOpts.FilterProvider = metricsauth.FilterProvider(splitList(f.metricsAudiences))
 		// The webhook's certificate, whose CA the chart knows, rather than a self-signed one
 		// of controller-runtime's: the ServiceMonitor verifies it.
 		serving := certs.FileCertificate(filepath.Join(certDir, f.webhookCertName), filepath.Join(certDir, f.webhookKeyName))

@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -38,48 +39,57 @@ const reviewTimeout = 10 * time.Second
 // delegating filter do: an admission for allowedFor, a refusal for deniedFor (a token that
 // becomes valid, or a permission granted, is seen within seconds). A token not in the cache
 // costs a TokenReview (and a SubjectAccessReview): at most reviewRate a second past a burst of
-// reviewBurst, so that fresh junk tokens cost the API server a bounded load; past it, 429.
+// reviewBurst, so that fresh junk tokens cost the API server a bounded load; past it, 429. A
+// token allowed within knownFor is reviewed again outside that budget when its cached review
+// expires: a flood of junk tokens cannot keep the scraper out (its alerts blind, the guard's
+// replicas looking down), and it costs the API server at most one review per allowed token
+// each allowedFor, since only a token the API server allowed gets there.
 const (
 	allowedFor   = 2 * time.Minute
 	deniedFor    = 10 * time.Second
+	knownFor     = 10 * time.Minute
 	reviewRate   = 5.0
 	reviewBurst  = 10.0
 	maxCachedFor = 1000
 )
 
-// FilterProvider is a metricsserver.Options.FilterProvider.
-func FilterProvider(c *rest.Config, httpClient *http.Client) (metricsserver.Filter, error) {
-	scheme := runtime.NewScheme()
-	if err := clientgoscheme.AddToScheme(scheme); err != nil {
-		return nil, err
+// FilterProvider returns a metricsserver.Options.FilterProvider whose filter accepts tokens
+// issued for one of audiences (none: the API server's own audiences).
+func FilterProvider(audiences []string) func(c *rest.Config, httpClient *http.Client) (metricsserver.Filter, error) {
+	return func(c *rest.Config, httpClient *http.Client) (metricsserver.Filter, error) {
+		scheme := runtime.NewScheme()
+		if err := clientgoscheme.AddToScheme(scheme); err != nil {
+			return nil, err
+		}
+		cl, err := client.New(c, client.Options{Scheme: scheme, HTTPClient: httpClient})
+		if err != nil {
+			return nil, fmt.Errorf("metricsauth: %w", err)
+		}
+		return Filter(cl, audiences), nil
 	}
-	cl, err := client.New(c, client.Options{Scheme: scheme, HTTPClient: httpClient})
-	if err != nil {
-		return nil, fmt.Errorf("metricsauth: %w", err)
-	}
-	return Filter(cl), nil
 }
 
-// Filter returns the filter, reviewing through c.
-func Filter(c client.Client) metricsserver.Filter {
-	return filter(c, time.Now)
+// Filter returns the filter, reviewing through c tokens issued for one of audiences (none:
+// the API server's own).
+func Filter(c client.Client, audiences []string) metricsserver.Filter {
+	return filter(c, audiences, time.Now)
 }
 
-func filter(c client.Client, now func() time.Time) metricsserver.Filter {
-	cache := &reviews{now: now, m: map[[sha256.Size]byte]verdict{}, tokens: reviewBurst, last: now()}
+func filter(c client.Client, audiences []string, now func() time.Time) metricsserver.Filter {
+	cache := &reviews{now: now, m: map[[sha256.Size]byte]verdict{}, known: map[[sha256.Size]byte]time.Time{}, tokens: reviewBurst, last: now()}
 	return func(log logr.Logger, next http.Handler) (http.Handler, error) {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			key := cacheKey(r)
 			v, cached := cache.get(key)
 			status, err := v.status, v.err
 			if !cached {
-				if !cache.take() {
+				if !cache.knows(key) && !cache.take() {
 					log.V(1).Info("metrics request refused: too many tokens to review")
 					http.Error(w, http.StatusText(http.StatusTooManyRequests), http.StatusTooManyRequests)
 					return
 				}
 				ctx, cancel := context.WithTimeout(r.Context(), reviewTimeout)
-				status, err = review(ctx, c, r)
+				status, err = review(ctx, c, audiences, r)
 				cancel()
 				cache.put(key, status, err)
 			}
@@ -95,18 +105,24 @@ func filter(c client.Client, now func() time.Time) metricsserver.Filter {
 	}
 }
 
-// review authenticates and authorizes r; on refusal it returns the HTTP status and the reason.
-func review(ctx context.Context, c client.Client, r *http.Request) (int, error) {
+// review authenticates r's token, issued for one of audiences (none: the API server's own), and
+// authorizes its user; on refusal it returns the HTTP status and the reason.
+func review(ctx context.Context, c client.Client, audiences []string, r *http.Request) (int, error) {
 	token, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
 	if !ok || strings.TrimSpace(token) == "" {
 		return http.StatusUnauthorized, errors.New("unauthorized: a bearer token is required")
 	}
-	tr := &authenticationv1.TokenReview{Spec: authenticationv1.TokenReviewSpec{Token: strings.TrimSpace(token)}}
+	tr := &authenticationv1.TokenReview{Spec: authenticationv1.TokenReviewSpec{Token: strings.TrimSpace(token), Audiences: audiences}}
 	if err := c.Create(ctx, tr); err != nil {
 		return http.StatusInternalServerError, fmt.Errorf("reviewing the token: %w", err)
 	}
 	if !tr.Status.Authenticated {
 		return http.StatusUnauthorized, errors.New("unauthorized: the API server does not know this token")
+	}
+	// The API server answers with the requested audiences the token is valid for; a server
+	// that ignores audiences answers none, which must not pass as a match.
+	if len(audiences) > 0 && !slices.ContainsFunc(tr.Status.Audiences, func(a string) bool { return slices.Contains(audiences, a) }) {
+		return http.StatusUnauthorized, fmt.Errorf("unauthorized: the token is not issued for %s", strings.Join(audiences, ", "))
 	}
 	u := tr.Status.User
 	extra := make(map[string]authorizationv1.ExtraValue, len(u.Extra))
@@ -133,12 +149,14 @@ type verdict struct {
 	until  time.Time
 }
 
-// reviews caches the reviews and holds the budget of new ones (a token bucket).
+// reviews caches the reviews, remembers the keys allowed lately (known: when each was last
+// allowed), and holds the budget of new reviews (a token bucket).
 type reviews struct {
 	now func() time.Time
 
 	mu     sync.Mutex
 	m      map[[sha256.Size]byte]verdict
+	known  map[[sha256.Size]byte]time.Time
 	tokens float64
 	last   time.Time
 }
@@ -171,6 +189,9 @@ func (c *reviews) put(key [sha256.Size]byte, status int, err error) {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if err == nil {
+		c.remember(key, now)
+	}
 	if _, ok := c.m[key]; !ok && len(c.m) >= maxCachedFor {
 		for k, v := range c.m {
 			if !now.Before(v.until) {
@@ -182,6 +203,31 @@ func (c *reviews) put(key [sha256.Size]byte, status int, err error) {
 		}
 	}
 	c.m[key] = verdict{status: status, err: err, until: until}
+}
+
+// remember records that key was allowed at now, within maxCachedFor keys: full, it forgets the
+// keys not allowed within knownFor, and, if still full, remembers nothing new (the budget
+// then reviews it, as before it was known). Called with c.mu held.
+func (c *reviews) remember(key [sha256.Size]byte, now time.Time) {
+	if _, ok := c.known[key]; !ok && len(c.known) >= maxCachedFor {
+		for k, at := range c.known {
+			if now.Sub(at) > knownFor {
+				delete(c.known, k)
+			}
+		}
+		if len(c.known) >= maxCachedFor {
+			return
+		}
+	}
+	c.known[key] = now
+}
+
+// knows says whether key was allowed within knownFor: its review is not taken from the budget.
+func (c *reviews) knows(key [sha256.Size]byte) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	at, ok := c.known[key]
+	return ok && c.now().Sub(at) <= knownFor
 }
 
 // take spends one review of the budget, if there is one.

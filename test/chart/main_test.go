@@ -114,7 +114,7 @@ var profiles = []profile{
 		"metrics.serviceMonitor.enabled=true", "metrics.serviceMonitor.labels.release=prometheus",
 		"dashboard.enabled=true", "dashboard.annotations.grafana_folder=Argo",
 		"prometheusRule.enabled=true", "prometheusRule.labels.release=prometheus", "prometheusRule.alertLabels.team=platform",
-		"metrics.secure=true", "metrics.serviceMonitor.scrapeTimeout=10s", "metrics.serviceMonitor.honorLabels=true",
+		"metrics.secure=true", "metrics.tokenAudiences={exit-guard}", "metrics.serviceMonitor.scrapeTimeout=10s", "metrics.serviceMonitor.honorLabels=true",
 		"metrics.serviceMonitor.annotations.note=guard",
 		"metrics.serviceMonitor.relabelings[0].targetLabel=cluster", "metrics.serviceMonitor.relabelings[0].replacement=prod",
 		"metrics.serviceMonitor.metricRelabelings[0].sourceLabels={__name__}",

@@ -142,6 +142,9 @@ wins, so it would override the value past the chart's checks (timings, certifica
 - --health-probe-bind-address=:{{ .Values.probePort }}
 {{- if .Values.metrics.secure }}
 - --metrics-secure
+{{- with .Values.metrics.tokenAudiences }}
+- --metrics-token-audiences={{ join "," . }}
+{{- end }}
 {{- end }}
 {{- if .Values.pprof.enabled }}
 - --pprof-bind-address={{ .Values.pprof.bindAddress }}
