@@ -265,9 +265,10 @@ func (g *guard) repeatsAdmittedCreate(f facts, d decision) bool {
 }
 
 // nameHolderWrote says whether the workflow that now holds the name (d.nameHolder) sent a
-// TaskSet update: it created that TaskSet with every task the update adds moments before
-// (taskSetCreates: Argo's create, then the patch on AlreadyExists, in one pass), or each of
-// them is a pending node of its (nameHolderRunsTasks).
+// TaskSet update: it created that TaskSet with every task the update hands the agent
+// (taskSetObject.handed: the tasks it adds, or every task of a TaskSet it only reopens)
+// moments before (taskSetCreates: Argo's create, then the patch on AlreadyExists, in one
+// pass), or each of them is a pending node of its (nameHolderRunsTasks).
 func (g *guard) nameHolderWrote(ctx context.Context, f facts, d decision) bool {
 	ts, ok := f.object.(*taskSetObject)
 	if !ok {
@@ -276,14 +277,14 @@ func (g *guard) nameHolderWrote(ctx context.Context, f facts, d decision) bool {
 	if d.nameHolderDone {
 		return false
 	}
-	if g.creates.covers(ts.key(), d.nameHolder, f.requester, ts.templates) {
+	if _, templates := ts.handed(); g.creates.covers(ts.key(), d.nameHolder, f.requester, templates) {
 		return true
 	}
 	return g.nameHolderRunsTasks(ctx, f, d)
 }
 
-// nameHolderRunsTasks says whether every task a TaskSet update adds is a pending HTTP or
-// plugin node of the workflow that now holds the name (d.nameHolder), which is not complete:
+// nameHolderRunsTasks says whether every task a TaskSet update hands the agent is a pending
+// HTTP or plugin node of the workflow that now holds the name (d.nameHolder), which is not complete:
 // read whole, live, within one attempt's time. Argo adds a node's task in the pass that
 // creates the node and writes the node to the status after, so this admits a later pass's
 // write (the first pass's is known by its create, when this replica judged it). A stale copy of the deleted
@@ -291,7 +292,11 @@ func (g *guard) nameHolderWrote(ctx context.Context, f facts, d decision) bool {
 // (the same name), which the new workflow's agent runs in any case.
 func (g *guard) nameHolderRunsTasks(ctx context.Context, f facts, d decision) bool {
 	ts, ok := f.object.(*taskSetObject)
-	if !ok || len(ts.tasks) == 0 {
+	if !ok {
+		return false
+	}
+	tasks, _ := ts.handed()
+	if len(tasks) == 0 {
 		return false
 	}
 	// Within what is left of the live-read budget, and one attempt's time at most.
@@ -311,7 +316,7 @@ func (g *guard) nameHolderRunsTasks(ctx context.Context, f facts, d decision) bo
 	if err != nil || uid != d.nameHolder || phase.Terminal() {
 		return false
 	}
-	for _, id := range ts.tasks {
+	for _, id := range tasks {
 		n, ok := nodes[id]
 		if !ok || n.Type != argo.NodeTypeHTTP && n.Type != argo.NodeTypePlugin || !n.Pending() || n.InExitHandlerOrHook() {
 			return false

@@ -219,10 +219,12 @@ type decisionCase struct {
 	// createdFromStore: that create was admitted from the store (rows 13, 17), not after a
 	// live read.
 	createdFromStore bool
+	// createdWithout: that create lacked these tasks of the case's write.
+	createdWithout []string
 	// createdByOtherUser: that create was sent by another user than the case's write (another
 	// tenant of the namespace; Argo's controller sends both).
 	createdByOtherUser bool
-	store            storeState
+	store              storeState
 	// staleWatch: the guard's watch has not advanced for longer than WatchStaleAfter (and
 	// than StoreFreshFor).
 	staleWatch bool
@@ -257,6 +259,11 @@ func decisionCases() []decisionCase {
 	stepWrite := write([]string{}, "true", []string{argo.NodeID(wf.GetName(), wf.GetName()+"[0].call")}, "false")
 	cleanup := write([]string{onExit}, "false", nil, "true")
 	reopenOnly := write([]string{}, "true", nil, "false")
+	// Argo's patch after AlreadyExists carries every pending task; the object may hold them
+	// already (a deleted workflow's leftover keys), so that it only reopens.
+	stepCall := argo.NodeID(wf.GetName(), wf.GetName()+"[0].call")
+	reopenHeld := write([]string{stepCall}, "true", []string{stepCall}, "false")
+	reopenHeldExit := write([]string{stepCall, onExit}, "true", []string{stepCall, onExit}, "false")
 	created := write(nil, "", []string{onExit}, "false")
 	notOwnedWrite := func(t *testing.T) facts { f := stale(t); f.owner = nil; return f }
 	dryRun := func(of func(*testing.T) facts) func(*testing.T) facts {
@@ -374,6 +381,8 @@ func decisionCases() []decisionCase {
 		{row: "T5", name: "owner's name held by another, and by a third at the whole read", facts: stale, live: liveOtherUID, nodes: nodesAnotherHolder, deny: true, reason: ReasonTaskSetOwnerGone, source: sourceLive},
 		{row: "T5", name: "owner's name held by another, whole read fails", facts: stale, live: liveOtherUID, nodes: nodesFail, deny: true, reason: ReasonTaskSetOwnerGone, source: sourceLive},
 		{row: "T5", name: "update that only sets completed back, owner's name held by another", facts: reopenOnly, live: liveOtherUID, deny: true, reason: ReasonTaskSetOwnerGone, source: sourceLive},
+		{row: "T5", name: "update that only sets completed back on tasks the object holds, owner's name held by another, its status lacks their nodes", facts: reopenHeld, live: liveOtherUID, nodes: nodesNotWritten, deny: true, reason: ReasonTaskSetOwnerGone, source: sourceLive},
+		{row: "T5", name: "update that only sets completed back on tasks the object holds, one a leftover the name's holder did not create (the deleted workflow's exit handler)", facts: reopenHeldExit, live: liveOtherUID, createdBy: "uid-of-another", createdAgo: time.Second, createdWithout: []string{onExit}, nodes: nodesNotWritten, deny: true, reason: ReasonTaskSetOwnerGone, source: sourceLive},
 		{row: "T5", name: "update of a TaskSet whose owner the store saw deleted, read fails", facts: stale, live: liveFails, store: storeTombstone, deny: true, reason: ReasonTaskSetOwnerGone, source: sourceStore},
 		{row: "T5", name: "owner's name held by another; a create with these tasks remembered, by a third", facts: stale, live: liveOtherUID, createdBy: "uid-of-a-third", nodes: nodesNotWritten, deny: true, reason: ReasonTaskSetOwnerGone, source: sourceLive},
 		{row: "T5", name: "owner's name held by another; a create with these tasks remembered for it, sent by another user (another tenant of the namespace)", facts: stale, live: liveOtherUID, createdBy: "uid-of-another", createdAgo: time.Second, createdByOtherUser: true, nodes: nodesNotWritten, deny: true, reason: ReasonTaskSetOwnerGone, source: sourceLive},
@@ -384,6 +393,8 @@ func decisionCases() []decisionCase {
 		{row: "T5", name: "owner's name held by another, whose pending node of the task is in its exit handler (known only from a create)", facts: stale, live: liveOtherUID, nodes: nodesPendingExitHandler, deny: true, reason: ReasonTaskSetOwnerGone, source: sourceLive},
 		{row: "T6", name: "owner's name held by another, which created the TaskSet with these tasks just before (AlreadyExists, then this patch)", facts: stale, live: liveOtherUID, createdBy: "uid-of-another", createdAgo: time.Second, reason: ReasonTasksOfNameHolder, source: sourceLive},
 		{row: "T6", name: "owner's name held by another that runs, each task its pending HTTP node", facts: stepWrite, live: liveOtherUID, nodes: nodesPending, reason: ReasonTasksOfNameHolder, source: sourceLive},
+		{row: "T6", name: "update that only sets completed back on tasks the object holds, owner's name held by another, which created the TaskSet with them just before", facts: reopenHeld, live: liveOtherUID, createdBy: "uid-of-another", createdAgo: time.Second, reason: ReasonTasksOfNameHolder, source: sourceLive},
+		{row: "T6", name: "update that only sets completed back on tasks the object holds, owner's name held by another that runs, each its pending HTTP node", facts: reopenHeld, live: liveOtherUID, nodes: nodesPending, reason: ReasonTasksOfNameHolder, source: sourceLive},
 		{row: "E1", name: "an Event about a pod", facts: podEvent, reason: ReasonNotOwnedByWorkflow},
 		{row: "E2", name: "an Event in a namespace not guarded", facts: elsewhereEvent, opts: watchOnly, reason: ReasonNamespaceNotWatched},
 		{row: "E3", name: "WorkflowRunning", facts: event("WorkflowRunning"), reason: ReasonNotAFailureClaim},
@@ -471,17 +482,22 @@ func TestDecisionTable(t *testing.T) {
 			f := c.facts(t)
 			var tasks []string
 			if ts, ok := f.object.(*taskSetObject); ok {
-				tasks = ts.tasks
+				tasks, _ = ts.handed()
 			}
 			g.readNodes = cannedNodes(c.nodes, tasks, &nodeCalls)
 			if c.createdBy != "" {
 				now := time.Now()
 				g.creates.now = func() time.Time { return now.Add(-c.createdAgo) }
 				ts := f.object.(*taskSetObject)
-				created := maps.Clone(ts.templates)
+				_, handed := ts.handed()
+				created := maps.Clone(handed)
 				switch {
 				case c.createdOtherTask:
 					created = map[string][sha256.Size]byte{"another-task": {}}
+				case c.createdWithout != nil:
+					for _, k := range c.createdWithout {
+						delete(created, k)
+					}
 				case c.createdOtherTemplate:
 					for k := range created {
 						created[k] = sha256.Sum256([]byte("another template"))

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"net/http"
 	"slices"
 	"strings"
@@ -108,6 +109,17 @@ func readTaskSet(req *reviewRequest[taskSet]) (facts, *admission.Response) {
 	slices.Sort(ts.tasks)
 	ts.reopened = req.Operation == admissionv1.Update &&
 		old.Metadata.Labels[argo.LabelCompleted] == "true" && obj.Metadata.Labels[argo.LabelCompleted] != "true"
+	if ts.reopened && len(ts.tasks) == 0 {
+		// A reopen that adds no key (Argo's patch on every pass carries every pending task,
+		// and the object may hold them already, a deleted workflow's leftovers included):
+		// what it hands the agent is every task of the object after it.
+		for k, tmpl := range obj.Spec.Tasks {
+			if ts.reopenedTasks == nil {
+				ts.reopenedTasks = map[string][sha256.Size]byte{}
+			}
+			ts.reopenedTasks[k] = templateDigest(tmpl)
+		}
+	}
 	f.startsWork = len(ts.tasks) > 0 || ts.reopened
 	f.update = req.Operation == admissionv1.Update
 	return f, nil
@@ -160,6 +172,19 @@ type taskSetObject struct {
 	// (row T6 matches a patch to the create before it by these).
 	templates map[string][sha256.Size]byte
 	reopened  bool
+	// reopenedTasks: for a write that reopens and adds no key, the digest of every task of
+	// the object after it, by key: what the agent may run once it is reopened.
+	reopenedTasks map[string][sha256.Size]byte
+}
+
+// handed is what the write hands the agent, for row T6 to vouch for: the tasks it adds, or,
+// when it only reopens, every task of the object after it; keys sorted.
+func (ts *taskSetObject) handed() ([]string, map[string][sha256.Size]byte) {
+	if len(ts.tasks) > 0 || len(ts.reopenedTasks) == 0 {
+		return ts.tasks, ts.templates
+	}
+	keys := slices.Sorted(maps.Keys(ts.reopenedTasks))
+	return keys, ts.reopenedTasks
 }
 
 var _ object = (*taskSetObject)(nil)

@@ -360,6 +360,41 @@ func TestTaskSetWrites(t *testing.T) {
 		}
 	})
 
+	t.Run("name reused over a TaskSet that still holds the new workflow's task: its patch, which only sets completed back, admitted after its create", func(t *testing.T) {
+		h := startGuard(t, Options{}, harnessOptions{})
+		ns := newNamespace(t)
+		old := createWorkflow(t, ns, "leftover", argo.PhaseRunning)
+		key := argo.NodeID(old.GetName(), old.GetName()+"[0].call")
+		tmpl := fixture.HTTPTask("call")
+		ts := fixture.TaskSet(old, map[string]any{key: tmpl})
+		if err := env.Client.Create(t.Context(), ts); err != nil {
+			t.Fatal(err)
+		}
+		// The workflow completes and its cleanup leaves the unfulfilled task behind (Argo's
+		// removeCompletedTaskSetStatus removes fulfilled tasks only); then it is deleted and
+		// the garbage collector has not run.
+		setPhase(t, old, argo.PhaseSucceeded)
+		labelOnly := client.RawPatch(types.MergePatchType, fixture.JSON(map[string]any{"metadata": map[string]any{"labels": map[string]any{argo.LabelCompleted: "true"}}}))
+		if err := env.Client.Patch(t.Context(), ts, labelOnly); err != nil {
+			t.Fatal(err)
+		}
+		if err := env.Client.Delete(t.Context(), old); err != nil {
+			t.Fatal(err)
+		}
+		wf := createWorkflow(t, ns, "leftover", argo.PhaseRunning)
+		// Argo's create (AlreadyExists), then its patch of every pending task, which the
+		// object holds already: the patch adds no key and only sets completed back.
+		if err := env.Client.Create(t.Context(), fixture.TaskSet(wf, map[string]any{key: tmpl})); !apierrors.IsAlreadyExists(err) {
+			t.Fatalf("the new workflow's create: %v, want AlreadyExists (admitted by the guard)", err)
+		}
+		if err := env.Client.Patch(t.Context(), ts, fixture.TaskSetPatch(false, map[string]any{key: tmpl})); err != nil {
+			t.Fatalf("the new workflow's patch after its create: %v, want admitted (row T6)", err)
+		}
+		if got := h.counter(t, "exit_guard_decisions_total", map[string]string{"verdict": "allowed", "reason": string(ReasonTasksOfNameHolder), "kind": argo.TaskSetKind}); got != 1 {
+			t.Errorf("tasks-of-name-holder admissions counted = %v, want 1", got)
+		}
+	})
+
 	t.Run("a create another user sends vouches for nothing Argo sends: its patch of a deleted workflow's TaskSet stays refused", func(t *testing.T) {
 		h := startGuard(t, Options{}, harnessOptions{})
 		ns := newNamespace(t)
