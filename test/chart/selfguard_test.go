@@ -283,3 +283,70 @@ func wantMessage(secret bool, name string) string {
 	}
 	return "changes only the caBundle of its webhooks"
 }
+
+// TestClientCAIsHeldByThePolicy: with webhook.clientAuth the guard answers only clients whose
+// certificate the CA in a ConfigMap of its namespace signed; whoever could change that CA could
+// forge reviews. The chart's ValidatingAdmissionPolicy refuses every change and deletion of that
+// ConfigMap but by the users of webhook.clientAuth.caWriters: tried through the real API server
+// as an editor of the namespace (RBAC lets it update and delete ConfigMaps), as a writer the
+// values name, and as the cluster's administrator.
+func TestClientCAIsHeldByThePolicy(t *testing.T) {
+	ns := newNamespace(t, nil)
+	writer := "system:serviceaccount:" + ns + ":ca-rotator"
+	objs := render(t, profile{name: "client-ca", set: []string{"webhook.clientAuth.caConfigMap=client-ca", "webhook.clientAuth.caWriters={" + writer + "}"}}, "exit-guard", ns)
+	var policy string
+	for _, o := range objs {
+		if o.GetKind() == "ValidatingAdmissionPolicy" && strings.HasSuffix(o.GetName(), "-client-ca") {
+			policy = o.GetName()
+		}
+	}
+	if policy == "" {
+		t.Fatal("the chart renders no ValidatingAdmissionPolicy <fullname>-client-ca with webhook.clientAuth.caConfigMap set")
+	}
+	install(t, objs)
+	ca := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "client-ca"}, Data: map[string]string{"ca.crt": "the API server's client CA"}}
+	if err := env.Client.Create(t.Context(), ca); err != nil {
+		t.Fatalf("creating the client CA ConfigMap (a create is not held: the first one): %v", err)
+	}
+	for _, sa := range []string{"editor", "ca-rotator"} {
+		for _, o := range []client.Object{
+			&corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: sa}},
+			&rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: sa},
+				Rules: []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"configmaps"}, Verbs: []string{"get", "update", "patch", "delete"}}}},
+			&rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: sa},
+				RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: sa},
+				Subjects: []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Name: sa, Namespace: ns}}},
+		} {
+			if err := env.Client.Create(t.Context(), o); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	swap := func(c client.Client, value string) error {
+		cur := &corev1.ConfigMap{}
+		if err := c.Get(t.Context(), client.ObjectKeyFromObject(ca), cur); err != nil {
+			t.Fatal(err)
+		}
+		cur.Data["ca.crt"] = value
+		return c.Update(t.Context(), cur)
+	}
+	refusedByPolicy := func(err error) bool {
+		return apierrors.IsForbidden(err) && strings.Contains(err.Error(), policy)
+	}
+	editor := clientAs(t, ns, "editor")
+	// A policy takes effect shortly after it is created: wait until it refuses.
+	if err := wait.PollUntilContextTimeout(t.Context(), 200*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
+		return refusedByPolicy(swap(editor, "a CA the editor holds the key of")), nil
+	}); err != nil {
+		t.Fatalf("the policy %s never refused an editor of the namespace swapping the client CA", policy)
+	}
+	if err := editor.Delete(t.Context(), ca); !refusedByPolicy(err) {
+		t.Errorf("an editor of the namespace deleting the client CA: %v, want refused by %s", err, policy)
+	}
+	if err := swap(env.Client, "the administrator's CA"); !refusedByPolicy(err) {
+		t.Errorf("the cluster's administrator swapping the client CA: %v, want refused by %s (caWriters names who may)", err, policy)
+	}
+	if err := swap(clientAs(t, ns, "ca-rotator"), "the rotated CA"); err != nil {
+		t.Errorf("the writer webhook.clientAuth.caWriters names, rotating the client CA: %v, want admitted", err)
+	}
+}
