@@ -181,7 +181,11 @@ func run(ctx context.Context, f *flags, opts options, drainer *shutdown.Drainer,
 		return err
 	}
 	if f.lockCheck > 0 {
-		locks, err := lockwatch.New(mgr.GetAPIReader(), lockwatch.Options{Interval: f.lockCheck, StuckAfter: f.lockStuckAfter,
+		reader, err := lockwatch.NewReader(mgr.GetConfig(), mgr.GetHTTPClient())
+		if err != nil {
+			return err
+		}
+		locks, err := lockwatch.New(reader, lockwatch.Options{Interval: f.lockCheck, StuckAfter: f.lockStuckAfter,
 			Namespaces: guardOpts.Namespaces, Registerer: metrics.Registry, Log: ctrl.Log.WithName("lockwatch")})
 		if err != nil {
 			return err

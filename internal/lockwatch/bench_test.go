@@ -187,10 +187,10 @@ func testutilStuck(b *testing.B, w *Watcher) float64 {
 	return sum
 }
 
-// benchReader is the reader the Watcher is given in the guard: a live client of the API server.
+// benchReader is the reader the Watcher is given in the guard (NewReader).
 func benchReader(b *testing.B, cfg *rest.Config) client.Reader {
 	b.Helper()
-	c, err := client.New(cfg, client.Options{Scheme: env.Client.Scheme()})
+	c, err := NewReader(cfg, nil)
 	if err != nil {
 		b.Fatal(err)
 	}

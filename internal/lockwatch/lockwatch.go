@@ -31,7 +31,6 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -69,6 +68,8 @@ type Watcher struct {
 	opts   Options
 	stuck  *prometheus.GaugeVec
 	now    func() time.Time
+	// page is how many workflows one request lists (listPage).
+	page int64
 
 	// suspect: since when each waiter has been seen stuck (by UID, lock and cause).
 	suspect map[waitKey]time.Time
@@ -85,8 +86,8 @@ type waitKey struct {
 	lock, cause string
 }
 
-// New returns a Watcher that reads workflows through reader (live reads: a cache of
-// metadata cannot see the waiters' status).
+// New returns a Watcher that reads workflows through reader, a live client from NewReader (a
+// cache of metadata cannot see the waiters' status).
 func New(reader client.Reader, opts Options) (*Watcher, error) {
 	if opts.Interval <= 0 {
 		opts.Interval = time.Minute
@@ -97,7 +98,7 @@ func New(reader client.Reader, opts Options) (*Watcher, error) {
 	if opts.Registerer == nil {
 		return nil, fmt.Errorf("lockwatch: a Registerer is required")
 	}
-	w := &Watcher{reader: reader, opts: opts, now: time.Now,
+	w := &Watcher{reader: reader, opts: opts, now: time.Now, page: listPage,
 		stuck: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "exit_guard_sync_stuck_workflows",
 			Help: "Workflows waiting on an Argo synchronization lock that Argo's controller keeps for a completed workflow (cause free-not-granted: the lock has a free slot but a completed workflow's entry heads its queue; held-by-completed: a completed workflow holds it), by the waiters' namespace, the lock and the cause. Restart the workflow controller to free it.",
@@ -155,19 +156,16 @@ func (w *Watcher) Scan(ctx context.Context) error {
 		namespaces = []string{metav1.NamespaceAll}
 	}
 	for _, ns := range namespaces {
-		list, err := w.list(ctx, ns, argo.PhasePending)
-		if err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		for i := range list.Items {
-			u := &list.Items[i]
-			for _, lock := range declaredLocks(u) {
-				declared[lock] = append(declared[lock], u.GetUID())
+		err := w.list(ctx, ns, argo.PhasePending, func(v *workflowView) {
+			for _, lock := range declaredLocks(v) {
+				declared[lock] = append(declared[lock], v.UID)
 			}
-			if wt, ok := waiterOf(u); ok {
+			if wt, ok := waiterOf(v); ok {
 				ws = append(ws, wt)
 			}
+		})
+		if err != nil {
+			errs = append(errs, err)
 		}
 	}
 	now := w.now()
@@ -282,87 +280,90 @@ func (w *Watcher) Scan(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-// list reads the workflows of namespace in phase, from the API server's watch cache
-// (resourceVersion 0: no read of etcd; a moment old at most, which a detector of waits of
-// minutes can afford).
-func (w *Watcher) list(ctx context.Context, namespace string, phase argo.Phase) (*unstructured.UnstructuredList, error) {
-	list := &unstructured.UnstructuredList{}
-	list.SetGroupVersionKind(argo.WorkflowGVK.GroupVersion().WithKind(argo.Kind + "List"))
-	err := w.reader.List(ctx, list, client.InNamespace(namespace), client.MatchingLabels{argo.LabelPhase: string(phase)},
-		&client.ListOptions{Raw: &metav1.ListOptions{ResourceVersion: "0"}})
-	if err != nil {
-		return nil, fmt.Errorf("listing the %s workflows of namespace %q: %w", phase, namespace, err)
+// listPage is how many workflows one request of a scan lists: what the scan holds at once is a
+// page, whatever the namespace holds (a page of 1 MB workflows is 100 MB on the wire, decoded
+// into views of a few hundred bytes each).
+const listPage = 100
+
+// list calls each with every workflow of namespace in phase, read page by page (w.page) as
+// views (workflowView: no node tree). A page is read from the API server consistently, from its
+// watch cache where it serves pages (Kubernetes 1.34 and later), else from etcd: once a scan
+// interval, and the Running workflows only for a suspect waiter.
+func (w *Watcher) list(ctx context.Context, namespace string, phase argo.Phase, each func(*workflowView)) error {
+	cont := ""
+	for {
+		page := &workflowViewList{}
+		err := w.reader.List(ctx, page, client.InNamespace(namespace), client.MatchingLabels{argo.LabelPhase: string(phase)},
+			client.Limit(w.page), client.Continue(cont))
+		if err != nil {
+			return fmt.Errorf("listing the %s workflows of namespace %q: %w", phase, namespace, err)
+		}
+		for i := range page.Items {
+			each(&page.Items[i])
+		}
+		if cont = page.Continue; cont == "" {
+			return nil
+		}
 	}
-	return list, nil
 }
 
 // runningHolds counts, by lock, the holds the Running workflows of namespace declare in their
 // status (status.synchronization.mutex.holding[].mutex, .semaphore.holding[].holders: one per
 // holder). Read only once a waiter has been suspected for StuckAfter, so rarely.
 func (w *Watcher) runningHolds(ctx context.Context, namespace string) (map[string]int, error) {
-	list, err := w.list(ctx, namespace, argo.PhaseRunning)
-	if err != nil {
-		return nil, err
-	}
 	holds := map[string]int{}
-	for _, u := range list.Items {
-		for _, kind := range []string{"mutex", "semaphore"} {
-			entries, _, _ := unstructured.NestedSlice(u.Object, "status", "synchronization", kind, "holding")
-			for _, e := range entries {
-				entry, _ := e.(map[string]any)
-				lock, _ := entry[kind].(string)
-				if lock == "" {
-					continue
-				}
-				if hs, ok := entry["holders"].([]any); ok {
-					holds[lock] += len(hs)
-				} else {
-					holds[lock]++
-				}
+	err := w.list(ctx, namespace, argo.PhaseRunning, func(v *workflowView) {
+		for _, e := range v.Status.Synchronization.Mutex.Holding {
+			if e.Mutex != "" {
+				holds[e.Mutex]++
 			}
 		}
+		for _, e := range v.Status.Synchronization.Semaphore.Holding {
+			if e.Semaphore == "" {
+				continue
+			}
+			if e.Holders != nil {
+				holds[e.Semaphore] += len(e.Holders)
+			} else {
+				holds[e.Semaphore]++
+			}
+		}
+	})
+	if err != nil {
+		return nil, err
 	}
 	return holds, nil
 }
 
-// declaredLocks are the keys of the workflow-level locks u's spec names (mutex, mutexes,
+// declaredLocks are the keys of the workflow-level locks v's spec names (mutex, mutexes,
 // semaphore, semaphores), as Argo's controller keys them: <namespace>/Mutex/<name> and
 // <namespace>/ConfigMap/<name>/<key>.
-func declaredLocks(u *unstructured.Unstructured) []string {
-	sync, _, _ := unstructured.NestedMap(u.Object, "spec", "synchronization")
+func declaredLocks(v *workflowView) []string {
 	var locks []string
-	one := func(m map[string]any, semaphore bool) {
-		ns, _ := m["namespace"].(string)
+	one := func(r *lockRef, semaphore bool) {
+		ns := r.Namespace
 		if ns == "" {
-			ns = u.GetNamespace()
+			ns = v.Namespace
 		}
-		if !semaphore {
-			if name, _ := m["name"].(string); name != "" {
-				locks = append(locks, ns+"/Mutex/"+name)
-			}
-			return
-		}
-		ref, _ := m["configMapKeyRef"].(map[string]any)
-		name, _ := ref["name"].(string)
-		key, _ := ref["key"].(string)
-		if name != "" && key != "" {
-			locks = append(locks, ns+"/ConfigMap/"+name+"/"+key)
+		switch {
+		case !semaphore && r.Name != "":
+			locks = append(locks, ns+"/Mutex/"+r.Name)
+		case semaphore && r.ConfigMapKeyRef != nil && r.ConfigMapKeyRef.Name != "" && r.ConfigMapKeyRef.Key != "":
+			locks = append(locks, ns+"/ConfigMap/"+r.ConfigMapKeyRef.Name+"/"+r.ConfigMapKeyRef.Key)
 		}
 	}
-	for _, kind := range []struct {
-		single, many string
-		semaphore    bool
-	}{{"mutex", "mutexes", false}, {"semaphore", "semaphores", true}} {
-		if m, ok := sync[kind.single].(map[string]any); ok {
-			one(m, kind.semaphore)
-		}
-		if ms, ok := sync[kind.many].([]any); ok {
-			for _, e := range ms {
-				if m, ok := e.(map[string]any); ok {
-					one(m, kind.semaphore)
-				}
-			}
-		}
+	sync := &v.Spec.Synchronization
+	if sync.Mutex != nil {
+		one(sync.Mutex, false)
+	}
+	for i := range sync.Mutexes {
+		one(&sync.Mutexes[i], false)
+	}
+	if sync.Semaphore != nil {
+		one(sync.Semaphore, true)
+	}
+	for i := range sync.Semaphores {
+		one(&sync.Semaphores[i], true)
 	}
 	return locks
 }
@@ -390,36 +391,23 @@ func (w *Watcher) holderCompleted(ctx context.Context, holder string, memo map[s
 }
 
 // waiterOf reads a Pending workflow's wait, if it waits on a workflow-level lock.
-func waiterOf(u *unstructured.Unstructured) (waiter, bool) {
-	msg, _, _ := unstructured.NestedString(u.Object, "status", "message")
-	m := waitMessage.FindStringSubmatch(msg)
+func waiterOf(v *workflowView) (waiter, bool) {
+	m := waitMessage.FindStringSubmatch(v.Status.Message)
 	if m == nil {
 		return waiter{}, false
 	}
 	free, _ := strconv.Atoi(m[2])
 	limit, _ := strconv.Atoi(m[3])
-	wt := waiter{uid: u.GetUID(), namespace: u.GetNamespace(), name: u.GetName(), lock: m[1], free: free, limit: limit}
+	wt := waiter{uid: v.UID, namespace: v.Namespace, name: v.Name, lock: m[1], free: free, limit: limit}
 	// status.synchronization.mutex.waiting[].holder; .semaphore.waiting[].holders[].
-	for _, kind := range []string{"mutex", "semaphore"} {
-		entries, _, _ := unstructured.NestedSlice(u.Object, "status", "synchronization", kind, "waiting")
-		for _, e := range entries {
-			entry, _ := e.(map[string]any)
-			if entry == nil {
-				continue
-			}
-			if lock, _ := entry[kind].(string); lock != wt.lock {
-				continue
-			}
-			if h, ok := entry["holder"].(string); ok {
-				wt.holders = append(wt.holders, h)
-			}
-			if hs, ok := entry["holders"].([]any); ok {
-				for _, h := range hs {
-					if s, ok := h.(string); ok {
-						wt.holders = append(wt.holders, s)
-					}
-				}
-			}
+	for _, e := range v.Status.Synchronization.Mutex.Waiting {
+		if e.Mutex == wt.lock && e.Holder != "" {
+			wt.holders = append(wt.holders, e.Holder)
+		}
+	}
+	for _, e := range v.Status.Synchronization.Semaphore.Waiting {
+		if e.Semaphore == wt.lock {
+			wt.holders = append(wt.holders, e.Holders...)
 		}
 	}
 	return wt, true

@@ -29,6 +29,16 @@ func TestMain(m *testing.M) {
 	os.Exit(testenv.Main(m, testenv.Options{}, &env))
 }
 
+// liveReader is the reader the guard gives the Watcher (NewReader).
+func liveReader(t *testing.T) client.Reader {
+	t.Helper()
+	r, err := NewReader(env.Config, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
 // wait makes wf a Pending waiter on lock as Argo's controller writes one: the message, and
 // the holder it waits behind (none when the lock has a free slot).
 func wait(t *testing.T, wf *unstructured.Unstructured, lock string, free int, holder string) {
@@ -110,13 +120,15 @@ func TestStuckWaitersAreFoundAndOthersAreNot(t *testing.T) {
 
 	var logs []string
 	reg := prometheus.NewRegistry()
-	w, err := New(c, Options{Namespaces: []string{ns}, Registerer: reg, StuckAfter: 5 * time.Minute,
+	w, err := New(liveReader(t), Options{Namespaces: []string{ns}, Registerer: reg, StuckAfter: 5 * time.Minute,
 		Log: funcr.New(func(_, args string) { logs = append(logs, args) }, funcr.Options{})})
 	if err != nil {
 		t.Fatal(err)
 	}
 	now := time.Unix(1_000_000, 0)
 	w.now = func() time.Time { return now }
+	// Pages of 2: the scan reads every page, the Pending workflows of this test spread over 4.
+	w.page = 2
 	stuck := func() map[string]float64 {
 		t.Helper()
 		if err := w.Scan(t.Context()); err != nil {
@@ -194,7 +206,7 @@ func equal(a, b map[string]float64) bool {
 func scanner(t *testing.T, ns string) (w *Watcher, advance func(time.Duration), stuck func() map[string]float64) {
 	t.Helper()
 	reg := prometheus.NewRegistry()
-	w, err := New(env.Client, Options{Registerer: reg, StuckAfter: 5 * time.Minute, Log: funcr.New(func(_, _ string) {}, funcr.Options{})})
+	w, err := New(liveReader(t), Options{Registerer: reg, StuckAfter: 5 * time.Minute, Log: funcr.New(func(_, _ string) {}, funcr.Options{})})
 	if err != nil {
 		t.Fatal(err)
 	}
