@@ -200,7 +200,7 @@ func TestHandlerFailuresReachTheAPIServerAsHTTPErrors(t *testing.T) {
 		calls.Add(1)
 		panic("a bug in the live read")
 	}
-	startGuard(t, Options{}, harnessOptions{noWatch: true, reader: faultyReader(t, bug, bug)})
+	h := startGuard(t, Options{}, harnessOptions{noWatch: true, reader: faultyReader(t, bug, bug)})
 	// A namespace the test webhooks (failurePolicy Fail) do not see; one webhook that fails
 	// open is registered for it alone.
 	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "t-" + rand.String(8), Labels: map[string]string{"exit-guard-fail-open": "true"}}}
@@ -218,6 +218,9 @@ func TestHandlerFailuresReachTheAPIServerAsHTTPErrors(t *testing.T) {
 	}
 	if rev.Response == nil || rev.Response.Result == nil || !strings.Contains(rev.Response.Result.Message, "panic") {
 		t.Errorf("answer %s does not say the handler panicked", body)
+	}
+	if got := h.counter(t, "exit_guard_panics_total", map[string]string{"where": "admission"}); got != 1 {
+		t.Errorf("exit_guard_panics_total{where=\"admission\"} = %v, want 1", got)
 	}
 
 	ignore := admissionregistrationv1.Ignore
@@ -256,5 +259,35 @@ func TestHandlerFailuresReachTheAPIServerAsHTTPErrors(t *testing.T) {
 		})
 	if err != nil {
 		t.Fatalf("the API server never called the guard: %v", err)
+	}
+}
+
+// TestALatePanicIsLoggedAndCounted: a read that panics after the decision was made from
+// another one (here the GET beside a slow LIST, once the LIST answered) cannot reach the
+// request any more; it is logged with its stack and counted, not dropped.
+func TestALatePanicIsLoggedAndCounted(t *testing.T) {
+	list := func(context.Context) error {
+		time.Sleep(60 * time.Millisecond) // slower than --live-read-get-after: a GET starts beside
+		return nil
+	}
+	get := func(context.Context) error {
+		time.Sleep(400 * time.Millisecond) // answers long after the LIST
+		panic("a bug in the GET beside the LIST")
+	}
+	h := startGuard(t, Options{GetBesideListAfter: 20 * time.Millisecond}, harnessOptions{noWatch: true, reader: faultyReader(t, list, get)})
+	ns := newNamespace(t)
+	wf := createWorkflow(t, ns, "running", argo.PhaseRunning)
+	if err := env.Client.Create(t.Context(), fixture.ExitPod(wf), client.DryRunAll); err != nil {
+		t.Fatalf("the exit handler of a running workflow, decided by the LIST: %v, want admitted", err)
+	}
+	err := wait.PollUntilContextTimeout(t.Context(), 50*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
+		return h.counter(t, "exit_guard_panics_total", map[string]string{"where": "live-read"}) == 1, nil
+	})
+	if err != nil {
+		t.Fatalf("exit_guard_panics_total{where=\"live-read\"} = %v, want 1", h.counter(t, "exit_guard_panics_total", map[string]string{"where": "live-read"}))
+	}
+	lines := guardLog.Lines(`a live read panicked after its decision`)
+	if len(lines) != 1 || !strings.Contains(lines[0], "a bug in the GET beside the LIST") || !strings.Contains(lines[0], "goroutine") {
+		t.Errorf("log lines for the late panic: %q, want one with the panic and its stack", lines)
 	}
 }

@@ -3,7 +3,9 @@ package webhook
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
+	"runtime/debug"
 	"sync"
 	"time"
 
@@ -11,6 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	logf "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/exit-guard/exit-guard/internal/argo"
 )
@@ -72,8 +75,24 @@ func (g *guard) liveRead(ctx context.Context, namespace, name string, p readPoli
 		wf       *argo.Workflow
 		err      error
 		panicked any
+		stack    []byte
 	}
 	done := make(chan answer, maxLiveReadAttempts)
+	attempts, answered := 1, 0
+	// The attempts still out when the decision is made (or when this goroutine hands a panic
+	// on) answer later, into done: a panic among them can reach no request, so it is logged
+	// and counted rather than dropped.
+	defer func() {
+		if late := attempts - answered; late > 0 {
+			go func() {
+				for range late {
+					if a := <-done; a.panicked != nil {
+						g.latePanic(namespace, name, a.panicked, a.stack)
+					}
+				}
+			}()
+		}
+	}()
 	// whole: the attempt GETs the whole object rather than LIST again. A hedge does (fresh:
 	// on a connection of its own), and so does the retry of a LIST answered 429: the API
 	// server refuses LISTs by name so while its watch cache (re)initializes, and a GET goes
@@ -86,7 +105,7 @@ func (g *guard) liveRead(ctx context.Context, namespace, name string, p readPoli
 		// panic the pipeline recovers into an HTTP 500 (handler.serve).
 		defer func() {
 			if p := recover(); p != nil {
-				done <- answer{panicked: p}
+				done <- answer{panicked: p, stack: debug.Stack()}
 			}
 		}()
 		actx := ctx
@@ -97,7 +116,6 @@ func (g *guard) liveRead(ctx context.Context, namespace, name string, p readPoli
 		wf, err := g.readWorkflow(actx, namespace, name, whole, p)
 		done <- answer{wf: wf, err: err}
 	}
-	attempts, answered := 1, 0
 	go attempt(false, false, false)
 	next := time.NewTimer(p.attempt)
 	defer next.Stop()
@@ -183,15 +201,29 @@ func (g *guard) readWorkflow(ctx context.Context, namespace, name string, whole 
 		// get: the answer is the GET's (the whole object), not the LIST's.
 		get      bool
 		panicked any
+		stack    []byte
 	}
 	// Buffered for both: the loser sends and ends on its own.
 	done := make(chan answer, 2)
-	// A panic in either is handed to this goroutine, whose caller hands it on (liveRead).
+	// A panic in either is handed to this goroutine, whose caller hands it on (liveRead); one
+	// that comes after this read returned is logged and counted.
 	recovered := func(get bool) {
 		if p := recover(); p != nil {
-			done <- answer{get: get, panicked: p}
+			done <- answer{get: get, panicked: p, stack: debug.Stack()}
 		}
 	}
+	pending := 1
+	defer func() {
+		if pending > 0 {
+			go func(late int) {
+				for range late {
+					if a := <-done; a.panicked != nil {
+						g.latePanic(namespace, name, a.panicked, a.stack)
+					}
+				}
+			}(pending)
+		}
+	}()
 	g.getBudget.earn()
 	go func() {
 		defer recovered(false)
@@ -204,7 +236,6 @@ func (g *guard) readWorkflow(ctx context.Context, namespace, name string, whole 
 		defer t.Stop()
 		besides = t.C
 	}
-	pending := 1
 	var listed answer
 	for pending > 0 {
 		select {
@@ -292,6 +323,20 @@ func (g *guard) getWorkflow(ctx context.Context, namespace, name string) (*argo.
 		return nil, err
 	}
 	return wf, nil
+}
+
+// Where a recovered panic happened: the label of exit_guard_panics_total.
+const (
+	panicAdmission = "admission"
+	panicLiveRead  = "live-read"
+)
+
+// latePanic logs and counts a panic of a read of namespace/name that came after its decision
+// was made from another read: it can reach no request.
+func (g *guard) latePanic(namespace, name string, p any, stack []byte) {
+	g.metrics.panics.WithLabelValues(panicLiveRead).Inc()
+	logf.Log.WithName("live-read").Error(fmt.Errorf("panic: %v", p), "a live read panicked after its decision was made from another read; the decision stands",
+		"workflow", namespace+"/"+name, "stack", string(stack))
 }
 
 // permanent says whether a failed read would fail again however often it is retried.

@@ -10,6 +10,7 @@ type guardMetrics struct {
 	liveRead         *prometheus.HistogramVec
 	liveReadFailures *prometheus.CounterVec
 	liveReadAttempts *prometheus.CounterVec
+	panics           *prometheus.CounterVec
 	staleFailures    *staleFailures
 }
 
@@ -41,6 +42,10 @@ func newGuardMetrics() *guardMetrics {
 			Name: "exit_guard_live_read_retries_total",
 			Help: "Further attempts within one live read, by cause: error (the last attempt failed; retried after a pause), hedged (the last attempt had not answered within --live-read-timeout; another started beside it), get-beside-list (a GET of the workflow started beside a LIST that had not answered within --live-read-get-after), shed (not started: the process had as many further attempts in flight as it allows, or the GETs beside slow LISTs had used their share of one LIST in 20).",
 		}, []string{"cause"}),
+		panics: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "exit_guard_panics_total",
+			Help: "Panics the guard recovered, by where: admission (the request was answered HTTP 500, which the webhook's failurePolicy decides), live-read (a read that panicked after its decision had been made from another one). Each is a bug, logged with its stack.",
+		}, []string{"where"}),
 		staleFailures: newStaleFailures(),
 	}
 }
@@ -74,7 +79,10 @@ func (m *guardMetrics) register(reg prometheus.Registerer) error {
 	for _, cause := range []string{"error", "hedged", "shed", "get-beside-list"} {
 		m.liveReadAttempts.WithLabelValues(cause)
 	}
-	for _, c := range []prometheus.Collector{m.decisions, m.unexpected, m.dryRuns, m.liveRead, m.liveReadFailures, m.liveReadAttempts, m.staleFailures} {
+	for _, where := range []string{panicAdmission, panicLiveRead} {
+		m.panics.WithLabelValues(where)
+	}
+	for _, c := range []prometheus.Collector{m.decisions, m.unexpected, m.dryRuns, m.liveRead, m.liveReadFailures, m.liveReadAttempts, m.panics, m.staleFailures} {
 		if err := reg.Register(c); err != nil {
 			return err
 		}

@@ -199,6 +199,7 @@ func (h *handler) serve(ctx context.Context, r *http.Request) (req request, resp
 	defer func() {
 		if p := recover(); p != nil {
 			admissionmetrics.WebhookPanics.WithLabelValues().Inc()
+			h.guard.metrics.panics.WithLabelValues(panicAdmission).Inc()
 			h.log.Error(fmt.Errorf("panic: %v", p), "the admission pipeline panicked; answered with HTTP 500", "uid", req.uid, "stack", string(debug.Stack()))
 			resp = admission.Errored(http.StatusInternalServerError, fmt.Errorf("panic: %v [recovered]", p))
 			resp.UID = req.uid
