@@ -2,11 +2,11 @@ package webhook
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -325,15 +325,42 @@ func (g *guard) nameHolderRunsTasks(ctx context.Context, f facts, d decision) bo
 	return true
 }
 
-// liveNodes reads a workflow whole, with its node tree: one attempt.
+// errNodesShed: the whole read of row T6 was not made, the process having as many further
+// reads in flight as it allows.
+var errNodesShed = errors.New("the read of the name's holder was not made: too many further live reads in flight")
+
+// liveNodes reads a workflow whole, with the name, type and phase of each node: one attempt. It
+// is a further read beyond the decision's first (maxExtraLiveReads bounds it; none free, it is
+// shed), timed in the live-read histogram, and its failures are counted as live reads'.
 func (g *guard) liveNodes(ctx context.Context, namespace, name string) (types.UID, argo.Phase, map[string]argo.Node, error) {
-	wf := &unstructured.Unstructured{}
-	wf.SetGroupVersionKind(argo.WorkflowGVK)
-	if err := g.reader.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, wf); err != nil {
+	select {
+	case g.extraReads <- struct{}{}:
+	default:
+		g.metrics.liveReadAttempts.WithLabelValues("shed").Inc()
+		return "", "", nil, errNodesShed
+	}
+	defer func() { <-g.extraReads }()
+	start := time.Now()
+	wf := &argo.WorkflowNodes{}
+	err := g.reader.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, wf)
+	result := "found"
+	switch {
+	case err == nil:
+	case apierrors.IsNotFound(err):
+		result = "not-found"
+	case errors.Is(err, context.DeadlineExceeded):
+		result = "timeout"
+	default:
+		result = "error"
+	}
+	g.metrics.liveRead.WithLabelValues(result).Observe(time.Since(start).Seconds())
+	if result == "timeout" || result == "error" {
+		g.metrics.liveReadFailures.WithLabelValues(result).Inc()
+	}
+	if err != nil {
 		return "", "", nil, err
 	}
-	phase, _, _ := unstructured.NestedString(wf.Object, "status", "phase")
-	return wf.GetUID(), argo.Phase(phase), argo.NodesOf(wf), nil
+	return wf.UID, wf.Status.Phase, wf.Status.Nodes, nil
 }
 
 // judgeClaim decides an Event that says its workflow failed (rows E4 to E12). It refuses

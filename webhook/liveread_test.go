@@ -4,11 +4,14 @@ package webhook
 
 import (
 	"context"
+	"errors"
 	"net"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
@@ -17,6 +20,7 @@ import (
 	"github.com/exit-guard/exit-guard/completionstore"
 	"github.com/exit-guard/exit-guard/internal/argo"
 	"github.com/exit-guard/exit-guard/internal/fixture"
+	"github.com/exit-guard/exit-guard/internal/testenv"
 )
 
 // unreachableConfig points a client at a loopback listener. With hang, it accepts connections
@@ -207,4 +211,88 @@ func TestLiveReadSeesTheNewestWrite(t *testing.T) {
 				i+1, writes, got.ResourceVersion, got.Status.Phase, wf.GetResourceVersion(), phase)
 		}
 	}
+}
+
+// Row T6's whole read of the name's holder is a live read like the others: timed in the
+// live-read histogram, its failures counted, and, being a further read beyond the decision's
+// first, shed when the process has as many further reads in flight as it allows. It keeps of the
+// workflow only the name, type and phase of each node.
+func TestNameHoldersReadIsALiveRead(t *testing.T) {
+	ns := newNamespace(t)
+	wf := createWorkflow(t, ns, "holder", argo.PhaseRunning)
+	var fail atomic.Bool
+	var gets atomic.Int32
+	path, err := newReadPath(env.Config, testScheme(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	reader := beforeGet{Reader: path, hook: func() error {
+		gets.Add(1)
+		if fail.Load() {
+			return errors.New("connection reset by peer")
+		}
+		return nil
+	}}
+	g, err := newGuard(reader, storeFor(t, tableWorkflow, storeEmpty, false), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	if err := g.metrics.register(reg); err != nil {
+		t.Fatal(err)
+	}
+	count := func(name string, labels map[string]string) float64 {
+		t.Helper()
+		gathered, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		mfs := map[string]*dto.MetricFamily{}
+		for _, mf := range gathered {
+			mfs[mf.GetName()] = mf
+		}
+		return testenv.SumSeries(mfs, name, labels)
+	}
+
+	uid, phase, _, err := g.liveNodes(t.Context(), ns, "holder")
+	if err != nil || uid != wf.GetUID() || phase != argo.PhaseRunning {
+		t.Fatalf("the read: uid %s phase %q err %v, want %s Running", uid, phase, err, wf.GetUID())
+	}
+	if got := count("exit_guard_live_read_duration_seconds", map[string]string{"result": "found"}); got != 1 {
+		t.Errorf("reads timed as found: %v, want 1", got)
+	}
+	fail.Store(true)
+	if _, _, _, err := g.liveNodes(t.Context(), ns, "holder"); err == nil {
+		t.Fatal("a failed read returned no error")
+	}
+	if got := count("exit_guard_live_read_failures_total", map[string]string{"kind": "error"}); got != 1 {
+		t.Errorf("live-read failures of kind error: %v, want 1", got)
+	}
+	// Every further read of the process in flight: this one is shed, not made.
+	for range maxExtraLiveReads {
+		g.extraReads <- struct{}{}
+	}
+	before := gets.Load()
+	if _, _, _, err := g.liveNodes(t.Context(), ns, "holder"); !errors.Is(err, errNodesShed) {
+		t.Errorf("with every further read in flight: %v, want %v", err, errNodesShed)
+	}
+	if gets.Load() != before {
+		t.Error("the shed read was made")
+	}
+	if got := count("exit_guard_live_read_retries_total", map[string]string{"cause": "shed"}); got != 1 {
+		t.Errorf("further reads shed: %v, want 1", got)
+	}
+}
+
+// beforeGet is a reader whose Gets call hook first, and fail with its error.
+type beforeGet struct {
+	client.Reader
+	hook func() error
+}
+
+func (r beforeGet) Get(ctx context.Context, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+	if err := r.hook(); err != nil {
+		return err
+	}
+	return r.Reader.Get(ctx, key, obj, opts...)
 }

@@ -36,7 +36,7 @@ func newGuardMetrics() *guardMetrics {
 		}, []string{"result"}),
 		liveReadFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "exit_guard_live_read_failures_total",
-			Help: "Live reads that failed, ran out of time or were not made, so that the store decided, by kind (timeout, error, shed: the decision found --max-concurrent-decisions in flight).",
+			Help: "Live reads that failed, ran out of time or were not made, so that the store decided (or, for row T6's read of the workflow that holds a reused name, the write stayed refused), by kind (timeout, error, shed: the decision found --max-concurrent-decisions in flight).",
 		}, []string{"kind"}),
 		liveReadAttempts: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "exit_guard_live_read_retries_total",

@@ -212,11 +212,11 @@ func (p *readPath) request(ctx context.Context, namespace string) (r *rest.Reque
 	return rc.Get().MaxRetries(0).Namespace(namespace).Resource(argo.Resource), done, nil
 }
 
-// Get reads a whole Workflow: into an argo.Workflow (metadata and phase), or, with its node
-// tree, into an unstructured object.
+// Get reads a whole Workflow: into an argo.Workflow (metadata and phase), an argo.WorkflowNodes
+// (and the name, type and phase of each node), or an unstructured object.
 func (p *readPath) Get(ctx context.Context, key client.ObjectKey, obj client.Object, _ ...client.GetOption) error {
 	switch obj.(type) {
-	case *argo.Workflow, *unstructured.Unstructured:
+	case *argo.Workflow, *argo.WorkflowNodes, *unstructured.Unstructured:
 	default:
 		return fmt.Errorf("webhook: the live read path reads Workflows, not %T", obj)
 	}
@@ -230,6 +230,11 @@ func (p *readPath) Get(ctx context.Context, key client.ObjectKey, obj client.Obj
 		var raw []byte
 		if raw, err = res.Raw(); err == nil {
 			err = o.UnmarshalJSON(raw)
+		}
+	case *argo.WorkflowNodes:
+		var raw []byte
+		if raw, err = res.Raw(); err == nil {
+			err = json.Unmarshal(raw, o)
 		}
 	default:
 		err = res.Into(o)

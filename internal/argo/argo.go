@@ -7,10 +7,11 @@ package argo
 import (
 	"fmt"
 	"hash/fnv"
+	"maps"
 	"strings"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
@@ -222,9 +223,9 @@ const (
 
 // Node is the part of a node of a workflow's status that exit-guard reads.
 type Node struct {
-	Name  string
-	Type  string
-	Phase string
+	Name  string `json:"name"`
+	Type  string `json:"type"`
+	Phase string `json:"phase"`
 }
 
 // InExitHandlerOrHook says whether the node runs inside an exit handler or a lifecycle hook.
@@ -237,20 +238,28 @@ func (n Node) Pending() bool {
 	return n.Phase == "" || n.Phase == "Pending" || n.Phase == "Running"
 }
 
-// NodesOf returns the nodes of a workflow read whole, by node ID; nil when it has none.
-func NodesOf(wf *unstructured.Unstructured) map[string]Node {
-	v, _, _ := unstructured.NestedFieldNoCopy(wf.Object, "status", "nodes")
-	nodes, _ := v.(map[string]any)
-	if len(nodes) == 0 {
+// WorkflowNodes is a Workflow with the name, type and phase of each node of its status, by node
+// ID: what decoding a workflow read whole keeps of it (the node's other fields, the spec and
+// the rest of the status are skipped by the decoder, never held).
+type WorkflowNodes struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+	Status            struct {
+		Phase Phase           `json:"phase,omitempty"`
+		Nodes map[string]Node `json:"nodes,omitempty"`
+	} `json:"status,omitempty"`
+}
+
+// DeepCopyObject implements runtime.Object.
+func (w *WorkflowNodes) DeepCopyObject() runtime.Object {
+	if w == nil {
 		return nil
 	}
-	out := make(map[string]Node, len(nodes))
-	for id, v := range nodes {
-		n, _ := v.(map[string]any)
-		name, _ := n["name"].(string)
-		typ, _ := n["type"].(string)
-		phase, _ := n["phase"].(string)
-		out[id] = Node{Name: name, Type: typ, Phase: phase}
+	out := &WorkflowNodes{TypeMeta: w.TypeMeta}
+	w.ObjectMeta.DeepCopyInto(&out.ObjectMeta)
+	out.Status.Phase = w.Status.Phase
+	if w.Status.Nodes != nil {
+		out.Status.Nodes = maps.Clone(w.Status.Nodes)
 	}
 	return out
 }

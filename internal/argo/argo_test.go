@@ -1,9 +1,8 @@
 package argo
 
 import (
+	"encoding/json"
 	"testing"
-
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 )
 
 // The agent pod is named <wf>-1340600742-agent: Argo names it by the node ID of "agent".
@@ -44,28 +43,33 @@ func TestPhaseFromLabels(t *testing.T) {
 	}
 }
 
-// NodesOf reads each node's type and phase from a workflow read whole; Pending is a node not
-// yet run to its end.
-func TestNodesOf(t *testing.T) {
-	wf := &unstructured.Unstructured{Object: map[string]any{"status": map[string]any{"nodes": map[string]any{
-		"wf-1": map[string]any{"type": "HTTP", "phase": "Pending"},
-		"wf-2": map[string]any{"type": "Plugin", "phase": "Running"},
-		"wf-3": map[string]any{"type": "HTTP"},
-		"wf-4": map[string]any{"type": "HTTP", "phase": "Succeeded"},
-		"wf-5": map[string]any{"type": "Pod", "phase": "Failed"},
-		"wf-6": "not a node",
-	}}}}
-	nodes := NodesOf(wf)
+// A workflow read whole decodes into WorkflowNodes: each node's name, type and phase by ID;
+// Pending is a node not yet run to its end.
+func TestWorkflowNodesDecode(t *testing.T) {
+	raw := []byte(`{"metadata":{"name":"wf","uid":"u1"},"spec":{"templates":[{"name":"big"}]},"status":{"phase":"Running","nodes":{
+		"wf-1":{"type":"HTTP","phase":"Pending","name":"wf[0].call","outputs":{"result":"x"}},
+		"wf-2":{"type":"Plugin","phase":"Running"},
+		"wf-3":{"type":"HTTP"},
+		"wf-4":{"type":"HTTP","phase":"Succeeded"},
+		"wf-5":{"type":"Pod","phase":"Failed"}}}}`)
+	var wf WorkflowNodes
+	if err := json.Unmarshal(raw, &wf); err != nil {
+		t.Fatal(err)
+	}
+	if wf.UID != "u1" || wf.Status.Phase != PhaseRunning || wf.Status.Nodes["wf-1"].Name != "wf[0].call" {
+		t.Errorf("decoded %+v", wf)
+	}
 	for id, want := range map[string]struct {
 		typ     string
 		pending bool
-	}{"wf-1": {"HTTP", true}, "wf-2": {"Plugin", true}, "wf-3": {"HTTP", true}, "wf-4": {"HTTP", false}, "wf-5": {"Pod", false}, "wf-6": {"", true}} {
-		n, ok := nodes[id]
+	}{"wf-1": {"HTTP", true}, "wf-2": {"Plugin", true}, "wf-3": {"HTTP", true}, "wf-4": {"HTTP", false}, "wf-5": {"Pod", false}} {
+		n, ok := wf.Status.Nodes[id]
 		if !ok || n.Type != want.typ || n.Pending() != want.pending {
 			t.Errorf("node %s = %+v (found %v), want type %q pending %v", id, n, ok, want.typ, want.pending)
 		}
 	}
-	if got := NodesOf(&unstructured.Unstructured{Object: map[string]any{}}); got != nil {
-		t.Errorf("no status: %v, want nil", got)
+	var none WorkflowNodes
+	if err := json.Unmarshal([]byte(`{"metadata":{"name":"wf"}}`), &none); err != nil || none.Status.Nodes != nil {
+		t.Errorf("no status: %v, %v; want no nodes", none.Status.Nodes, err)
 	}
 }
