@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
@@ -20,7 +19,6 @@ import (
 	"github.com/exit-guard/exit-guard/completionstore"
 	"github.com/exit-guard/exit-guard/internal/argo"
 	"github.com/exit-guard/exit-guard/internal/fixture"
-	"github.com/exit-guard/exit-guard/internal/testenv"
 )
 
 // unreachableConfig points a client at a loopback listener. With hang, it accepts connections
@@ -241,18 +239,7 @@ func TestNameHoldersReadIsALiveRead(t *testing.T) {
 	if err := g.metrics.register(reg); err != nil {
 		t.Fatal(err)
 	}
-	count := func(name string, labels map[string]string) float64 {
-		t.Helper()
-		gathered, err := reg.Gather()
-		if err != nil {
-			t.Fatal(err)
-		}
-		mfs := map[string]*dto.MetricFamily{}
-		for _, mf := range gathered {
-			mfs[mf.GetName()] = mf
-		}
-		return testenv.SumSeries(mfs, name, labels)
-	}
+	count := func(name string, labels map[string]string) float64 { t.Helper(); return gathered(t, reg, name, labels) }
 
 	uid, phase, _, err := g.liveNodes(t.Context(), ns, "holder")
 	if err != nil || uid != wf.GetUID() || phase != argo.PhaseRunning {

@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
@@ -310,13 +309,5 @@ func waitEvent(t *testing.T, namespace string, wf client.Object, reason string) 
 // series whose labels match.
 func (h *harness) counter(t *testing.T, name string, labels map[string]string) float64 {
 	t.Helper()
-	gathered, err := h.registry.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	mfs := map[string]*dto.MetricFamily{}
-	for _, mf := range gathered {
-		mfs[mf.GetName()] = mf
-	}
-	return testenv.SumSeries(mfs, name, labels)
+	return gathered(t, h.registry, name, labels)
 }

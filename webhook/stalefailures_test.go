@@ -5,9 +5,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
-
-	"github.com/exit-guard/exit-guard/internal/testenv"
 )
 
 // A workflow's series counts its stale passes, and ends a day after the last one; another
@@ -20,15 +17,7 @@ func TestStaleFailureSeriesEndAfterTheirTTL(t *testing.T) {
 	reg.MustRegister(s)
 	read := func(ns, wf string) float64 {
 		t.Helper()
-		gathered, err := reg.Gather()
-		if err != nil {
-			t.Fatal(err)
-		}
-		mfs := map[string]*dto.MetricFamily{}
-		for _, mf := range gathered {
-			mfs[mf.GetName()] = mf
-		}
-		return testenv.SumSeries(mfs, "exit_guard_stale_failures_total", map[string]string{"workflow_namespace": ns, "workflow": wf})
+		return gathered(t, reg, "exit_guard_stale_failures_total", map[string]string{"workflow_namespace": ns, "workflow": wf})
 	}
 
 	s.inc("a", "done")
