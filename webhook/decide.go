@@ -189,8 +189,12 @@ func (g *guard) decide(ctx context.Context, f facts) decision {
 		return d
 	case g.repeatsAdmittedCreate(f, d):
 		// Row T7 (checked before T4): no read; not remembered again, so that a TaskSet
-		// pending longer than --taskset-repeats-for is read again.
+		// pending longer than --taskset-repeats-for is read again. Told apart afterwards if
+		// it came after the name's reuse (repeats).
 		d.reason, d.row = ReasonRepeatsAdmittedCreate, "T7"
+		if !f.dryRun {
+			g.repeats.note(types.NamespacedName{Namespace: d.wfNamespace, Name: d.wfName}, d.wfUID, f.object.(*taskSetObject).name, f.received)
+		}
 		return d
 	}
 	// Exit handlers get a live read first unless store-first is set; ordinary step pods

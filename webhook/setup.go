@@ -45,6 +45,8 @@ type guard struct {
 	slots, otherSlots chan struct{}
 	// overturns remembers the refusals made from the store alone, to tell when one was wrong.
 	overturns *overturns
+	// repeats remembers the row T7 admissions, to tell when one came after the name's reuse.
+	repeats *repeats
 }
 
 // The live read GETs the owning Workflow (rbac on completionstore.Watch); the audit writes
@@ -87,11 +89,15 @@ func setup(mgr manager.Manager, reader client.Reader, store *completionstore.Sto
 	if err := reg.Register(g.overturns.counter); err != nil {
 		return fmt.Errorf("webhook: registering metrics: %w", err)
 	}
+	if err := reg.Register(g.repeats.counter); err != nil {
+		return fmt.Errorf("webhook: registering metrics: %w", err)
+	}
 	for _, k := range kinds {
 		// At 0 from the start: its alert counts it with increase().
 		g.overturns.counter.WithLabelValues(string(k.kind))
 	}
 	store.OnObserve(g.observedByStore)
+	store.OnObserve(g.observedRepeats)
 	if err := mgr.Add(&overturnSweeper{g: g, interval: overturnSweepInterval}); err != nil {
 		return fmt.Errorf("webhook: adding the overturn sweeper: %w", err)
 	}
@@ -131,7 +137,7 @@ func newGuard(reader client.Reader, store *completionstore.Store, opts Options) 
 	g := &guard{opts: opts, store: store, reader: reader, metrics: newGuardMetrics(), denyPhases: map[argo.Phase]bool{},
 		extraReads: make(chan struct{}, maxExtraLiveReads), getBudget: newGetBudget(), creates: newTaskSetCreates(time.Now, opts.TaskSetRepeatsFor),
 		slots: make(chan struct{}, opts.MaxConcurrentDecisions), otherSlots: make(chan struct{}, max(1, opts.MaxConcurrentDecisions/8)),
-		overturns: newOverturns(time.Now)}
+		overturns: newOverturns(time.Now), repeats: newRepeats(time.Now)}
 	g.readLive = g.liveRead
 	g.readNodes = g.liveNodes
 	for _, p := range opts.DenyPhases {

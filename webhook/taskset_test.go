@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
@@ -392,6 +393,58 @@ func TestTaskSetWrites(t *testing.T) {
 		}
 		if got := h.counter(t, "exit_guard_decisions_total", map[string]string{"verdict": "allowed", "reason": string(ReasonTasksOfNameHolder), "kind": argo.TaskSetKind}); got != 1 {
 			t.Errorf("tasks-of-name-holder admissions counted = %v, want 1", got)
+		}
+	})
+
+	t.Run("row T7 after the name was reused, the guard's watch behind: admitted, then counted and told once the guard sees the new workflow", func(t *testing.T) {
+		// The longest repeat window, so that the steps below fit in it on a busy machine.
+		h := startGuard(t, Options{TaskSetRepeatsFor: createMemory}, harnessOptions{noWatch: true})
+		ns := newNamespace(t)
+		old := createWorkflow(t, ns, "again", argo.PhaseRunning)
+		h.store.Observe(completionstore.Observation{UID: old.GetUID(), Namespace: ns, Name: old.GetName(),
+			ResourceVersion: old.GetResourceVersion(), Phase: argo.PhaseRunning})
+		key := argo.NodeID(old.GetName(), old.GetName()+"[0].call")
+		tmpl := fixture.HTTPTask("call")
+		ts := fixture.TaskSet(old, map[string]any{key: tmpl})
+		if err := env.Client.Create(t.Context(), ts); err != nil {
+			t.Fatalf("the running workflow's create: %v, want admitted (row 5)", err)
+		}
+		// The workflow is deleted, the garbage collector deletes its TaskSet, and a new
+		// workflow takes the name; the guard's watch has seen none of it.
+		for _, o := range []client.Object{ts, old} {
+			if err := env.Client.Delete(t.Context(), o); err != nil {
+				t.Fatal(err)
+			}
+		}
+		wf := createWorkflow(t, ns, "again", argo.PhaseRunning)
+		var seen argo.Workflow
+		if err := h.client.Get(t.Context(), client.ObjectKeyFromObject(wf), &seen); err != nil {
+			t.Fatal(err)
+		}
+		// A stale copy of the deleted workflow sends the create the guard admitted for it, more
+		// than the clock margin after the new workflow's last write (to the second), within the
+		// repeat window.
+		written := completionstore.ObservationOf(&seen, false).WrittenAt
+		time.Sleep(time.Until(written.Add(repeatsClockSkew + 1500*time.Millisecond)))
+		if err := env.Client.Create(t.Context(), fixture.TaskSet(old, map[string]any{key: tmpl})); err != nil {
+			t.Fatalf("the stale copy's repeated create: %v, want admitted (row T7: the case it leaves)", err)
+		}
+		if got := h.counter(t, "exit_guard_decisions_total", map[string]string{"verdict": "allowed", "reason": string(ReasonRepeatsAdmittedCreate), "kind": argo.TaskSetKind}); got != 1 {
+			t.Fatalf("repeats-admitted-create admissions = %v, want 1", got)
+		}
+		// The watch delivers the new workflow.
+		h.store.Observe(completionstore.ObservationOf(&seen, false))
+		if got := h.counter(t, "exit_guard_repeats_after_reuse_total", nil); got != 1 {
+			t.Errorf("exit_guard_repeats_after_reuse_total = %v, want 1", got)
+		}
+		ev := waitEvent(t, ns, wf, EventReasonRepeatAfterReuse)
+		if ev.Type != corev1.EventTypeWarning || !strings.Contains(ev.Note, string(old.GetUID())) {
+			t.Errorf("the Event: %s %q, want a Warning naming the deleted workflow's uid", ev.Type, ev.Note)
+		}
+		// Told once.
+		h.store.Observe(completionstore.ObservationOf(&seen, false))
+		if got := h.counter(t, "exit_guard_repeats_after_reuse_total", nil); got != 1 {
+			t.Errorf("after the same workflow seen again: %v, want 1", got)
 		}
 	})
 
