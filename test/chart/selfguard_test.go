@@ -349,4 +349,15 @@ func TestClientCAIsHeldByThePolicy(t *testing.T) {
 	if err := swap(clientAs(t, ns, "ca-rotator"), "the rotated CA"); err != nil {
 		t.Errorf("the writer webhook.clientAuth.caWriters names, rotating the client CA: %v, want admitted", err)
 	}
+	// The namespace deleted: its ConfigMaps go with it (the namespace controller deletes them),
+	// or it would stay Terminating.
+	if err := env.Client.Delete(t.Context(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := wait.PollUntilContextTimeout(t.Context(), 200*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		err := editor.Delete(ctx, ca)
+		return err == nil || apierrors.IsNotFound(err), nil
+	}); err != nil {
+		t.Errorf("deleting the client CA while its namespace is Terminating: still refused after 30 s")
+	}
 }
