@@ -70,20 +70,8 @@ func (r *repeats) note(wf types.NamespacedName, uid types.UID, taskSet string, a
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if _, ok := r.m[wf]; !ok && len(r.m) >= maxRepeatsRemembered {
-		var oldest types.NamespacedName
-		var oldestAt time.Time
-		for k, v := range r.m {
-			last := v[len(v)-1].at
-			if now.Sub(last) > repeatsWindow {
-				delete(r.m, k)
-			} else if oldestAt.IsZero() || last.Before(oldestAt) {
-				oldest, oldestAt = k, last
-			}
-		}
-		if len(r.m) >= maxRepeatsRemembered {
-			delete(r.m, oldest)
-		}
+	if _, ok := r.m[wf]; !ok {
+		makeRoom(r.m, maxRepeatsRemembered, now, repeatsWindow, func(v []repeatAdmission) time.Time { return v[len(v)-1].at })
 	}
 	kept := r.m[wf][:0]
 	for _, a := range r.m[wf] {

@@ -78,19 +78,8 @@ func (c *taskSetCreates) note(key types.NamespacedName, owner types.UID, request
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if _, ok := c.m[key]; !ok && len(c.m) >= maxCreatesRemembered {
-		var oldest types.NamespacedName
-		var oldestAt time.Time
-		for k, v := range c.m {
-			if now.Sub(v.at) > createMemory {
-				delete(c.m, k)
-			} else if oldestAt.IsZero() || v.at.Before(oldestAt) {
-				oldest, oldestAt = k, v.at
-			}
-		}
-		if len(c.m) >= maxCreatesRemembered {
-			delete(c.m, oldest)
-		}
+	if _, ok := c.m[key]; !ok {
+		makeRoom(c.m, maxCreatesRemembered, now, createMemory, func(v createdTaskSet) time.Time { return v.at })
 	}
 	c.m[key] = createdTaskSet{owner: owner, requester: requester, tasks: tasks, at: at, live: live}
 }
@@ -133,4 +122,25 @@ func (c *taskSetCreates) matches(key types.NamespacedName, owner types.UID, requ
 		}
 	}
 	return true
+}
+
+// makeRoom makes room in m, a memory of at most limit workflows or TaskSets, for one more: when
+// it is full, it forgets every entry last seen more than window before now and, if it is still
+// full, the one seen longest ago. last gives when an entry was last seen.
+func makeRoom[V any](m map[types.NamespacedName]V, limit int, now time.Time, window time.Duration, last func(V) time.Time) {
+	if len(m) < limit {
+		return
+	}
+	var oldest types.NamespacedName
+	var oldestAt time.Time
+	for k, v := range m {
+		if at := last(v); now.Sub(at) > window {
+			delete(m, k)
+		} else if oldestAt.IsZero() || at.Before(oldestAt) {
+			oldest, oldestAt = k, at
+		}
+	}
+	if len(m) >= limit {
+		delete(m, oldest)
+	}
 }
