@@ -260,7 +260,7 @@ func TestHTTPExitHandlerOnAnExposedController(t *testing.T) {
 		})
 		// The retry is proved on the shape without an HTTP step: with one, a fresh-clone run
 		// once saw Argo not run the retried workflow's HTTP exit handler again, with no
-		// refusal by the guard (not investigated yet; see docs/evidence/argo-e2e.md).
+		// refusal by the guard: outside what the proof claims (docs/evidence/argo-e2e.md).
 		retry := !shape.httpStep
 		t.Run(name+" with the guard", func(t *testing.T) {
 			c := reportHTTP(t, "HTTP exit handler, "+name+" with the guard",
