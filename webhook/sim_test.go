@@ -16,7 +16,6 @@ import (
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	clocktesting "k8s.io/utils/clock/testing"
 	"k8s.io/utils/ptr"
@@ -63,15 +62,15 @@ func (s *simReader) Get(ctx context.Context, key client.ObjectKey, obj client.Ob
 	if holder.uid == "" {
 		return apierrors.NewNotFound(schema.GroupResource{Group: argo.Group, Resource: argo.Resource}, key.Name)
 	}
-	if u, ok := obj.(*unstructured.Unstructured); ok {
+	if wf, ok := obj.(*argo.WorkflowNodes); ok {
 		// The whole read of row T6: the holder's node of the task, once it has written it.
 		p, _ := ctx.Value(planKey{}).(*decisionPlan)
-		u.SetUID(holder.uid)
-		nodes := map[string]any{}
+		wf.Namespace, wf.Name, wf.UID = key.Namespace, key.Name, holder.uid
+		wf.Status.Phase = holder.phase
+		wf.Status.Nodes = map[string]argo.Node{}
 		if p != nil && p.nodeWritten {
-			nodes[p.task] = map[string]any{"name": p.node, "type": argo.NodeTypeHTTP, "phase": "Pending"}
+			wf.Status.Nodes[p.task] = argo.Node{Name: p.node, Type: argo.NodeTypeHTTP, Phase: "Pending"}
 		}
-		u.Object["status"] = map[string]any{"phase": string(holder.phase), "nodes": nodes}
 		return nil
 	}
 	wf := obj.(*argo.Workflow)

@@ -256,7 +256,7 @@ func (w *WorkflowNodes) DeepCopyObject() runtime.Object {
 		return nil
 	}
 	out := &WorkflowNodes{TypeMeta: w.TypeMeta}
-	w.ObjectMeta.DeepCopyInto(&out.ObjectMeta)
+	w.DeepCopyInto(&out.ObjectMeta) // ObjectMeta's: WorkflowNodes has no DeepCopyInto of its own
 	out.Status.Phase = w.Status.Phase
 	if w.Status.Nodes != nil {
 		out.Status.Nodes = maps.Clone(w.Status.Nodes)
