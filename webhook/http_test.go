@@ -12,6 +12,7 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -266,21 +267,35 @@ func TestHandlerFailuresReachTheAPIServerAsHTTPErrors(t *testing.T) {
 // another one (here the GET beside a slow LIST, once the LIST answered) cannot reach the
 // request any more; it is logged with its stack and counted, not dropped.
 func TestALatePanicIsLoggedAndCounted(t *testing.T) {
+	// The LIST answers once the GET has started beside it; the GET panics once the request
+	// has had its answer. Each waits at most 10 s, so that a guard that never starts the GET
+	// fails the test instead of hanging it.
+	getStarted, decided := make(chan struct{}), make(chan struct{})
+	var startOnce sync.Once
 	list := func(context.Context) error {
-		time.Sleep(60 * time.Millisecond) // slower than --live-read-get-after: a GET starts beside
+		select {
+		case <-getStarted:
+		case <-time.After(10 * time.Second):
+		}
 		return nil
 	}
 	get := func(context.Context) error {
-		time.Sleep(400 * time.Millisecond) // answers long after the LIST
+		startOnce.Do(func() { close(getStarted) })
+		select {
+		case <-decided:
+		case <-time.After(10 * time.Second):
+		}
 		panic("a bug in the GET beside the LIST")
 	}
 	h := startGuard(t, Options{GetBesideListAfter: 20 * time.Millisecond}, harnessOptions{noWatch: true, reader: faultyReader(t, list, get)})
 	ns := newNamespace(t)
 	wf := createWorkflow(t, ns, "running", argo.PhaseRunning)
-	if err := env.Client.Create(t.Context(), fixture.ExitPod(wf), client.DryRunAll); err != nil {
+	err := env.Client.Create(t.Context(), fixture.ExitPod(wf), client.DryRunAll)
+	close(decided)
+	if err != nil {
 		t.Fatalf("the exit handler of a running workflow, decided by the LIST: %v, want admitted", err)
 	}
-	err := wait.PollUntilContextTimeout(t.Context(), 50*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
+	err = wait.PollUntilContextTimeout(t.Context(), 50*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
 		return h.counter(t, "exit_guard_panics_total", map[string]string{"where": "live-read"}) == 1, nil
 	})
 	if err != nil {

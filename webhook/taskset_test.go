@@ -424,8 +424,12 @@ func TestTaskSetWrites(t *testing.T) {
 		// A stale copy of the deleted workflow sends the create the guard admitted for it, more
 		// than the clock margin after the new workflow's last write (to the second), within the
 		// repeat window.
-		written := completionstore.ObservationOf(&seen, false).WrittenAt
-		time.Sleep(time.Until(written.Add(repeatsClockSkew + 1500*time.Millisecond)))
+		late := completionstore.ObservationOf(&seen, false).WrittenAt.Add(repeatsClockSkew + 1500*time.Millisecond)
+		if err := wait.PollUntilContextTimeout(t.Context(), 50*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
+			return time.Now().After(late), nil
+		}); err != nil {
+			t.Fatalf("the clock did not pass %v: %v", late, err)
+		}
 		if err := env.Client.Create(t.Context(), fixture.TaskSet(old, map[string]any{key: tmpl})); err != nil {
 			t.Fatalf("the stale copy's repeated create: %v, want admitted (row T7: the case it leaves)", err)
 		}
