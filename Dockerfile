@@ -8,13 +8,8 @@ COPY go.mod go.sum ./
 RUN go mod download
 COPY *.go ./
 COPY completionstore/ completionstore/
-COPY internal/argo/ internal/argo/
-COPY internal/certs/ internal/certs/
-COPY internal/check/ internal/check/
-COPY internal/clientauth/ internal/clientauth/
-COPY internal/lockwatch/ internal/lockwatch/
-COPY internal/metricsauth/ internal/metricsauth/
-COPY internal/shutdown/ internal/shutdown/
+COPY contract/ contract/
+COPY internal/ internal/
 COPY webhook/ webhook/
 ARG TARGETOS=linux
 ARG TARGETARCH=amd64

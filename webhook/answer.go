@@ -2,11 +2,10 @@ package webhook
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net/http"
 
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"github.com/exit-guard/exit-guard/contract"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 )
@@ -69,10 +68,6 @@ func (h *handler) answer(ctx context.Context, f facts, d decision, verdict strin
 	return r
 }
 
-// causeField is the field of the object a refusal's cause points at: where the object names
-// its workflow.
-const causeField = "metadata.ownerReferences"
-
 // The status of every refusal: code 429 with reason TooManyRequests, and no
 // details.retryAfterSeconds. Argo's controller (util/errors.IsTransientErr, in v3.4 to v4.0)
 // takes a 429 as transient by its code alone: a refused step or exit-handler pod leaves its node
@@ -95,62 +90,32 @@ func refusal(f facts, d decision) admission.Response {
 	r := admission.Denied(denialMessage(f, d))
 	r.Result.Code, r.Result.Reason = refusalCode, refusalReason
 	r.Result.Details = &metav1.StatusDetails{Causes: []metav1.StatusCause{{
-		Type: metav1.CauseType(d.reason), Field: causeField, Message: workflowText(d),
+		Type: metav1.CauseType(d.reason), Field: contract.CauseField, Message: workflowText(f, d),
 	}}}
 	return r
 }
 
-// RefusalReason returns the reason code of exit-guard's refusal in err, an error from the API
-// server (a create or update that the guard refused), and whether err is such a refusal.
-// Programs match the code; the message is for people. A refusal is a 429 (refusalCode); a 403
-// with the guard's cause is one too, as the guard answered before, so that a client reads both
-// sides of a rolling upgrade.
-func RefusalReason(err error) (Reason, bool) {
-	var status apierrors.APIStatus
-	if !apierrors.IsTooManyRequests(err) && !apierrors.IsForbidden(err) || !errors.As(err, &status) || status.Status().Details == nil {
-		return "", false
-	}
-	for _, c := range status.Status().Details.Causes {
-		for _, r := range refusalReasons {
-			if c.Type == metav1.CauseType(r) && c.Field == causeField {
-				return r, true
-			}
-		}
-	}
-	return "", false
-}
-
-// IsRefusal says whether err, an error from the API server, is a refusal by exit-guard.
-func IsRefusal(err error) bool {
-	_, ok := RefusalReason(err)
-	return ok
-}
-
 // denialMessage says what happened, which workflow and phase, and where to look.
 func denialMessage(f facts, d decision) string {
-	if d.reason == ReasonTaskSetOwnerGone {
-		return fmt.Sprintf("exit-guard refused %s: %s, as seen by %s, and the agent of a workflow of that name would run its tasks. "+
-			"If this workflow reused the name, a later write is admitted once the guard can tell it is this workflow's (its create of the same "+
-			"tasks just before, judged by the same replica, or, outside exit handlers, their pending nodes in its status), or the garbage collector "+
-			"deletes the old WorkflowTaskSet (kubectl -n %s get workflowtaskset %s -o jsonpath='{.metadata.ownerReferences}'); "+
-			"a stale copy of the deleted workflow gets no further",
-			f.object.refused(), workflowText(d), d.source, d.wfNamespace, d.wfName)
+	if w := f.object.spec().own[d.reason]; w.message != nil {
+		return w.message(f, d)
 	}
 	return fmt.Sprintf("exit-guard refused %s: %s, as seen by %s; "+
 		"a stale copy of a completed workflow tried to %s. "+
 		"See the workflow's events: kubectl -n %s get events --field-selector involvedObject.name=%s",
-		f.object.refused(), workflowText(d), d.source, f.object.spec().retried, d.wfNamespace, d.wfName)
+		f.object.refused(), workflowText(f, d), d.source, f.object.spec().retried, d.wfNamespace, d.wfName)
 }
 
 // workflowText says what the guard knows of the workflow a refusal is about.
-func workflowText(d decision) string {
+func workflowText(f facts, d decision) string {
+	if w := f.object.spec().own[d.reason]; w.workflow != nil {
+		return w.workflow(d)
+	}
 	switch d.reason {
-	case ReasonWorkflowDeleted:
+	case contract.ReasonWorkflowDeleted:
 		return fmt.Sprintf("workflow %s/%s (uid %s) no longer exists", d.wfNamespace, d.wfName, d.wfUID)
-	case ReasonWorkflowReplaced:
+	case contract.ReasonWorkflowReplaced:
 		return fmt.Sprintf("workflow %s/%s (uid %s) was deleted; that name now belongs to another workflow", d.wfNamespace, d.wfName, d.wfUID)
-	case ReasonTaskSetOwnerGone:
-		return fmt.Sprintf("it still belongs to workflow %s/%s (uid %s), which was deleted", d.wfNamespace, d.wfName, d.wfUID)
 	default:
 		return fmt.Sprintf("workflow %s/%s (uid %s) already reached %s (resourceVersion %s)", d.wfNamespace, d.wfName, d.wfUID, d.phase, d.resourceVersion)
 	}

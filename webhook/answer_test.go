@@ -1,7 +1,6 @@
 package webhook
 
 import (
-	"errors"
 	"net/http"
 	"strings"
 	"testing"
@@ -9,13 +8,14 @@ import (
 	"github.com/google/go-cmp/cmp"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 
-	"github.com/exit-guard/exit-guard/internal/fixture"
+	"github.com/exit-guard/exit-guard/contract"
+	"github.com/exit-guard/exit-guard/internal/argo"
+	"github.com/exit-guard/exit-guard/test/support/fixture"
 )
 
 // refused is a refusal decision of the table's workflow, by the live read.
-func refused(reason Reason) decision {
+func refused(reason contract.Reason) decision {
 	wf := tableWorkflow
 	return decision{deny: true, reason: reason, row: "6", source: sourceLive, wfNamespace: wf.GetNamespace(), wfName: wf.GetName(),
 		wfUID: wf.GetUID(), phase: "Succeeded", resourceVersion: "42"}
@@ -27,7 +27,7 @@ func refused(reason Reason) decision {
 // util/errors.IsTransientErr) and client-go does not retry inside the call (no Retry-After).
 func TestRefusalCarriesItsReasonCode(t *testing.T) {
 	f := podFacts(t, fixture.ExitPod(tableWorkflow))
-	for _, reason := range refusalReasons {
+	for _, reason := range contract.RefusalReasons {
 		t.Run(string(reason), func(t *testing.T) {
 			r := refusal(f, refused(reason))
 			if r.Allowed || r.Result.Code != http.StatusTooManyRequests || r.Result.Reason != metav1.StatusReasonTooManyRequests {
@@ -41,31 +41,14 @@ func TestRefusalCarriesItsReasonCode(t *testing.T) {
 			if !apierrors.IsTooManyRequests(err) || apierrors.IsForbidden(err) {
 				t.Errorf("the refusal is not what Argo takes as transient: %v", err)
 			}
-			if got, ok := RefusalReason(err); !ok || got != reason {
+			if got, ok := contract.RefusalReason(err); !ok || got != reason {
 				t.Errorf("RefusalReason = %q %v, want %q", got, ok, reason)
 			}
 			// A refusal of an earlier release (403 Forbidden, the same cause) still reads back.
 			old := *r.Result
 			old.Code, old.Reason = http.StatusForbidden, metav1.StatusReasonForbidden
-			if got, ok := RefusalReason(&apierrors.StatusError{ErrStatus: old}); !ok || got != reason {
+			if got, ok := contract.RefusalReason(&apierrors.StatusError{ErrStatus: old}); !ok || got != reason {
 				t.Errorf("RefusalReason of a 403 refusal = %q %v, want %q", got, ok, reason)
-			}
-		})
-	}
-	for _, tc := range []struct {
-		name string
-		err  error
-	}{
-		{"no error", nil},
-		{"another error", errors.New("connection refused")},
-		{"a Forbidden from elsewhere", apierrors.NewForbidden(schema.GroupResource{Resource: "pods"}, "p", errors.New("RBAC"))},
-		{"a 429 from elsewhere", apierrors.NewTooManyRequests("the server is busy", 1)},
-		{"a 409 with the guard's cause", &apierrors.StatusError{ErrStatus: metav1.Status{Code: http.StatusConflict, Reason: metav1.StatusReasonConflict,
-			Details: &metav1.StatusDetails{Causes: []metav1.StatusCause{{Type: metav1.CauseType(ReasonWorkflowDeleted), Field: causeField}}}}}},
-	} {
-		t.Run("not a refusal: "+tc.name, func(t *testing.T) {
-			if got, ok := RefusalReason(tc.err); ok {
-				t.Errorf("RefusalReason(%v) = %q, want none", tc.err, got)
 			}
 		})
 	}
@@ -80,7 +63,7 @@ func TestAnswersByMode(t *testing.T) {
 		key, _ := fixture.OnExitTask(tableWorkflow)
 		return taskSetFacts(t, tableWorkflow, nil, "", []string{key}, "false")
 	}
-	claim := func(t *testing.T) facts { return eventFacts(t, tableWorkflow, EventReasonWorkflowFailed) }
+	claim := func(t *testing.T) facts { return eventFacts(t, tableWorkflow, argo.EventReasonWorkflowFailed) }
 	type want struct {
 		allowed, patched, warned bool
 		decision                 string
@@ -110,7 +93,7 @@ func TestAnswersByMode(t *testing.T) {
 				t.Fatal(err)
 			}
 			h := &handler{guard: g, mutating: tc.mutating}
-			f, d := tc.facts(t), refused(ReasonWorkflowCompleted)
+			f, d := tc.facts(t), refused(contract.ReasonWorkflowCompleted)
 			r := h.answer(t.Context(), f, d, verdictOf(d, tc.mode))
 			got := want{allowed: r.Allowed, patched: len(r.Patches) > 0, warned: len(r.Warnings) > 0, decision: r.AuditAnnotations["decision"]}
 			if diff := cmp.Diff(tc.want, got, cmp.AllowUnexported(want{})); diff != "" {
@@ -123,7 +106,7 @@ func TestAnswersByMode(t *testing.T) {
 	}
 	// An admission is an admission in every mode, with its reason.
 	for _, mode := range []Mode{ModeEnforce, ModeWarn, ModeDryRun} {
-		d := decision{reason: ReasonWorkflowNotTerminal}
+		d := decision{reason: contract.ReasonWorkflowNotTerminal}
 		if v := verdictOf(d, mode); v != verdictAllowed {
 			t.Errorf("an admission in %s mode has verdict %s", mode, v)
 		}
@@ -139,16 +122,16 @@ func TestRefusalMessagesSayWhatWasRefused(t *testing.T) {
 		d     decision
 		want  []string
 	}{
-		{"an exit-handler pod", func(t *testing.T) facts { return podFacts(t, fixture.ExitPod(tableWorkflow)) }, refused(ReasonWorkflowCompleted),
+		{"an exit-handler pod", func(t *testing.T) facts { return podFacts(t, fixture.ExitPod(tableWorkflow)) }, refused(contract.ReasonWorkflowCompleted),
 			[]string{"exit-guard refused exit-handler pod", "for node notify.onExit[0].notify", "workflow argo/notify (uid uid-notify) already reached Succeeded (resourceVersion 42)", "as seen by live-read", "run it again", "kubectl -n argo get events"}},
-		{"an agent pod of a deleted workflow", func(t *testing.T) facts { return podFacts(t, fixture.AgentPod(tableWorkflow)) }, refused(ReasonWorkflowDeleted),
+		{"an agent pod of a deleted workflow", func(t *testing.T) facts { return podFacts(t, fixture.AgentPod(tableWorkflow)) }, refused(contract.ReasonWorkflowDeleted),
 			[]string{"agent pod", "(the workflow's HTTP and plugin tasks)", "workflow argo/notify (uid uid-notify) no longer exists"}},
 		{"a TaskSet write of a replaced workflow", func(t *testing.T) facts {
 			return taskSetFacts(t, tableWorkflow, []string{}, "true", []string{key}, "false")
-		}, refused(ReasonWorkflowReplaced),
+		}, refused(contract.ReasonWorkflowReplaced),
 			[]string{"a write to WorkflowTaskSet argo/notify that adds task " + key + " (the exit handler notify.onExit)", "the completed label set back", "that name now belongs to another workflow", "run its HTTP or plugin tasks again"}},
-		{"a failure Event of a succeeded workflow", func(t *testing.T) facts { return eventFacts(t, tableWorkflow, EventReasonWorkflowFailed) },
-			refused(ReasonWorkflowSucceeded),
+		{"a failure Event of a succeeded workflow", func(t *testing.T) facts { return eventFacts(t, tableWorkflow, argo.EventReasonWorkflowFailed) },
+			refused(contract.ReasonWorkflowSucceeded),
 			[]string{"exit-guard refused the Warning WorkflowFailed Event argo/notify.", "recorded by workflow-controller", "already reached Succeeded", "report it as failed"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

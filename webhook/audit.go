@@ -9,23 +9,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 
+	"github.com/exit-guard/exit-guard/contract"
 	"github.com/exit-guard/exit-guard/internal/argo"
-)
-
-// Event reasons on the workflow: stable, for alerting and `kubectl get events --field-selector`.
-const (
-	// EventReasonDenied: a pod or TaskSet write of the workflow was refused (enforce mode).
-	EventReasonDenied = "ExitHandlerDenied"
-	// EventReasonWarned: an object of the workflow would have been refused (warn mode).
-	EventReasonWarned = "ExitHandlerWouldBeDenied"
-	// EventReasonUnexpectedRequester: an object of the workflow was refused (or would have
-	// been) on behalf of someone other than the expected workflow controller (Normal: without
-	// --webhook-client-ca-file anyone who reaches the webhook port can name any requester).
-	EventReasonUnexpectedRequester = "RefusedForUnexpectedRequester"
-	// EventReasonTaskSetOwnerGone: an update of a WorkflowTaskSet that still belongs to a
-	// deleted workflow of this name was refused (Normal: perhaps this workflow's own write,
-	// which waits for the garbage collector; not a stale exit handler).
-	EventReasonTaskSetOwnerGone = "TaskSetOwnerGone"
 )
 
 // audit records a decision with its verdict: a metric always; a log line (V(1) for
@@ -58,8 +43,9 @@ func (g *guard) audit(ctx context.Context, req request, f facts, d decision, ver
 	}
 
 	log := logf.FromContext(ctx)
-	unverified := d.reason == ReasonUnverifiedFailOpen || d.reason == ReasonUnconfirmedCompletion
-	if !d.deny && !unverified && d.reason != ReasonTasksOfNameHolder && !log.V(1).Enabled() {
+	unverified := d.reason == contract.ReasonUnverifiedFailOpen || d.reason == contract.ReasonUnconfirmedCompletion
+	own := spec.own[d.reason]
+	if !d.deny && !unverified && own.log == "" && !log.V(1).Enabled() {
 		// The common case: an admission nobody asked to see logged costs no log values.
 		return
 	}
@@ -74,13 +60,13 @@ func (g *guard) audit(ctx context.Context, req request, f facts, d decision, ver
 	}
 	msgs := &spec.logs
 	if !d.deny {
-		switch d.reason {
-		case ReasonUnverifiedFailOpen:
+		switch {
+		case own.log != "":
+			log.Info(own.log)
+		case d.reason == contract.ReasonUnverifiedFailOpen:
 			log.Info(msgs.unverified)
-		case ReasonUnconfirmedCompletion:
+		case d.reason == contract.ReasonUnconfirmedCompletion:
 			log.Info(msgs.unconfirmed)
-		case ReasonTasksOfNameHolder:
-			log.Info("WorkflowTaskSet update admitted: it still belongs to a deleted workflow, and the workflow that reused the name sent it (its create of these tasks just before, or their pending nodes in its status)")
 		default:
 			log.V(1).Info(msgs.admitted)
 		}
@@ -88,8 +74,8 @@ func (g *guard) audit(ctx context.Context, req request, f facts, d decision, ver
 	}
 	dryRunRequest := req.dryRun
 	refusedMsg := msgs.refused
-	if d.reason == ReasonTaskSetOwnerGone {
-		refusedMsg = "WorkflowTaskSet update refused: it still belongs to a deleted workflow (perhaps the write of a workflow that reused the name, which waits for the garbage collector)"
+	if own.log != "" {
+		refusedMsg = own.log
 	}
 	if unexpected {
 		log = log.WithValues("requester", f.requester, "expectedRequester", g.opts.ExpectedRequester)
@@ -105,14 +91,11 @@ func (g *guard) audit(ctx context.Context, req request, f facts, d decision, ver
 	if g.recorder == nil || dryRunRequest || verdict == verdictDryRun {
 		return
 	}
-	eventType, reason := spec.auditEvent(verdict)
-	if d.reason == ReasonTaskSetOwnerGone {
-		eventType, reason = corev1.EventTypeNormal, EventReasonTaskSetOwnerGone
-	}
+	eventType, reason := spec.auditEvent(verdict, d.reason)
 	note := "%s: workflow is %s, known by %s at resourceVersion %s"
-	args := []any{f.object.eventRefused(), phaseOrGone(d), d.source, d.resourceVersion}
+	args := []any{f.object.eventRefused(), phaseOrGone(f, d), d.source, d.resourceVersion}
 	if unexpected {
-		eventType, reason = corev1.EventTypeNormal, EventReasonUnexpectedRequester
+		eventType, reason = corev1.EventTypeNormal, contract.EventReasonUnexpectedRequester
 		note += "; sent for %q, not the expected workflow controller"
 		args = append(args, truncate(f.requester, 128))
 	}
@@ -123,14 +106,16 @@ func (g *guard) audit(ctx context.Context, req request, f facts, d decision, ver
 	g.recorder.Eventf(regarding, nil, eventType, reason, f.object.eventAction(req.operation), note, args...)
 }
 
-func phaseOrGone(d decision) string {
+// phaseOrGone is the workflow's state in the note of the guard's Event.
+func phaseOrGone(f facts, d decision) string {
+	if w := f.object.spec().own[d.reason]; w.phase != "" {
+		return w.phase
+	}
 	switch d.reason {
-	case ReasonWorkflowDeleted:
+	case contract.ReasonWorkflowDeleted:
 		return "deleted"
-	case ReasonWorkflowReplaced:
+	case contract.ReasonWorkflowReplaced:
 		return "deleted (name reused by another workflow)"
-	case ReasonTaskSetOwnerGone:
-		return "deleted (the WorkflowTaskSet still names it as its owner)"
 	}
 	return string(d.phase)
 }

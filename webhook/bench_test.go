@@ -12,7 +12,7 @@ import (
 
 	"github.com/exit-guard/exit-guard/completionstore"
 	"github.com/exit-guard/exit-guard/internal/argo"
-	"github.com/exit-guard/exit-guard/internal/fixture"
+	"github.com/exit-guard/exit-guard/test/support/fixture"
 )
 
 // BenchmarkDecide measures one decision against the real test API server: an exit-handler pod

@@ -24,8 +24,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/exit-guard/exit-guard/completionstore"
+	"github.com/exit-guard/exit-guard/contract"
 	"github.com/exit-guard/exit-guard/internal/argo"
-	"github.com/exit-guard/exit-guard/internal/fixture"
+	"github.com/exit-guard/exit-guard/test/support/fixture"
 )
 
 // storeState is what the guard's store holds for the workflow of a case.
@@ -231,7 +232,7 @@ type decisionCase struct {
 	// The decision wanted; wantRow is the row that answers (row, unless the case's row sends
 	// the object on to another).
 	deny    bool
-	reason  Reason
+	reason  contract.Reason
 	source  source
 	wantRow string
 }
@@ -273,9 +274,9 @@ func decisionCases() []decisionCase {
 	event := func(reason string) func(*testing.T) facts {
 		return func(t *testing.T) facts { return eventFacts(t, wf, reason) }
 	}
-	failed := event(EventReasonWorkflowFailed)
+	failed := event(argo.EventReasonWorkflowFailed)
 	podEvent := func(t *testing.T) facts {
-		ev := fixture.WorkflowEvent(wf, EventReasonWorkflowFailed, "x")
+		ev := fixture.WorkflowEvent(wf, argo.EventReasonWorkflowFailed, "x")
 		ev.InvolvedObject.Kind, ev.InvolvedObject.APIVersion = "Pod", "v1"
 		_, f, resp := readEventReview(reviewBody(admissionv1.AdmissionRequest{UID: "u", Operation: admissionv1.Create,
 			Resource: eventResource, Object: runtime.RawExtension{Raw: fixture.JSON(ev)}}))
@@ -291,137 +292,137 @@ func decisionCases() []decisionCase {
 	tombstone := Options{StoreFallback: FallbackTombstone}
 
 	return []decisionCase{
-		{row: "1", name: "a plain pod", facts: pod(plain), reason: ReasonNotOwnedByWorkflow},
-		{row: "1", name: "owned by a WorkflowArtifactGCTask", facts: pod(artGCTask), reason: ReasonNotOwnedByWorkflow},
-		{row: "1", name: "a Workflow of another group", facts: pod(otherGroup), reason: ReasonNotOwnedByWorkflow},
-		{row: "1", name: "a Workflow owner that is not the controller", facts: pod(notController), reason: ReasonNotOwnedByWorkflow},
-		{row: "2", name: "an artifact-GC pod owned by the Workflow", facts: pod(fixture.ComponentPod(wf, "artifact-gc")), reason: ReasonArtifactGCOrOtherComponent},
-		{row: "3", name: "an exit handler in a namespace not guarded", facts: pod(elsewhere), opts: watchOnly, reason: ReasonNamespaceNotWatched},
-		{row: "4", name: "a step pod without strict", facts: step, reason: ReasonNotCoveredByPolicy},
-		{row: "4", name: "a hook pod without cover-hooks", facts: hook, reason: ReasonNotCoveredByPolicy},
-		{row: "5", name: "live Running", facts: exit, live: liveRunning, store: storeSucceeded, reason: ReasonWorkflowNotTerminal, source: sourceLive},
-		{row: "5", name: "live empty phase (v4 retry)", facts: exit, live: liveUnknown, store: storeSucceeded, reason: ReasonWorkflowNotTerminal, source: sourceLive},
-		{row: "5", name: "agent pod, live Running", facts: agent, live: liveRunning, store: storeSucceeded, reason: ReasonWorkflowNotTerminal, source: sourceLive},
-		{row: "6", name: "live Succeeded", facts: exit, live: liveSucceeded, deny: true, reason: ReasonWorkflowCompleted, source: sourceLive},
-		{row: "6", name: "agent pod, live Succeeded", facts: agent, live: liveSucceeded, deny: true, reason: ReasonWorkflowCompleted, source: sourceLive},
-		{row: "6", name: "hook pod with cover-hooks, live Succeeded", facts: hook, opts: Options{Hooks: true}, live: liveSucceeded, deny: true, reason: ReasonWorkflowCompleted, source: sourceLive},
-		{row: "6", name: "live Failed, Failed denied", facts: exit, opts: Options{DenyPhases: []argo.Phase{argo.PhaseFailed}}, live: liveFailed, deny: true, reason: ReasonWorkflowCompleted, source: sourceLive},
-		{row: "7", name: "live Failed, default policy", facts: exit, live: liveFailed, store: storeFailed, reason: ReasonPhaseNotDenied, source: sourceLive},
-		{row: "8", name: "live 404", facts: exit, live: live404, deny: true, reason: ReasonWorkflowDeleted, source: sourceLive},
-		{row: "8", name: "agent pod, live 404", facts: agent, live: live404, deny: true, reason: ReasonWorkflowDeleted, source: sourceLive},
-		{row: "9", name: "live other UID", facts: exit, live: liveOtherUID, deny: true, reason: ReasonWorkflowReplaced, source: sourceLive},
-		{row: "10", name: "read fails, store tombstone", facts: exit, live: liveFails, store: storeTombstone, deny: true, reason: ReasonWorkflowDeleted, source: sourceStore},
-		{row: "11", name: "read fails, store Succeeded, watch fresh (default fallback)", facts: exit, live: liveFails, store: storeSucceeded, deny: true, reason: ReasonWorkflowCompleted, source: sourceStore},
-		{row: "11", name: "read times out, store Succeeded, watch fresh (default fallback)", facts: exit, live: liveTimesOut, store: storeSucceeded, deny: true, reason: ReasonWorkflowCompleted, source: sourceStore},
-		{row: "11", name: "agent pod, read fails, store Succeeded, watch fresh: a retry's agent pod comes at once, never refused from the store", facts: agent, live: liveFails, store: storeSucceeded, reason: ReasonUnconfirmedCompletion, source: sourceStore},
-		{row: "11", name: "agent pod, read fails, store Succeeded, completion fallback", facts: agent, opts: completion, live: liveFails, store: storeSucceeded, deny: true, reason: ReasonWorkflowCompleted, source: sourceStore},
-		{row: "11", name: "read times out, store Succeeded, watch quiet past fresh-for (default fallback: Argo sends the pod again)", facts: exit, live: liveTimesOut, store: storeSucceeded, staleWatch: true, deny: true, reason: ReasonWorkflowCompleted, source: sourceStore},
-		{row: "11", name: "read times out, store Succeeded, watch quiet past fresh-for (fresh fallback)", facts: exit, opts: Options{StoreFallback: FallbackFresh}, live: liveTimesOut, store: storeSucceeded, staleWatch: true, reason: ReasonUnconfirmedCompletion, source: sourceStore},
-		{row: "11", name: "read fails, store Succeeded, tombstone fallback", facts: exit, opts: tombstone, live: liveFails, store: storeSucceeded, reason: ReasonUnconfirmedCompletion, source: sourceStore},
-		{row: "11", name: "read fails, store Succeeded, completion fallback", facts: exit, opts: completion, live: liveFails, store: storeSucceeded, deny: true, reason: ReasonWorkflowCompleted, source: sourceStore},
-		{row: "11", name: "read times out, store Succeeded, watch quiet, completion fallback", facts: exit, opts: completion, live: liveTimesOut, store: storeSucceeded, staleWatch: true, deny: true, reason: ReasonWorkflowCompleted, source: sourceStore},
-		{row: "12", name: "read fails, store Failed", facts: exit, live: liveFails, store: storeFailed, reason: ReasonPhaseNotDenied, source: sourceStore},
-		{row: "13", name: "read fails, store Running", facts: exit, live: liveFails, store: storeRunning, reason: ReasonWorkflowNotTerminal, source: sourceStore},
-		{row: "14", name: "read fails, store unsettled, completion fallback", facts: exit, opts: completion, live: liveFails, store: storeUnsettled, reason: ReasonUnverifiedFailOpen, source: sourceStore},
-		{row: "14", name: "read times out, store unsettled", facts: exit, live: liveTimesOut, store: storeUnsettled, reason: ReasonUnverifiedFailOpen, source: sourceStore},
-		{row: "15", name: "read times out, store empty", facts: exit, live: liveTimesOut, reason: ReasonUnverifiedFailOpen},
-		{row: "15", name: "read fails, store empty", facts: exit, live: liveFails, reason: ReasonUnverifiedFailOpen},
-		{row: "16", name: "store-first, store empty", facts: exit, opts: storeFirst, reason: ReasonNotSeenCompleted, source: sourceStore},
-		{row: "16", name: "strict step pod, store empty", facts: step, opts: Options{Strict: true}, reason: ReasonNotSeenCompleted, source: sourceStore},
-		{row: "17", name: "store-first, store Running", facts: exit, opts: storeFirst, store: storeRunning, reason: ReasonWorkflowNotTerminal, source: sourceStore},
-		{row: "17", name: "store-first, store Failed", facts: exit, opts: storeFirst, store: storeFailed, reason: ReasonPhaseNotDenied, source: sourceStore},
-		{row: "18", name: "store-first, store Succeeded, live Running (a retry)", facts: exit, opts: storeFirst, store: storeSucceeded, live: liveRunning, reason: ReasonWorkflowNotTerminal, source: sourceLive, wantRow: "5"},
-		{row: "18", name: "store-first, store Succeeded, live confirms", facts: exit, opts: storeFirst, store: storeSucceeded, live: liveSucceeded, deny: true, reason: ReasonWorkflowCompleted, source: sourceLive, wantRow: "6"},
-		{row: "18", name: "store-first, store tombstone, live 404", facts: exit, opts: storeFirst, store: storeTombstone, live: live404, deny: true, reason: ReasonWorkflowDeleted, source: sourceLive, wantRow: "8"},
-		{row: "18", name: "store-first, store unsettled, live Succeeded", facts: exit, opts: storeFirst, store: storeUnsettled, live: liveSucceeded, deny: true, reason: ReasonWorkflowCompleted, source: sourceLive, wantRow: "6"},
-		{row: "18", name: "store-first, store unsettled, live says not terminal", facts: exit, opts: storeFirst, store: storeUnsettled, live: liveUnknown, reason: ReasonWorkflowNotTerminal, source: sourceLive, wantRow: "5"},
-		{row: "18", name: "strict step pod, store Succeeded, read fails, default fallback: Argo sends the pod again", facts: step, opts: Options{Strict: true}, store: storeSucceeded, live: liveFails, deny: true, reason: ReasonWorkflowCompleted, source: sourceStore, wantRow: "11"},
-		{row: "18", name: "strict step pod, store Succeeded, read fails, fresh fallback: a retry's steps come at once", facts: step, opts: Options{Strict: true, StoreFallback: FallbackFresh}, store: storeSucceeded, live: liveFails, reason: ReasonUnconfirmedCompletion, source: sourceStore, wantRow: "11"},
-		{row: "18", name: "strict step pod, store Succeeded, read fails, tombstone fallback", facts: step, opts: Options{Strict: true, StoreFallback: FallbackTombstone}, store: storeSucceeded, live: liveFails, reason: ReasonUnconfirmedCompletion, source: sourceStore, wantRow: "11"},
-		{row: "18", name: "strict step pod, store Succeeded, read fails, completion fallback", facts: step, opts: Options{Strict: true, StoreFallback: FallbackCompletion}, store: storeSucceeded, live: liveFails, deny: true, reason: ReasonWorkflowCompleted, source: sourceStore, wantRow: "11"},
-		{row: "19", name: "store-first, watch stale, live Succeeded", facts: exit, opts: storeFirst, staleWatch: true, live: liveSucceeded, deny: true, reason: ReasonWorkflowCompleted, source: sourceLive, wantRow: "6"},
-		{row: "19", name: "strict step pod, watch stale, live Succeeded", facts: step, opts: Options{Strict: true}, staleWatch: true, live: liveSucceeded, deny: true, reason: ReasonWorkflowCompleted, source: sourceLive, wantRow: "6"},
-		{row: "19", name: "store-first, watch stale, read fails, store empty", facts: exit, opts: storeFirst, staleWatch: true, live: liveFails, reason: ReasonUnverifiedFailOpen, wantRow: "15"},
-		{row: "T1", name: "TaskSet without a Workflow owner reference", facts: notOwnedWrite, reason: ReasonNotOwnedByWorkflow},
-		{row: "T2", name: "TaskSet, namespace not guarded", facts: elsewhereWrite, opts: watchOnly, reason: ReasonNamespaceNotWatched},
-		{row: "T3", name: "TaskSet cleanup of a succeeded workflow (tasks removed, completed set)", facts: cleanup, reason: ReasonNoNewTask},
-		{row: "T7", name: "TaskSet created again with the tasks and templates this replica admitted for the workflow after a live read 1 s before, the store holding it running (Argo's next pass: AlreadyExists)", facts: created, createdBy: wf.GetUID(), createdAgo: time.Second, store: storeRunning, reason: ReasonRepeatsAdmittedCreate},
-		{row: "T7", name: "TaskSet created again, dry run", facts: dryRun(created), createdBy: wf.GetUID(), createdAgo: time.Second, store: storeRunning, reason: ReasonRepeatsAdmittedCreate},
-		{row: "T4", name: "as 5: task added, live Running", facts: stale, live: liveRunning, store: storeSucceeded, reason: ReasonWorkflowNotTerminal, source: sourceLive, wantRow: "5"},
-		{row: "T4", name: "as 6: task added, live Succeeded", facts: stale, live: liveSucceeded, deny: true, reason: ReasonWorkflowCompleted, source: sourceLive, wantRow: "6"},
-		{row: "T4", name: "as 6: completed set back alone, live Succeeded", facts: reopenOnly, live: liveSucceeded, deny: true, reason: ReasonWorkflowCompleted, source: sourceLive, wantRow: "6"},
-		{row: "T4", name: "as 6: TaskSet created, live Succeeded", facts: created, live: liveSucceeded, deny: true, reason: ReasonWorkflowCompleted, source: sourceLive, wantRow: "6"},
-		{row: "T4", name: "as 6: TaskSet created with a task the create admitted for the workflow lacked (a stale copy's exit handler), live Succeeded", facts: created, createdBy: wf.GetUID(), createdAgo: time.Second, createdOtherTask: true, store: storeRunning, live: liveSucceeded, deny: true, reason: ReasonWorkflowCompleted, source: sourceLive, wantRow: "6"},
-		{row: "T4", name: "as 6: TaskSet created with the task admitted for the workflow, another template, live Succeeded", facts: created, createdBy: wf.GetUID(), createdAgo: time.Second, createdOtherTemplate: true, store: storeRunning, live: liveSucceeded, deny: true, reason: ReasonWorkflowCompleted, source: sourceLive, wantRow: "6"},
-		{row: "T4", name: "as 6: TaskSet created as admitted for the workflow, older than the repeat memory, live Succeeded", facts: created, createdBy: wf.GetUID(), createdAgo: defaultTaskSetRepeatsFor + time.Second, store: storeRunning, live: liveSucceeded, deny: true, reason: ReasonWorkflowCompleted, source: sourceLive, wantRow: "6"},
-		{row: "T4", name: "as 6: TaskSet created as admitted for the workflow from the store (no live read), live Succeeded", facts: created, createdBy: wf.GetUID(), createdAgo: time.Second, createdFromStore: true, store: storeRunning, live: liveSucceeded, deny: true, reason: ReasonWorkflowCompleted, source: sourceLive, wantRow: "6"},
-		{row: "T4", name: "as 6: TaskSet created as admitted for the workflow 1 s before, the store since saw it succeed, live Succeeded", facts: created, createdBy: wf.GetUID(), createdAgo: time.Second, store: storeSucceeded, live: liveSucceeded, deny: true, reason: ReasonWorkflowCompleted, source: sourceLive, wantRow: "6"},
-		{row: "T4", name: "as 9: TaskSet created as admitted for the workflow 1 s before, the store since saw it deleted (its name reused), live other UID", facts: created, createdBy: wf.GetUID(), createdAgo: time.Second, store: storeTombstone, live: liveOtherUID, deny: true, reason: ReasonWorkflowReplaced, source: sourceLive, wantRow: "9"},
-		{row: "T4", name: "as 15: TaskSet created as admitted for the workflow 1 s before, the store holding nothing of it, read fails", facts: created, createdBy: wf.GetUID(), createdAgo: time.Second, live: liveFails, reason: ReasonUnverifiedFailOpen, wantRow: "15"},
-		{row: "T4", name: "as 6: TaskSet created again with the tasks and templates admitted for the workflow after a live read 1 s before, in a create another user sent, live Succeeded", facts: created, createdBy: wf.GetUID(), createdAgo: time.Second, createdByOtherUser: true, store: storeRunning, live: liveSucceeded, deny: true, reason: ReasonWorkflowCompleted, source: sourceLive, wantRow: "6"},
-		{row: "T4", name: "as 6: TaskSet created as admitted for another workflow of the name, live Succeeded", facts: created, createdBy: "uid-of-another", createdAgo: time.Second, store: storeRunning, live: liveSucceeded, deny: true, reason: ReasonWorkflowCompleted, source: sourceLive, wantRow: "6"},
-		{row: "T4", name: "as 6: task added by an update, a create of it admitted for the workflow 1 s before (the patch after AlreadyExists is judged), live Succeeded", facts: stale, createdBy: wf.GetUID(), createdAgo: time.Second, store: storeRunning, live: liveSucceeded, deny: true, reason: ReasonWorkflowCompleted, source: sourceLive, wantRow: "6"},
-		{row: "T4", name: "as 7: task added, live Failed, default policy", facts: stale, live: liveFailed, reason: ReasonPhaseNotDenied, source: sourceLive, wantRow: "7"},
-		{row: "T4", name: "as 8: TaskSet created, live 404", facts: created, live: live404, deny: true, reason: ReasonWorkflowDeleted, source: sourceLive, wantRow: "8"},
-		{row: "T4", name: "as 8: task added by an update, live 404", facts: stale, live: live404, deny: true, reason: ReasonWorkflowDeleted, source: sourceLive, wantRow: "8"},
-		{row: "T4", name: "as 9: TaskSet created, live other UID", facts: created, live: liveOtherUID, deny: true, reason: ReasonWorkflowReplaced, source: sourceLive, wantRow: "9"},
-		{row: "T4", name: "as 10: TaskSet created, read fails, store tombstone", facts: created, live: liveFails, store: storeTombstone, deny: true, reason: ReasonWorkflowDeleted, source: sourceStore, wantRow: "10"},
-		{row: "T4", name: "as 11: the exit handler's task added, read times out, store Succeeded, watch fresh", facts: stale, live: liveTimesOut, store: storeSucceeded, deny: true, reason: ReasonWorkflowCompleted, source: sourceStore, wantRow: "11"},
-		{row: "T4", name: "as 11: another node's task added, read times out, store Succeeded, watch fresh: a retry's comes at once", facts: stepWrite, live: liveTimesOut, store: storeSucceeded, reason: ReasonUnconfirmedCompletion, source: sourceStore, wantRow: "11"},
-		{row: "T4", name: "as 11: task added, read times out, store Succeeded, tombstone fallback", facts: stale, opts: tombstone, live: liveTimesOut, store: storeSucceeded, reason: ReasonUnconfirmedCompletion, source: sourceStore, wantRow: "11"},
-		{row: "T4", name: "as 11: task added, read fails, store Succeeded, completion fallback", facts: stale, opts: completion, live: liveFails, store: storeSucceeded, deny: true, reason: ReasonWorkflowCompleted, source: sourceStore, wantRow: "11"},
-		{row: "T4", name: "as 15: task added, read fails, store empty", facts: stale, live: liveFails, reason: ReasonUnverifiedFailOpen, wantRow: "15"},
-		{row: "T4", name: "as 16: task added, store-first, store empty", facts: stale, opts: storeFirst, reason: ReasonNotSeenCompleted, source: sourceStore, wantRow: "16"},
-		{row: "T4", name: "as 18: task added, store-first, store Succeeded, live confirms", facts: stale, opts: storeFirst, store: storeSucceeded, live: liveSucceeded, deny: true, reason: ReasonWorkflowCompleted, source: sourceLive, wantRow: "6"},
-		{row: "T4", name: "as 19: task added, store-first, watch stale, live Succeeded", facts: stale, opts: storeFirst, staleWatch: true, live: liveSucceeded, deny: true, reason: ReasonWorkflowCompleted, source: sourceLive, wantRow: "6"},
-		{row: "T5", name: "owner's name held by another, its status lacks the task's node (its first pass, or a stale copy's task)", facts: stale, live: liveOtherUID, nodes: nodesNotWritten, deny: true, reason: ReasonTaskSetOwnerGone, source: sourceLive},
-		{row: "T5", name: "owner's name held by another, whose node of the task has finished", facts: stale, live: liveOtherUID, nodes: nodesDone, deny: true, reason: ReasonTaskSetOwnerGone, source: sourceLive},
-		{row: "T5", name: "owner's name held by another, whose node of that ID is a pod", facts: stepWrite, live: liveOtherUID, nodes: nodesOfPods, deny: true, reason: ReasonTaskSetOwnerGone, source: sourceLive},
-		{row: "T5", name: "owner's name held by another, which has completed", facts: stale, live: liveOtherUID, nodes: nodesHolderDone, deny: true, reason: ReasonTaskSetOwnerGone, source: sourceLive},
-		{row: "T5", name: "owner's name held by another, and by a third at the whole read", facts: stale, live: liveOtherUID, nodes: nodesAnotherHolder, deny: true, reason: ReasonTaskSetOwnerGone, source: sourceLive},
-		{row: "T5", name: "owner's name held by another, whole read fails", facts: stale, live: liveOtherUID, nodes: nodesFail, deny: true, reason: ReasonTaskSetOwnerGone, source: sourceLive},
-		{row: "T5", name: "update that only sets completed back, owner's name held by another", facts: reopenOnly, live: liveOtherUID, deny: true, reason: ReasonTaskSetOwnerGone, source: sourceLive},
-		{row: "T5", name: "update that only sets completed back on tasks the object holds, owner's name held by another, its status lacks their nodes", facts: reopenHeld, live: liveOtherUID, nodes: nodesNotWritten, deny: true, reason: ReasonTaskSetOwnerGone, source: sourceLive},
-		{row: "T5", name: "update that only sets completed back on tasks the object holds, one a leftover the name's holder did not create (the deleted workflow's exit handler)", facts: reopenHeldExit, live: liveOtherUID, createdBy: "uid-of-another", createdAgo: time.Second, createdWithout: []string{onExit}, nodes: nodesNotWritten, deny: true, reason: ReasonTaskSetOwnerGone, source: sourceLive},
-		{row: "T5", name: "update of a TaskSet whose owner the store saw deleted, read fails", facts: stale, live: liveFails, store: storeTombstone, deny: true, reason: ReasonTaskSetOwnerGone, source: sourceStore},
-		{row: "T5", name: "owner's name held by another; a create with these tasks remembered, by a third", facts: stale, live: liveOtherUID, createdBy: "uid-of-a-third", nodes: nodesNotWritten, deny: true, reason: ReasonTaskSetOwnerGone, source: sourceLive},
-		{row: "T5", name: "owner's name held by another; a create with these tasks remembered for it, sent by another user (another tenant of the namespace)", facts: stale, live: liveOtherUID, createdBy: "uid-of-another", createdAgo: time.Second, createdByOtherUser: true, nodes: nodesNotWritten, deny: true, reason: ReasonTaskSetOwnerGone, source: sourceLive},
-		{row: "T5", name: "owner's name held by another; its create remembered, older than the memory", facts: stale, live: liveOtherUID, createdBy: "uid-of-another", createdAgo: createMemory + time.Second, nodes: nodesNotWritten, deny: true, reason: ReasonTaskSetOwnerGone, source: sourceLive},
-		{row: "T5", name: "owner's name held by another; its create remembered, with other tasks", facts: stale, live: liveOtherUID, createdBy: "uid-of-another", createdOtherTask: true, nodes: nodesNotWritten, deny: true, reason: ReasonTaskSetOwnerGone, source: sourceLive},
-		{row: "T5", name: "owner's name held by another; its create remembered, the same task with another template (a stale copy's own)", facts: stale, live: liveOtherUID, createdBy: "uid-of-another", createdOtherTemplate: true, nodes: nodesNotWritten, deny: true, reason: ReasonTaskSetOwnerGone, source: sourceLive},
-		{row: "T5", name: "owner's name held by another that has completed; its create remembered", facts: stale, live: liveOtherUIDDone, createdBy: "uid-of-another", createdAgo: time.Second, deny: true, reason: ReasonTaskSetOwnerGone, source: sourceLive},
-		{row: "T5", name: "owner's name held by another, whose pending node of the task is in its exit handler (known only from a create)", facts: stale, live: liveOtherUID, nodes: nodesPendingExitHandler, deny: true, reason: ReasonTaskSetOwnerGone, source: sourceLive},
-		{row: "T6", name: "owner's name held by another, which created the TaskSet with these tasks just before (AlreadyExists, then this patch)", facts: stale, live: liveOtherUID, createdBy: "uid-of-another", createdAgo: time.Second, reason: ReasonTasksOfNameHolder, source: sourceLive},
-		{row: "T6", name: "owner's name held by another that runs, each task its pending HTTP node", facts: stepWrite, live: liveOtherUID, nodes: nodesPending, reason: ReasonTasksOfNameHolder, source: sourceLive},
-		{row: "T6", name: "update that only sets completed back on tasks the object holds, owner's name held by another, which created the TaskSet with them just before", facts: reopenHeld, live: liveOtherUID, createdBy: "uid-of-another", createdAgo: time.Second, reason: ReasonTasksOfNameHolder, source: sourceLive},
-		{row: "T6", name: "update that only sets completed back on tasks the object holds, owner's name held by another that runs, each its pending HTTP node", facts: reopenHeld, live: liveOtherUID, nodes: nodesPending, reason: ReasonTasksOfNameHolder, source: sourceLive},
-		{row: "E1", name: "an Event about a pod", facts: podEvent, reason: ReasonNotOwnedByWorkflow},
-		{row: "E2", name: "an Event in a namespace not guarded", facts: elsewhereEvent, opts: watchOnly, reason: ReasonNamespaceNotWatched},
-		{row: "E3", name: "WorkflowRunning", facts: event("WorkflowRunning"), reason: ReasonNotAFailureClaim},
-		{row: "E3", name: "WorkflowSucceeded", facts: event("WorkflowSucceeded"), reason: ReasonNotAFailureClaim},
-		{row: "E3", name: "WorkflowTimedOut: recorded in passes that end running too", facts: event("WorkflowTimedOut"), reason: ReasonNotAFailureClaim},
-		{row: "E3", name: "the guard's own ExitHandlerDenied", facts: event(EventReasonDenied), reason: ReasonNotAFailureClaim},
-		{row: "E4", name: "WorkflowFailed, live Succeeded", facts: failed, live: liveSucceeded, deny: true, reason: ReasonWorkflowSucceeded, source: sourceLive},
-		{row: "E4", name: "WorkflowFailed, live Succeeded, whatever the deny phases", facts: failed, opts: Options{DenyPhases: []argo.Phase{argo.PhaseFailed}}, live: liveSucceeded, deny: true, reason: ReasonWorkflowSucceeded, source: sourceLive},
-		{row: "E5", name: "WorkflowFailed, live Running (the failure's own write not landed yet)", facts: failed, live: liveRunning, store: storeSucceeded, reason: ReasonWorkflowNotTerminal, source: sourceLive},
-		{row: "E5", name: "WorkflowFailed, live empty phase (v4 retry)", facts: failed, live: liveUnknown, reason: ReasonWorkflowNotTerminal, source: sourceLive},
-		{row: "E6", name: "WorkflowFailed, live Failed: the claim is true", facts: failed, live: liveFailed, reason: ReasonClaimMatchesPhase, source: sourceLive},
-		{row: "E6", name: "WorkflowFailed, live Failed, Failed in the deny phases", facts: failed, opts: Options{DenyPhases: []argo.Phase{argo.PhaseSucceeded, argo.PhaseFailed}}, live: liveFailed, reason: ReasonClaimMatchesPhase, source: sourceLive},
-		{row: "E7", name: "WorkflowFailed, live 404, tombstone Succeeded", facts: failed, live: live404, store: storeSucceededTombstone, deny: true, reason: ReasonWorkflowSucceeded, source: sourceStore},
-		{row: "E7", name: "WorkflowFailed, live other UID, tombstone Succeeded", facts: failed, live: liveOtherUID, store: storeSucceededTombstone, deny: true, reason: ReasonWorkflowSucceeded, source: sourceStore},
-		{row: "E8", name: "WorkflowFailed, live 404, no record (deleted by a TTL before its Event landed)", facts: failed, live: live404, reason: ReasonWorkflowGone, source: sourceLive},
-		{row: "E8", name: "WorkflowFailed, live 404, store Succeeded but no tombstone", facts: failed, live: live404, store: storeSucceeded, reason: ReasonWorkflowGone, source: sourceLive},
-		{row: "E8", name: "WorkflowFailed, live other UID, tombstone of a running workflow", facts: failed, live: liveOtherUID, store: storeTombstone, reason: ReasonWorkflowGone, source: sourceLive},
-		{row: "E9", name: "WorkflowFailed, read fails, tombstone Succeeded", facts: failed, live: liveFails, store: storeSucceededTombstone, deny: true, reason: ReasonWorkflowSucceeded, source: sourceStore},
-		{row: "E10", name: "WorkflowFailed, read times out, store Succeeded, watch fresh (default fallback)", facts: failed, live: liveTimesOut, store: storeSucceeded, deny: true, reason: ReasonWorkflowSucceeded, source: sourceStore},
-		{row: "E10", name: "WorkflowFailed, read times out, store Succeeded, watch quiet past fresh-for", facts: failed, live: liveTimesOut, store: storeSucceeded, staleWatch: true, reason: ReasonUnconfirmedCompletion, source: sourceStore},
-		{row: "E10", name: "WorkflowFailed, read fails, store Succeeded, tombstone fallback", facts: failed, opts: tombstone, live: liveFails, store: storeSucceeded, reason: ReasonUnconfirmedCompletion, source: sourceStore},
-		{row: "E10", name: "WorkflowFailed, read fails, store Succeeded, completion fallback", facts: failed, opts: completion, live: liveFails, store: storeSucceeded, deny: true, reason: ReasonWorkflowSucceeded, source: sourceStore},
-		{row: "E11", name: "WorkflowFailed, read fails, store Running", facts: failed, live: liveFails, store: storeRunning, reason: ReasonWorkflowNotTerminal, source: sourceStore},
-		{row: "E11", name: "WorkflowFailed, read fails, store Failed", facts: failed, live: liveFails, store: storeFailed, reason: ReasonClaimMatchesPhase, source: sourceStore},
-		{row: "E11", name: "WorkflowFailed, read fails, store unsettled", facts: failed, opts: completion, live: liveFails, store: storeUnsettled, reason: ReasonUnverifiedFailOpen, source: sourceStore},
-		{row: "E11", name: "WorkflowFailed, read fails, tombstone of a running workflow", facts: failed, opts: completion, live: liveFails, store: storeTombstone, reason: ReasonWorkflowGone, source: sourceStore},
-		{row: "E12", name: "WorkflowFailed, read times out, store empty", facts: failed, live: liveTimesOut, reason: ReasonUnverifiedFailOpen},
+		{row: "1", name: "a plain pod", facts: pod(plain), reason: contract.ReasonNotOwnedByWorkflow},
+		{row: "1", name: "owned by a WorkflowArtifactGCTask", facts: pod(artGCTask), reason: contract.ReasonNotOwnedByWorkflow},
+		{row: "1", name: "a Workflow of another group", facts: pod(otherGroup), reason: contract.ReasonNotOwnedByWorkflow},
+		{row: "1", name: "a Workflow owner that is not the controller", facts: pod(notController), reason: contract.ReasonNotOwnedByWorkflow},
+		{row: "2", name: "an artifact-GC pod owned by the Workflow", facts: pod(fixture.ComponentPod(wf, "artifact-gc")), reason: contract.ReasonArtifactGCOrOtherComponent},
+		{row: "3", name: "an exit handler in a namespace not guarded", facts: pod(elsewhere), opts: watchOnly, reason: contract.ReasonNamespaceNotWatched},
+		{row: "4", name: "a step pod without strict", facts: step, reason: contract.ReasonNotCoveredByPolicy},
+		{row: "4", name: "a hook pod without cover-hooks", facts: hook, reason: contract.ReasonNotCoveredByPolicy},
+		{row: "5", name: "live Running", facts: exit, live: liveRunning, store: storeSucceeded, reason: contract.ReasonWorkflowNotTerminal, source: sourceLive},
+		{row: "5", name: "live empty phase (v4 retry)", facts: exit, live: liveUnknown, store: storeSucceeded, reason: contract.ReasonWorkflowNotTerminal, source: sourceLive},
+		{row: "5", name: "agent pod, live Running", facts: agent, live: liveRunning, store: storeSucceeded, reason: contract.ReasonWorkflowNotTerminal, source: sourceLive},
+		{row: "6", name: "live Succeeded", facts: exit, live: liveSucceeded, deny: true, reason: contract.ReasonWorkflowCompleted, source: sourceLive},
+		{row: "6", name: "agent pod, live Succeeded", facts: agent, live: liveSucceeded, deny: true, reason: contract.ReasonWorkflowCompleted, source: sourceLive},
+		{row: "6", name: "hook pod with cover-hooks, live Succeeded", facts: hook, opts: Options{Hooks: true}, live: liveSucceeded, deny: true, reason: contract.ReasonWorkflowCompleted, source: sourceLive},
+		{row: "6", name: "live Failed, Failed denied", facts: exit, opts: Options{DenyPhases: []argo.Phase{argo.PhaseFailed}}, live: liveFailed, deny: true, reason: contract.ReasonWorkflowCompleted, source: sourceLive},
+		{row: "7", name: "live Failed, default policy", facts: exit, live: liveFailed, store: storeFailed, reason: contract.ReasonPhaseNotDenied, source: sourceLive},
+		{row: "8", name: "live 404", facts: exit, live: live404, deny: true, reason: contract.ReasonWorkflowDeleted, source: sourceLive},
+		{row: "8", name: "agent pod, live 404", facts: agent, live: live404, deny: true, reason: contract.ReasonWorkflowDeleted, source: sourceLive},
+		{row: "9", name: "live other UID", facts: exit, live: liveOtherUID, deny: true, reason: contract.ReasonWorkflowReplaced, source: sourceLive},
+		{row: "10", name: "read fails, store tombstone", facts: exit, live: liveFails, store: storeTombstone, deny: true, reason: contract.ReasonWorkflowDeleted, source: sourceStore},
+		{row: "11", name: "read fails, store Succeeded, watch fresh (default fallback)", facts: exit, live: liveFails, store: storeSucceeded, deny: true, reason: contract.ReasonWorkflowCompleted, source: sourceStore},
+		{row: "11", name: "read times out, store Succeeded, watch fresh (default fallback)", facts: exit, live: liveTimesOut, store: storeSucceeded, deny: true, reason: contract.ReasonWorkflowCompleted, source: sourceStore},
+		{row: "11", name: "agent pod, read fails, store Succeeded, watch fresh: a retry's agent pod comes at once, never refused from the store", facts: agent, live: liveFails, store: storeSucceeded, reason: contract.ReasonUnconfirmedCompletion, source: sourceStore},
+		{row: "11", name: "agent pod, read fails, store Succeeded, completion fallback", facts: agent, opts: completion, live: liveFails, store: storeSucceeded, deny: true, reason: contract.ReasonWorkflowCompleted, source: sourceStore},
+		{row: "11", name: "read times out, store Succeeded, watch quiet past fresh-for (default fallback: Argo sends the pod again)", facts: exit, live: liveTimesOut, store: storeSucceeded, staleWatch: true, deny: true, reason: contract.ReasonWorkflowCompleted, source: sourceStore},
+		{row: "11", name: "read times out, store Succeeded, watch quiet past fresh-for (fresh fallback)", facts: exit, opts: Options{StoreFallback: FallbackFresh}, live: liveTimesOut, store: storeSucceeded, staleWatch: true, reason: contract.ReasonUnconfirmedCompletion, source: sourceStore},
+		{row: "11", name: "read fails, store Succeeded, tombstone fallback", facts: exit, opts: tombstone, live: liveFails, store: storeSucceeded, reason: contract.ReasonUnconfirmedCompletion, source: sourceStore},
+		{row: "11", name: "read fails, store Succeeded, completion fallback", facts: exit, opts: completion, live: liveFails, store: storeSucceeded, deny: true, reason: contract.ReasonWorkflowCompleted, source: sourceStore},
+		{row: "11", name: "read times out, store Succeeded, watch quiet, completion fallback", facts: exit, opts: completion, live: liveTimesOut, store: storeSucceeded, staleWatch: true, deny: true, reason: contract.ReasonWorkflowCompleted, source: sourceStore},
+		{row: "12", name: "read fails, store Failed", facts: exit, live: liveFails, store: storeFailed, reason: contract.ReasonPhaseNotDenied, source: sourceStore},
+		{row: "13", name: "read fails, store Running", facts: exit, live: liveFails, store: storeRunning, reason: contract.ReasonWorkflowNotTerminal, source: sourceStore},
+		{row: "14", name: "read fails, store unsettled, completion fallback", facts: exit, opts: completion, live: liveFails, store: storeUnsettled, reason: contract.ReasonUnverifiedFailOpen, source: sourceStore},
+		{row: "14", name: "read times out, store unsettled", facts: exit, live: liveTimesOut, store: storeUnsettled, reason: contract.ReasonUnverifiedFailOpen, source: sourceStore},
+		{row: "15", name: "read times out, store empty", facts: exit, live: liveTimesOut, reason: contract.ReasonUnverifiedFailOpen},
+		{row: "15", name: "read fails, store empty", facts: exit, live: liveFails, reason: contract.ReasonUnverifiedFailOpen},
+		{row: "16", name: "store-first, store empty", facts: exit, opts: storeFirst, reason: contract.ReasonNotSeenCompleted, source: sourceStore},
+		{row: "16", name: "strict step pod, store empty", facts: step, opts: Options{Strict: true}, reason: contract.ReasonNotSeenCompleted, source: sourceStore},
+		{row: "17", name: "store-first, store Running", facts: exit, opts: storeFirst, store: storeRunning, reason: contract.ReasonWorkflowNotTerminal, source: sourceStore},
+		{row: "17", name: "store-first, store Failed", facts: exit, opts: storeFirst, store: storeFailed, reason: contract.ReasonPhaseNotDenied, source: sourceStore},
+		{row: "18", name: "store-first, store Succeeded, live Running (a retry)", facts: exit, opts: storeFirst, store: storeSucceeded, live: liveRunning, reason: contract.ReasonWorkflowNotTerminal, source: sourceLive, wantRow: "5"},
+		{row: "18", name: "store-first, store Succeeded, live confirms", facts: exit, opts: storeFirst, store: storeSucceeded, live: liveSucceeded, deny: true, reason: contract.ReasonWorkflowCompleted, source: sourceLive, wantRow: "6"},
+		{row: "18", name: "store-first, store tombstone, live 404", facts: exit, opts: storeFirst, store: storeTombstone, live: live404, deny: true, reason: contract.ReasonWorkflowDeleted, source: sourceLive, wantRow: "8"},
+		{row: "18", name: "store-first, store unsettled, live Succeeded", facts: exit, opts: storeFirst, store: storeUnsettled, live: liveSucceeded, deny: true, reason: contract.ReasonWorkflowCompleted, source: sourceLive, wantRow: "6"},
+		{row: "18", name: "store-first, store unsettled, live says not terminal", facts: exit, opts: storeFirst, store: storeUnsettled, live: liveUnknown, reason: contract.ReasonWorkflowNotTerminal, source: sourceLive, wantRow: "5"},
+		{row: "18", name: "strict step pod, store Succeeded, read fails, default fallback: Argo sends the pod again", facts: step, opts: Options{Strict: true}, store: storeSucceeded, live: liveFails, deny: true, reason: contract.ReasonWorkflowCompleted, source: sourceStore, wantRow: "11"},
+		{row: "18", name: "strict step pod, store Succeeded, read fails, fresh fallback: a retry's steps come at once", facts: step, opts: Options{Strict: true, StoreFallback: FallbackFresh}, store: storeSucceeded, live: liveFails, reason: contract.ReasonUnconfirmedCompletion, source: sourceStore, wantRow: "11"},
+		{row: "18", name: "strict step pod, store Succeeded, read fails, tombstone fallback", facts: step, opts: Options{Strict: true, StoreFallback: FallbackTombstone}, store: storeSucceeded, live: liveFails, reason: contract.ReasonUnconfirmedCompletion, source: sourceStore, wantRow: "11"},
+		{row: "18", name: "strict step pod, store Succeeded, read fails, completion fallback", facts: step, opts: Options{Strict: true, StoreFallback: FallbackCompletion}, store: storeSucceeded, live: liveFails, deny: true, reason: contract.ReasonWorkflowCompleted, source: sourceStore, wantRow: "11"},
+		{row: "19", name: "store-first, watch stale, live Succeeded", facts: exit, opts: storeFirst, staleWatch: true, live: liveSucceeded, deny: true, reason: contract.ReasonWorkflowCompleted, source: sourceLive, wantRow: "6"},
+		{row: "19", name: "strict step pod, watch stale, live Succeeded", facts: step, opts: Options{Strict: true}, staleWatch: true, live: liveSucceeded, deny: true, reason: contract.ReasonWorkflowCompleted, source: sourceLive, wantRow: "6"},
+		{row: "19", name: "store-first, watch stale, read fails, store empty", facts: exit, opts: storeFirst, staleWatch: true, live: liveFails, reason: contract.ReasonUnverifiedFailOpen, wantRow: "15"},
+		{row: "T1", name: "TaskSet without a Workflow owner reference", facts: notOwnedWrite, reason: contract.ReasonNotOwnedByWorkflow},
+		{row: "T2", name: "TaskSet, namespace not guarded", facts: elsewhereWrite, opts: watchOnly, reason: contract.ReasonNamespaceNotWatched},
+		{row: "T3", name: "TaskSet cleanup of a succeeded workflow (tasks removed, completed set)", facts: cleanup, reason: contract.ReasonNoNewTask},
+		{row: "T7", name: "TaskSet created again with the tasks and templates this replica admitted for the workflow after a live read 1 s before, the store holding it running (Argo's next pass: AlreadyExists)", facts: created, createdBy: wf.GetUID(), createdAgo: time.Second, store: storeRunning, reason: contract.ReasonRepeatsAdmittedCreate},
+		{row: "T7", name: "TaskSet created again, dry run", facts: dryRun(created), createdBy: wf.GetUID(), createdAgo: time.Second, store: storeRunning, reason: contract.ReasonRepeatsAdmittedCreate},
+		{row: "T4", name: "as 5: task added, live Running", facts: stale, live: liveRunning, store: storeSucceeded, reason: contract.ReasonWorkflowNotTerminal, source: sourceLive, wantRow: "5"},
+		{row: "T4", name: "as 6: task added, live Succeeded", facts: stale, live: liveSucceeded, deny: true, reason: contract.ReasonWorkflowCompleted, source: sourceLive, wantRow: "6"},
+		{row: "T4", name: "as 6: completed set back alone, live Succeeded", facts: reopenOnly, live: liveSucceeded, deny: true, reason: contract.ReasonWorkflowCompleted, source: sourceLive, wantRow: "6"},
+		{row: "T4", name: "as 6: TaskSet created, live Succeeded", facts: created, live: liveSucceeded, deny: true, reason: contract.ReasonWorkflowCompleted, source: sourceLive, wantRow: "6"},
+		{row: "T4", name: "as 6: TaskSet created with a task the create admitted for the workflow lacked (a stale copy's exit handler), live Succeeded", facts: created, createdBy: wf.GetUID(), createdAgo: time.Second, createdOtherTask: true, store: storeRunning, live: liveSucceeded, deny: true, reason: contract.ReasonWorkflowCompleted, source: sourceLive, wantRow: "6"},
+		{row: "T4", name: "as 6: TaskSet created with the task admitted for the workflow, another template, live Succeeded", facts: created, createdBy: wf.GetUID(), createdAgo: time.Second, createdOtherTemplate: true, store: storeRunning, live: liveSucceeded, deny: true, reason: contract.ReasonWorkflowCompleted, source: sourceLive, wantRow: "6"},
+		{row: "T4", name: "as 6: TaskSet created as admitted for the workflow, older than the repeat memory, live Succeeded", facts: created, createdBy: wf.GetUID(), createdAgo: defaultTaskSetRepeatsFor + time.Second, store: storeRunning, live: liveSucceeded, deny: true, reason: contract.ReasonWorkflowCompleted, source: sourceLive, wantRow: "6"},
+		{row: "T4", name: "as 6: TaskSet created as admitted for the workflow from the store (no live read), live Succeeded", facts: created, createdBy: wf.GetUID(), createdAgo: time.Second, createdFromStore: true, store: storeRunning, live: liveSucceeded, deny: true, reason: contract.ReasonWorkflowCompleted, source: sourceLive, wantRow: "6"},
+		{row: "T4", name: "as 6: TaskSet created as admitted for the workflow 1 s before, the store since saw it succeed, live Succeeded", facts: created, createdBy: wf.GetUID(), createdAgo: time.Second, store: storeSucceeded, live: liveSucceeded, deny: true, reason: contract.ReasonWorkflowCompleted, source: sourceLive, wantRow: "6"},
+		{row: "T4", name: "as 9: TaskSet created as admitted for the workflow 1 s before, the store since saw it deleted (its name reused), live other UID", facts: created, createdBy: wf.GetUID(), createdAgo: time.Second, store: storeTombstone, live: liveOtherUID, deny: true, reason: contract.ReasonWorkflowReplaced, source: sourceLive, wantRow: "9"},
+		{row: "T4", name: "as 15: TaskSet created as admitted for the workflow 1 s before, the store holding nothing of it, read fails", facts: created, createdBy: wf.GetUID(), createdAgo: time.Second, live: liveFails, reason: contract.ReasonUnverifiedFailOpen, wantRow: "15"},
+		{row: "T4", name: "as 6: TaskSet created again with the tasks and templates admitted for the workflow after a live read 1 s before, in a create another user sent, live Succeeded", facts: created, createdBy: wf.GetUID(), createdAgo: time.Second, createdByOtherUser: true, store: storeRunning, live: liveSucceeded, deny: true, reason: contract.ReasonWorkflowCompleted, source: sourceLive, wantRow: "6"},
+		{row: "T4", name: "as 6: TaskSet created as admitted for another workflow of the name, live Succeeded", facts: created, createdBy: "uid-of-another", createdAgo: time.Second, store: storeRunning, live: liveSucceeded, deny: true, reason: contract.ReasonWorkflowCompleted, source: sourceLive, wantRow: "6"},
+		{row: "T4", name: "as 6: task added by an update, a create of it admitted for the workflow 1 s before (the patch after AlreadyExists is judged), live Succeeded", facts: stale, createdBy: wf.GetUID(), createdAgo: time.Second, store: storeRunning, live: liveSucceeded, deny: true, reason: contract.ReasonWorkflowCompleted, source: sourceLive, wantRow: "6"},
+		{row: "T4", name: "as 7: task added, live Failed, default policy", facts: stale, live: liveFailed, reason: contract.ReasonPhaseNotDenied, source: sourceLive, wantRow: "7"},
+		{row: "T4", name: "as 8: TaskSet created, live 404", facts: created, live: live404, deny: true, reason: contract.ReasonWorkflowDeleted, source: sourceLive, wantRow: "8"},
+		{row: "T4", name: "as 8: task added by an update, live 404", facts: stale, live: live404, deny: true, reason: contract.ReasonWorkflowDeleted, source: sourceLive, wantRow: "8"},
+		{row: "T4", name: "as 9: TaskSet created, live other UID", facts: created, live: liveOtherUID, deny: true, reason: contract.ReasonWorkflowReplaced, source: sourceLive, wantRow: "9"},
+		{row: "T4", name: "as 10: TaskSet created, read fails, store tombstone", facts: created, live: liveFails, store: storeTombstone, deny: true, reason: contract.ReasonWorkflowDeleted, source: sourceStore, wantRow: "10"},
+		{row: "T4", name: "as 11: the exit handler's task added, read times out, store Succeeded, watch fresh", facts: stale, live: liveTimesOut, store: storeSucceeded, deny: true, reason: contract.ReasonWorkflowCompleted, source: sourceStore, wantRow: "11"},
+		{row: "T4", name: "as 11: another node's task added, read times out, store Succeeded, watch fresh: a retry's comes at once", facts: stepWrite, live: liveTimesOut, store: storeSucceeded, reason: contract.ReasonUnconfirmedCompletion, source: sourceStore, wantRow: "11"},
+		{row: "T4", name: "as 11: task added, read times out, store Succeeded, tombstone fallback", facts: stale, opts: tombstone, live: liveTimesOut, store: storeSucceeded, reason: contract.ReasonUnconfirmedCompletion, source: sourceStore, wantRow: "11"},
+		{row: "T4", name: "as 11: task added, read fails, store Succeeded, completion fallback", facts: stale, opts: completion, live: liveFails, store: storeSucceeded, deny: true, reason: contract.ReasonWorkflowCompleted, source: sourceStore, wantRow: "11"},
+		{row: "T4", name: "as 15: task added, read fails, store empty", facts: stale, live: liveFails, reason: contract.ReasonUnverifiedFailOpen, wantRow: "15"},
+		{row: "T4", name: "as 16: task added, store-first, store empty", facts: stale, opts: storeFirst, reason: contract.ReasonNotSeenCompleted, source: sourceStore, wantRow: "16"},
+		{row: "T4", name: "as 18: task added, store-first, store Succeeded, live confirms", facts: stale, opts: storeFirst, store: storeSucceeded, live: liveSucceeded, deny: true, reason: contract.ReasonWorkflowCompleted, source: sourceLive, wantRow: "6"},
+		{row: "T4", name: "as 19: task added, store-first, watch stale, live Succeeded", facts: stale, opts: storeFirst, staleWatch: true, live: liveSucceeded, deny: true, reason: contract.ReasonWorkflowCompleted, source: sourceLive, wantRow: "6"},
+		{row: "T5", name: "owner's name held by another, its status lacks the task's node (its first pass, or a stale copy's task)", facts: stale, live: liveOtherUID, nodes: nodesNotWritten, deny: true, reason: contract.ReasonTaskSetOwnerGone, source: sourceLive},
+		{row: "T5", name: "owner's name held by another, whose node of the task has finished", facts: stale, live: liveOtherUID, nodes: nodesDone, deny: true, reason: contract.ReasonTaskSetOwnerGone, source: sourceLive},
+		{row: "T5", name: "owner's name held by another, whose node of that ID is a pod", facts: stepWrite, live: liveOtherUID, nodes: nodesOfPods, deny: true, reason: contract.ReasonTaskSetOwnerGone, source: sourceLive},
+		{row: "T5", name: "owner's name held by another, which has completed", facts: stale, live: liveOtherUID, nodes: nodesHolderDone, deny: true, reason: contract.ReasonTaskSetOwnerGone, source: sourceLive},
+		{row: "T5", name: "owner's name held by another, and by a third at the whole read", facts: stale, live: liveOtherUID, nodes: nodesAnotherHolder, deny: true, reason: contract.ReasonTaskSetOwnerGone, source: sourceLive},
+		{row: "T5", name: "owner's name held by another, whole read fails", facts: stale, live: liveOtherUID, nodes: nodesFail, deny: true, reason: contract.ReasonTaskSetOwnerGone, source: sourceLive},
+		{row: "T5", name: "update that only sets completed back, owner's name held by another", facts: reopenOnly, live: liveOtherUID, deny: true, reason: contract.ReasonTaskSetOwnerGone, source: sourceLive},
+		{row: "T5", name: "update that only sets completed back on tasks the object holds, owner's name held by another, its status lacks their nodes", facts: reopenHeld, live: liveOtherUID, nodes: nodesNotWritten, deny: true, reason: contract.ReasonTaskSetOwnerGone, source: sourceLive},
+		{row: "T5", name: "update that only sets completed back on tasks the object holds, one a leftover the name's holder did not create (the deleted workflow's exit handler)", facts: reopenHeldExit, live: liveOtherUID, createdBy: "uid-of-another", createdAgo: time.Second, createdWithout: []string{onExit}, nodes: nodesNotWritten, deny: true, reason: contract.ReasonTaskSetOwnerGone, source: sourceLive},
+		{row: "T5", name: "update of a TaskSet whose owner the store saw deleted, read fails", facts: stale, live: liveFails, store: storeTombstone, deny: true, reason: contract.ReasonTaskSetOwnerGone, source: sourceStore},
+		{row: "T5", name: "owner's name held by another; a create with these tasks remembered, by a third", facts: stale, live: liveOtherUID, createdBy: "uid-of-a-third", nodes: nodesNotWritten, deny: true, reason: contract.ReasonTaskSetOwnerGone, source: sourceLive},
+		{row: "T5", name: "owner's name held by another; a create with these tasks remembered for it, sent by another user (another tenant of the namespace)", facts: stale, live: liveOtherUID, createdBy: "uid-of-another", createdAgo: time.Second, createdByOtherUser: true, nodes: nodesNotWritten, deny: true, reason: contract.ReasonTaskSetOwnerGone, source: sourceLive},
+		{row: "T5", name: "owner's name held by another; its create remembered, older than the memory", facts: stale, live: liveOtherUID, createdBy: "uid-of-another", createdAgo: createMemory + time.Second, nodes: nodesNotWritten, deny: true, reason: contract.ReasonTaskSetOwnerGone, source: sourceLive},
+		{row: "T5", name: "owner's name held by another; its create remembered, with other tasks", facts: stale, live: liveOtherUID, createdBy: "uid-of-another", createdOtherTask: true, nodes: nodesNotWritten, deny: true, reason: contract.ReasonTaskSetOwnerGone, source: sourceLive},
+		{row: "T5", name: "owner's name held by another; its create remembered, the same task with another template (a stale copy's own)", facts: stale, live: liveOtherUID, createdBy: "uid-of-another", createdOtherTemplate: true, nodes: nodesNotWritten, deny: true, reason: contract.ReasonTaskSetOwnerGone, source: sourceLive},
+		{row: "T5", name: "owner's name held by another that has completed; its create remembered", facts: stale, live: liveOtherUIDDone, createdBy: "uid-of-another", createdAgo: time.Second, deny: true, reason: contract.ReasonTaskSetOwnerGone, source: sourceLive},
+		{row: "T5", name: "owner's name held by another, whose pending node of the task is in its exit handler (known only from a create)", facts: stale, live: liveOtherUID, nodes: nodesPendingExitHandler, deny: true, reason: contract.ReasonTaskSetOwnerGone, source: sourceLive},
+		{row: "T6", name: "owner's name held by another, which created the TaskSet with these tasks just before (AlreadyExists, then this patch)", facts: stale, live: liveOtherUID, createdBy: "uid-of-another", createdAgo: time.Second, reason: contract.ReasonTasksOfNameHolder, source: sourceLive},
+		{row: "T6", name: "owner's name held by another that runs, each task its pending HTTP node", facts: stepWrite, live: liveOtherUID, nodes: nodesPending, reason: contract.ReasonTasksOfNameHolder, source: sourceLive},
+		{row: "T6", name: "update that only sets completed back on tasks the object holds, owner's name held by another, which created the TaskSet with them just before", facts: reopenHeld, live: liveOtherUID, createdBy: "uid-of-another", createdAgo: time.Second, reason: contract.ReasonTasksOfNameHolder, source: sourceLive},
+		{row: "T6", name: "update that only sets completed back on tasks the object holds, owner's name held by another that runs, each its pending HTTP node", facts: reopenHeld, live: liveOtherUID, nodes: nodesPending, reason: contract.ReasonTasksOfNameHolder, source: sourceLive},
+		{row: "E1", name: "an Event about a pod", facts: podEvent, reason: contract.ReasonNotOwnedByWorkflow},
+		{row: "E2", name: "an Event in a namespace not guarded", facts: elsewhereEvent, opts: watchOnly, reason: contract.ReasonNamespaceNotWatched},
+		{row: "E3", name: "WorkflowRunning", facts: event("WorkflowRunning"), reason: contract.ReasonNotAFailureClaim},
+		{row: "E3", name: "WorkflowSucceeded", facts: event("WorkflowSucceeded"), reason: contract.ReasonNotAFailureClaim},
+		{row: "E3", name: "WorkflowTimedOut: recorded in passes that end running too", facts: event("WorkflowTimedOut"), reason: contract.ReasonNotAFailureClaim},
+		{row: "E3", name: "the guard's own ExitHandlerDenied", facts: event(contract.EventReasonDenied), reason: contract.ReasonNotAFailureClaim},
+		{row: "E4", name: "WorkflowFailed, live Succeeded", facts: failed, live: liveSucceeded, deny: true, reason: contract.ReasonWorkflowSucceeded, source: sourceLive},
+		{row: "E4", name: "WorkflowFailed, live Succeeded, whatever the deny phases", facts: failed, opts: Options{DenyPhases: []argo.Phase{argo.PhaseFailed}}, live: liveSucceeded, deny: true, reason: contract.ReasonWorkflowSucceeded, source: sourceLive},
+		{row: "E5", name: "WorkflowFailed, live Running (the failure's own write not landed yet)", facts: failed, live: liveRunning, store: storeSucceeded, reason: contract.ReasonWorkflowNotTerminal, source: sourceLive},
+		{row: "E5", name: "WorkflowFailed, live empty phase (v4 retry)", facts: failed, live: liveUnknown, reason: contract.ReasonWorkflowNotTerminal, source: sourceLive},
+		{row: "E6", name: "WorkflowFailed, live Failed: the claim is true", facts: failed, live: liveFailed, reason: contract.ReasonClaimMatchesPhase, source: sourceLive},
+		{row: "E6", name: "WorkflowFailed, live Failed, Failed in the deny phases", facts: failed, opts: Options{DenyPhases: []argo.Phase{argo.PhaseSucceeded, argo.PhaseFailed}}, live: liveFailed, reason: contract.ReasonClaimMatchesPhase, source: sourceLive},
+		{row: "E7", name: "WorkflowFailed, live 404, tombstone Succeeded", facts: failed, live: live404, store: storeSucceededTombstone, deny: true, reason: contract.ReasonWorkflowSucceeded, source: sourceStore},
+		{row: "E7", name: "WorkflowFailed, live other UID, tombstone Succeeded", facts: failed, live: liveOtherUID, store: storeSucceededTombstone, deny: true, reason: contract.ReasonWorkflowSucceeded, source: sourceStore},
+		{row: "E8", name: "WorkflowFailed, live 404, no record (deleted by a TTL before its Event landed)", facts: failed, live: live404, reason: contract.ReasonWorkflowGone, source: sourceLive},
+		{row: "E8", name: "WorkflowFailed, live 404, store Succeeded but no tombstone", facts: failed, live: live404, store: storeSucceeded, reason: contract.ReasonWorkflowGone, source: sourceLive},
+		{row: "E8", name: "WorkflowFailed, live other UID, tombstone of a running workflow", facts: failed, live: liveOtherUID, store: storeTombstone, reason: contract.ReasonWorkflowGone, source: sourceLive},
+		{row: "E9", name: "WorkflowFailed, read fails, tombstone Succeeded", facts: failed, live: liveFails, store: storeSucceededTombstone, deny: true, reason: contract.ReasonWorkflowSucceeded, source: sourceStore},
+		{row: "E10", name: "WorkflowFailed, read times out, store Succeeded, watch fresh (default fallback)", facts: failed, live: liveTimesOut, store: storeSucceeded, deny: true, reason: contract.ReasonWorkflowSucceeded, source: sourceStore},
+		{row: "E10", name: "WorkflowFailed, read times out, store Succeeded, watch quiet past fresh-for", facts: failed, live: liveTimesOut, store: storeSucceeded, staleWatch: true, reason: contract.ReasonUnconfirmedCompletion, source: sourceStore},
+		{row: "E10", name: "WorkflowFailed, read fails, store Succeeded, tombstone fallback", facts: failed, opts: tombstone, live: liveFails, store: storeSucceeded, reason: contract.ReasonUnconfirmedCompletion, source: sourceStore},
+		{row: "E10", name: "WorkflowFailed, read fails, store Succeeded, completion fallback", facts: failed, opts: completion, live: liveFails, store: storeSucceeded, deny: true, reason: contract.ReasonWorkflowSucceeded, source: sourceStore},
+		{row: "E11", name: "WorkflowFailed, read fails, store Running", facts: failed, live: liveFails, store: storeRunning, reason: contract.ReasonWorkflowNotTerminal, source: sourceStore},
+		{row: "E11", name: "WorkflowFailed, read fails, store Failed", facts: failed, live: liveFails, store: storeFailed, reason: contract.ReasonClaimMatchesPhase, source: sourceStore},
+		{row: "E11", name: "WorkflowFailed, read fails, store unsettled", facts: failed, opts: completion, live: liveFails, store: storeUnsettled, reason: contract.ReasonUnverifiedFailOpen, source: sourceStore},
+		{row: "E11", name: "WorkflowFailed, read fails, tombstone of a running workflow", facts: failed, opts: completion, live: liveFails, store: storeTombstone, reason: contract.ReasonWorkflowGone, source: sourceStore},
+		{row: "E12", name: "WorkflowFailed, read times out, store empty", facts: failed, live: liveTimesOut, reason: contract.ReasonUnverifiedFailOpen},
 	}
 }
 
@@ -467,7 +468,7 @@ func storeFor(t *testing.T, wf client.Object, state storeState, staleWatch bool)
 func TestDecisionTable(t *testing.T) {
 	// seen are the (kind, reason) pairs the rows give: each kind's declared reasons (its metric
 	// series) must be exactly those.
-	seen := map[objectKind]map[Reason]bool{}
+	seen := map[objectKind]map[contract.Reason]bool{}
 	ran := 0
 	cases := decisionCases()
 	for _, c := range cases {
@@ -513,7 +514,7 @@ func TestDecisionTable(t *testing.T) {
 			d := g.decide(t.Context(), f)
 			spec := f.object.spec()
 			if seen[spec.kind] == nil {
-				seen[spec.kind] = map[Reason]bool{}
+				seen[spec.kind] = map[contract.Reason]bool{}
 			}
 			seen[spec.kind][d.reason] = true
 			declared := spec.admissions
@@ -715,9 +716,9 @@ func TestFreshFallbackCountsFromTheWatchsLastAdvance(t *testing.T) {
 		}
 		clk.Step(step.wait)
 		d := decideNow()
-		want := ReasonUnconfirmedCompletion
+		want := contract.ReasonUnconfirmedCompletion
 		if step.deny {
-			want = ReasonWorkflowCompleted
+			want = contract.ReasonWorkflowCompleted
 		}
 		if d.deny != step.deny || d.reason != want || d.source != sourceStore || d.row != "11" {
 			t.Errorf("%s: deny %v reason %s source %s row %s, want deny %v reason %s from the store, row 11", step.what, d.deny, d.reason, d.source, d.row, step.deny, want)
@@ -745,7 +746,7 @@ func TestRequeueFallbackRefusesWhatArgoSendsAgain(t *testing.T) {
 		{"a step pod", func(t *testing.T) facts { return podFacts(t, fixture.Pod(wf, "step", wf.GetName()+"[0].main")) }, true, false},
 		{"an agent pod", func(t *testing.T) facts { return podFacts(t, fixture.AgentPod(wf)) }, false, false},
 		{"a TaskSet write of the exit handler's task", func(t *testing.T) facts { return taskSetFacts(t, wf, nil, "false", []string{onExit}, "false") }, false, true},
-		{"a WorkflowFailed Event", func(t *testing.T) facts { return eventFacts(t, wf, EventReasonWorkflowFailed) }, false, true},
+		{"a WorkflowFailed Event", func(t *testing.T) facts { return eventFacts(t, wf, argo.EventReasonWorkflowFailed) }, false, true},
 	}
 	for _, storeFresh := range []bool{true, false} {
 		for _, o := range objects {

@@ -1,16 +1,26 @@
 // Package webhook is exit-guard's admission webhook. It refuses what a stale copy of a
 // completed Argo Workflow tries to send, after making sure with a live read of the workflow,
 // and lets everything else through at once: the pods of its exit handlers (and, by policy,
-// hooks and steps), its agent pods, and its WorkflowTaskSet writes, which run HTTP and plugin
-// exit handlers.
+// hooks and steps), its agent pods, its WorkflowTaskSet writes, which run HTTP and plugin exit
+// handlers, and the WorkflowFailed Event that says a workflow that Succeeded failed.
 //
-// Every kind of object goes through one pipeline (handle.go): its reader turns the request into
-// facts (pod.go, taskset.go), the decision (decide.go, with the live read of liveread.go) is
-// the table of docs/decisions.md and names its row, the mode is applied once (answer.go), and
-// the decision is audited (audit.go, metrics.go). A new kind adds a reader and rows.
+// Every kind of object goes through one pipeline (pipeline.go): http.go reads the request and
+// decode.go its review; the reader of its kind turns the request into facts (pod.go,
+// taskset.go, event.go; the vocabulary in facts.go); the decision (decide.go, with the live
+// read of liveread.go on the client of liveclient.go, in the slots of slots.go) is the table
+// of docs/decisions.md and names its row; the mode is applied once (answer.go); the decision is
+// audited (audit.go, metrics.go, overturned.go).
 //
-// Setup (setup.go) registers three paths on the manager's webhook server: ValidatePath
-// decides pods (deny in enforce mode), MutatePath marks suspect pods in warn and dry-run
-// mode, ValidateTaskSetPath decides WorkflowTaskSet writes in every mode. Register the pod
-// path of the mode with the API server, and the TaskSet path.
+// A kind owns its rules (kind.go): its kindSpec holds its rows that answer from the request
+// alone, the hooks of its own rows before and after the shared read (taskset_rows.go: T5 to
+// T7, with taskset_creates.go and repeats.go; event_rows.go: E4 to E12), and its words where
+// they differ from the shared ones. A new kind adds a reader, an object, its kindSpec and its
+// rows, and edits nothing in decide.go, answer.go or audit.go. The reason codes, Event reasons
+// and labels that other programs read are in package contract.
+//
+// Setup (setup.go, with options.go) registers four paths on the manager's webhook server:
+// ValidatePath decides pods (refuses in enforce mode), MutatePath marks suspect pods in warn
+// and dry-run mode, ValidateTaskSetPath decides WorkflowTaskSet writes and ValidateEventPath
+// Events, in every mode. Register the pod path of the mode with the API server, and the
+// TaskSet and Event paths.
 package webhook

@@ -12,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
+	"github.com/exit-guard/exit-guard/contract"
 	"github.com/exit-guard/exit-guard/internal/argo"
 )
 
@@ -33,19 +34,6 @@ import (
 // there is nothing to mark on an Event, so in warn and dry-run mode it admits a stale failure
 // Event with an admission warning.
 const ValidateEventPath = "/validate-event"
-
-// EventReasonWorkflowFailed is the reason of the Event Argo's controller records when it marks
-// a workflow Failed or Error: the only claim of failure the guard judges. WorkflowTimedOut is
-// not one: v3.4 records it on a pod-reconciliation error in a pass that may end non-terminal,
-// so a real one can precede a Succeeded end.
-const EventReasonWorkflowFailed = "WorkflowFailed"
-
-// Reasons of the guard's own Event about a failure Event it refused, or would refuse in warn
-// mode.
-const (
-	EventReasonFailureEventDenied = "FailureEventDenied"
-	EventReasonFailureEventWarned = "FailureEventWouldBeDenied"
-)
 
 var eventResource = metav1.GroupVersionResource{Version: "v1", Resource: "events"}
 
@@ -101,11 +89,13 @@ func readEvent(req *reviewRequest[eventFields]) (facts, *admission.Response) {
 		f.namespace = req.Namespace
 	}
 	ev.namespace = f.namespace
-	if io := e.InvolvedObject; io.Kind == argo.Kind && apiGroup(io.APIVersion) == argo.Group && io.Name != "" && io.UID != "" {
+	if io := e.InvolvedObject; io.Kind == argo.Kind && argo.GroupOf(io.APIVersion) == argo.Group && io.Name != "" && io.UID != "" {
 		f.owner = &metav1.OwnerReference{APIVersion: io.APIVersion, Kind: io.Kind, Name: io.Name, UID: types.UID(io.UID)}
 	}
-	// Only a claim of failure is judged.
-	f.startsWork = e.Reason == EventReasonWorkflowFailed
+	// Only a claim of failure is judged: WorkflowFailed, recorded when the workflow is marked
+	// Failed or Error. WorkflowTimedOut is not one: v3.4 records it on a pod-reconciliation error
+	// in a pass that may end non-terminal, so a real one can precede a Succeeded end.
+	f.startsWork = e.Reason == argo.EventReasonWorkflowFailed
 	return f, nil
 }
 
@@ -132,18 +122,25 @@ var eventSpec = &kindSpec{
 		unconfirmed: "failure Event admitted unverified: the live read failed and only the store says its workflow succeeded",
 		admitted:    "Event admitted",
 	},
-	eventType: corev1.EventTypeNormal, eventDenied: EventReasonFailureEventDenied, eventWarned: EventReasonFailureEventWarned,
-	rowNotOwned: "E1", rowNotWatched: "E2", rowIdle: "E3", idleReason: ReasonNotAFailureClaim,
-	refusals: []Reason{ReasonWorkflowSucceeded},
-	admissions: []Reason{ReasonNotOwnedByWorkflow, ReasonNamespaceNotWatched, ReasonNotAFailureClaim,
-		ReasonClaimMatchesPhase, ReasonWorkflowGone, ReasonWorkflowNotTerminal, ReasonUnverifiedFailOpen,
-		ReasonUnconfirmedCompletion},
+	eventType: corev1.EventTypeNormal, eventDenied: contract.EventReasonFailureEventDenied, eventWarned: contract.EventReasonFailureEventWarned,
+	rowNotOwned: "E1", rowNotWatched: "E2", rowIdle: "E3", idleReason: contract.ReasonNotAFailureClaim,
+	refusals: []contract.Reason{contract.ReasonWorkflowSucceeded},
+	admissions: []contract.Reason{contract.ReasonNotOwnedByWorkflow, contract.ReasonNamespaceNotWatched, contract.ReasonNotAFailureClaim,
+		contract.ReasonClaimMatchesPhase, contract.ReasonWorkflowGone, contract.ReasonWorkflowNotTerminal, contract.ReasonUnverifiedFailOpen,
+		contract.ReasonUnconfirmedCompletion},
 	// The pass that records a WorkflowFailed Event is the one that counts the workflow's own
 	// user metrics: users correct those by this count.
 	staleFailure: true,
+	beforeRead:   eventBeforeRead,
 }
 
 func (e *eventObject) spec() *kindSpec { return eventSpec }
+
+// requeuedWhenRefused: a refused Event is dropped.
+func (e *eventObject) requeuedWhenRefused() bool { return false }
+
+// comesAfterReRunNodes: a retried workflow says it failed only after its re-run nodes are done.
+func (e *eventObject) comesAfterReRunNodes() bool { return true }
 
 // mark: there is nothing to mark on an Event.
 func (e *eventObject) mark(string) []jsonpatch.Operation { return nil }

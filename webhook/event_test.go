@@ -16,15 +16,16 @@ import (
 	"k8s.io/apimachinery/pkg/util/rand"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/exit-guard/exit-guard/contract"
 	"github.com/exit-guard/exit-guard/internal/argo"
-	"github.com/exit-guard/exit-guard/internal/fixture"
+	"github.com/exit-guard/exit-guard/test/support/fixture"
 )
 
 // recordFailed creates, as Argo's recorder does (core/v1, through the API server), the
 // WorkflowFailed Event of the copy of wf it holds, and returns the Event and the error.
 func recordFailed(t *testing.T, wf *unstructured.Unstructured) (*corev1.Event, error) {
 	t.Helper()
-	ev := fixture.WorkflowEvent(wf, EventReasonWorkflowFailed, "child '"+wf.GetName()+"-1' failed")
+	ev := fixture.WorkflowEvent(wf, argo.EventReasonWorkflowFailed, "child '"+wf.GetName()+"-1' failed")
 	return ev, env.Client.Create(t.Context(), ev)
 }
 
@@ -39,10 +40,10 @@ func TestFailureEventOfASucceededWorkflowIsRefused(t *testing.T) {
 	calls := env.WebhookCalls(t, "validate-event.exit-guard.io")
 	before := calls()
 	_, err := recordFailed(t, stale)
-	wantRefused(t, err, ReasonWorkflowSucceeded)
+	wantRefused(t, err, contract.ReasonWorkflowSucceeded)
 	wantSource(t, done, sourceLive)
 
-	ev := waitEvent(t, ns, done, EventReasonFailureEventDenied)
+	ev := waitEvent(t, ns, done, contract.EventReasonFailureEventDenied)
 	// The guard's own Event (events.k8s.io, Normal) never reached the Event path: one call,
 	// the refused one.
 	if got := calls() - before; got != 1 {
@@ -51,7 +52,7 @@ func TestFailureEventOfASucceededWorkflowIsRefused(t *testing.T) {
 	if ev.Type != corev1.EventTypeNormal || !strings.Contains(ev.Note, "WorkflowFailed Event") || ev.Action != "CreateEvent" {
 		t.Errorf("the guard's Event = %s %s %q, want a Normal CreateEvent that names the refused WorkflowFailed Event", ev.Type, ev.Action, ev.Note)
 	}
-	if got := h.counter(t, "exit_guard_decisions_total", map[string]string{"verdict": "denied", "kind": "Event", "reason": string(ReasonWorkflowSucceeded)}); got != 1 {
+	if got := h.counter(t, "exit_guard_decisions_total", map[string]string{"verdict": "denied", "kind": "Event", "reason": string(contract.ReasonWorkflowSucceeded)}); got != 1 {
 		t.Errorf("denied Event decisions = %v, want 1", got)
 	}
 	// The stale pass is counted by workflow, for the users who correct Argo's user metrics.
@@ -92,7 +93,7 @@ func TestFailureEventIsDecidedFromTheStatus(t *testing.T) {
 	}
 	done := createWorkflow(t, ns, "done", argo.PhaseSucceeded)
 	_, err := recordFailed(t, done)
-	wantRefused(t, err, ReasonWorkflowSucceeded)
+	wantRefused(t, err, contract.ReasonWorkflowSucceeded)
 }
 
 // Written through events.k8s.io/v1 (as a newer recorder would), the same Event is judged too:
@@ -106,12 +107,12 @@ func TestFailureEventThroughEventsAPIIsJudgedToo(t *testing.T) {
 		return &eventsv1.Event{
 			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: wf.GetName() + "." + rand.String(8)},
 			EventTime:  metav1.NewMicroTime(time.Now()), ReportingController: "workflow-controller", ReportingInstance: "wc-0",
-			Action: "Reconcile", Reason: EventReasonWorkflowFailed, Type: corev1.EventTypeWarning, Note: "child failed",
+			Action: "Reconcile", Reason: argo.EventReasonWorkflowFailed, Type: corev1.EventTypeWarning, Note: "child failed",
 			Regarding: corev1.ObjectReference{APIVersion: argo.GroupVersion.String(), Kind: argo.Kind, Namespace: ns,
 				Name: wf.GetName(), UID: wf.GetUID(), ResourceVersion: wf.GetResourceVersion()},
 		}
 	}
-	wantRefused(t, env.Client.Create(t.Context(), newEvent(done)), ReasonWorkflowSucceeded)
+	wantRefused(t, env.Client.Create(t.Context(), newEvent(done)), contract.ReasonWorkflowSucceeded)
 	if err := env.Client.Create(t.Context(), newEvent(failed)); err != nil {
 		t.Errorf("a real failure's Event through events.k8s.io: %v, want it admitted", err)
 	}
@@ -133,7 +134,7 @@ func TestFailureEventOfADeletedWorkflow(t *testing.T) {
 		waitTombstone(t, h.store, wf)
 	}
 	_, err := recordFailed(t, succeeded)
-	wantRefused(t, err, ReasonWorkflowSucceeded)
+	wantRefused(t, err, contract.ReasonWorkflowSucceeded)
 	wantSource(t, succeeded, sourceStore)
 	if _, err := recordFailed(t, failed); err != nil {
 		t.Errorf("the Event of a failed workflow deleted since: %v, want it admitted", err)
@@ -178,7 +179,7 @@ func TestRepeatedFailureEventPatchIsJudged(t *testing.T) {
 	// Retried, then Succeeded: a stale copy's repeat of the old Event now says something false.
 	setPhase(t, wf, argo.PhaseRunning)
 	setPhase(t, wf, argo.PhaseSucceeded)
-	wantRefused(t, repeat(), ReasonWorkflowSucceeded)
+	wantRefused(t, repeat(), contract.ReasonWorkflowSucceeded)
 }
 
 // Other Events about workflows (and the guard's own) never reach the Event path: its match
@@ -189,7 +190,7 @@ func TestOtherEventsNeverReachTheEventPath(t *testing.T) {
 	wf := createWorkflow(t, ns, "done", argo.PhaseSucceeded)
 	calls := env.WebhookCalls(t, "validate-event.exit-guard.io")
 	before := calls()
-	for _, reason := range []string{"WorkflowRunning", "WorkflowSucceeded", "WorkflowTimedOut", EventReasonDenied} {
+	for _, reason := range []string{"WorkflowRunning", "WorkflowSucceeded", "WorkflowTimedOut", contract.EventReasonDenied} {
 		if err := env.Client.Create(t.Context(), fixture.WorkflowEvent(wf, reason, "m")); err != nil {
 			t.Errorf("a %s Event: %v", reason, err)
 		}
@@ -198,7 +199,7 @@ func TestOtherEventsNeverReachTheEventPath(t *testing.T) {
 		t.Errorf("the API server called the Event path %v times for Events that are not failure claims, want 0", after-before)
 	}
 	_, err := recordFailed(t, wf)
-	wantRefused(t, err, ReasonWorkflowSucceeded)
+	wantRefused(t, err, contract.ReasonWorkflowSucceeded)
 	if after := calls(); after != before+1 {
 		t.Errorf("the API server called the Event path %v times for one failure claim, want 1", after-before)
 	}
@@ -218,17 +219,17 @@ func TestStaleFailuresAreCountedByWorkflow(t *testing.T) {
 				return h.counter(t, "exit_guard_stale_failures_total", map[string]string{"workflow_namespace": ns, "workflow": done.GetName()})
 			}
 			_ = env.Client.Create(t.Context(), fixture.ExitPod(done)) // refused, or warned
-			ev := fixture.WorkflowEvent(done, EventReasonWorkflowFailed, "child '"+done.GetName()+"-1' failed")
+			ev := fixture.WorkflowEvent(done, argo.EventReasonWorkflowFailed, "child '"+done.GetName()+"-1' failed")
 			err := env.Client.Create(t.Context(), ev.DeepCopy(), client.DryRunAll)
 			if mode == ModeEnforce {
-				wantRefused(t, err, ReasonWorkflowSucceeded)
+				wantRefused(t, err, contract.ReasonWorkflowSucceeded)
 			}
 			if got := count(); got != 0 {
 				t.Errorf("after the exit pod and a dry-run request of the Event: %v, want 0", got)
 			}
 			err = env.Client.Create(t.Context(), ev)
 			if mode == ModeEnforce {
-				wantRefused(t, err, ReasonWorkflowSucceeded)
+				wantRefused(t, err, contract.ReasonWorkflowSucceeded)
 			} else if err != nil {
 				t.Errorf("warn mode refused the Event: %v", err)
 			}

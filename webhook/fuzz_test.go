@@ -25,6 +25,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/exit-guard/exit-guard/completionstore"
+	"github.com/exit-guard/exit-guard/contract"
 	"github.com/exit-guard/exit-guard/internal/argo"
 )
 
@@ -174,7 +175,7 @@ func checkAnswer(body []byte, status int, raw []byte, mutating bool) error {
 			return fmt.Errorf("allowed with no reason: %s", raw)
 		}
 	case status == http.StatusOK:
-		if _, ok := RefusalReason(&apierrors.StatusError{ErrStatus: ptr.Deref(r.Result, metav1.Status{})}); !ok {
+		if _, ok := contract.RefusalReason(&apierrors.StatusError{ErrStatus: ptr.Deref(r.Result, metav1.Status{})}); !ok {
 			return fmt.Errorf("a refusal that is not one of the guard's policy decisions, in an HTTP 200: %s", raw)
 		}
 	case status == http.StatusBadRequest || status == http.StatusRequestEntityTooLarge:
@@ -285,7 +286,7 @@ func FuzzClassify(f *testing.F) {
 			meta.OwnerReferences = append(meta.OwnerReferences, metav1.OwnerReference{APIVersion: apiVersion, Kind: kind, Name: name, UID: types.UID(uid), Controller: &c})
 		}
 		facts := classify(meta)
-		if o := facts.owner; o != nil && (o.Kind != argo.Kind || apiGroup(o.APIVersion) != argo.Group || o.Controller == nil || !*o.Controller) {
+		if o := facts.owner; o != nil && (o.Kind != argo.Kind || argo.GroupOf(o.APIVersion) != argo.Group || o.Controller == nil || !*o.Controller) {
 			t.Fatalf("owner %+v is not a controlling Argo Workflow", o)
 		}
 		switch agent := component == argo.ComponentAgent; {
@@ -298,7 +299,7 @@ func FuzzClassify(f *testing.F) {
 		if d.deny && (facts.owner == nil || (component != "" && component != argo.ComponentAgent)) {
 			t.Fatalf("refused a pod the guard does not own: %+v", d)
 		}
-		if d.deny && d.reason == ReasonWorkflowCompleted && (name != "done" || string(facts.owner.UID) != "uid-done") {
+		if d.deny && d.reason == contract.ReasonWorkflowCompleted && (name != "done" || string(facts.owner.UID) != "uid-done") {
 			t.Fatalf("refused as completed a pod whose workflow is not the Succeeded one: %+v", d)
 		}
 	})

@@ -28,7 +28,7 @@ import (
 
 	"github.com/exit-guard/exit-guard/completionstore"
 	"github.com/exit-guard/exit-guard/internal/argo"
-	"github.com/exit-guard/exit-guard/internal/fixture"
+	"github.com/exit-guard/exit-guard/test/support/fixture"
 )
 
 // post sends body to the guard's path over TLS, trusting the test CA.

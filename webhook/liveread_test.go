@@ -17,8 +17,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/exit-guard/exit-guard/completionstore"
+	"github.com/exit-guard/exit-guard/contract"
 	"github.com/exit-guard/exit-guard/internal/argo"
-	"github.com/exit-guard/exit-guard/internal/fixture"
+	"github.com/exit-guard/exit-guard/test/support/fixture"
 )
 
 // unreachableConfig points a client at a loopback listener. With hang, it accepts connections
@@ -63,7 +64,7 @@ func TestLiveReadThroughTheAPIServer(t *testing.T) {
 	ns := newNamespace(t)
 	scheme := testScheme(t)
 	newReader := func(cfg *rest.Config) client.Reader {
-		p, err := newReadPath(cfg, scheme)
+		p, err := newLiveClient(cfg, scheme)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -117,29 +118,29 @@ func TestLiveReadThroughTheAPIServer(t *testing.T) {
 		reader client.Reader
 		store  storeState
 		deny   bool
-		reason Reason
+		reason contract.Reason
 		source source
 		row    string
 		// whole, when set: whether the live read GETs the whole object.
 		whole *bool
 	}{
-		{name: "live Running", wf: running, store: storeSucceeded, reason: ReasonWorkflowNotTerminal, source: sourceLive, row: "5"},
-		{name: "retried by v4: stale Succeeded phase label, status.phase empty", wf: retriedV4, store: storeSucceeded, reason: ReasonWorkflowNotTerminal, source: sourceLive, row: "5"},
-		{name: "labels say Succeeded, status.phase Running: the status decides", wf: labelsOnly, reason: ReasonWorkflowNotTerminal, source: sourceLive, row: "5"},
-		{name: "live Succeeded", wf: succeeded, deny: true, reason: ReasonWorkflowCompleted, source: sourceLive, row: "6"},
-		{name: "daemon steps: Succeeded before the completed label", wf: daemon, deny: true, reason: ReasonWorkflowCompleted, source: sourceLive, row: "6"},
-		{name: "store-first, store unsettled, daemon steps: live confirms", wf: daemon, opts: Options{StoreFirst: true}, store: storeUnsettled, deny: true, reason: ReasonWorkflowCompleted, source: sourceLive, row: "6"},
-		{name: "store-first, store unsettled, retried by v4: live says not terminal", wf: retriedV4, opts: Options{StoreFirst: true}, store: storeUnsettled, reason: ReasonWorkflowNotTerminal, source: sourceLive, row: "5"},
-		{name: "live Failed, Failed denied: the whole object read", wf: failed, opts: Options{DenyPhases: []argo.Phase{argo.PhaseFailed}}, deny: true, reason: ReasonWorkflowCompleted, source: sourceLive, row: "6", whole: ptr.To(true)},
-		{name: "live Failed, default policy: the labels settle it", wf: failed, store: storeFailed, reason: ReasonPhaseNotDenied, source: sourceLive, row: "7", whole: ptr.To(false)},
-		{name: "live 404", wf: deleted, deny: true, reason: ReasonWorkflowDeleted, source: sourceLive, row: "8"},
-		{name: "live other UID", wf: replaced, deny: true, reason: ReasonWorkflowReplaced, source: sourceLive, row: "9"},
-		{name: "connections refused, store tombstone", wf: running, reader: failing, store: storeTombstone, deny: true, reason: ReasonWorkflowDeleted, source: sourceStore, row: "10"},
-		{name: "connections refused, store Succeeded, watch fresh", wf: running, reader: failing, store: storeSucceeded, deny: true, reason: ReasonWorkflowCompleted, source: sourceStore, row: "11"},
-		{name: "connections refused, store Succeeded, tombstone fallback", wf: running, opts: Options{StoreFallback: FallbackTombstone}, reader: failing, store: storeSucceeded, reason: ReasonUnconfirmedCompletion, source: sourceStore, row: "11"},
-		{name: "no answer, store Succeeded, completion fallback", wf: running, opts: Options{StoreFallback: FallbackCompletion}, reader: hanging, store: storeSucceeded, deny: true, reason: ReasonWorkflowCompleted, source: sourceStore, row: "11"},
-		{name: "no answer, store unsettled", wf: running, reader: hanging, store: storeUnsettled, reason: ReasonUnverifiedFailOpen, source: sourceStore, row: "14"},
-		{name: "no answer, store empty", wf: succeeded, reader: hanging, reason: ReasonUnverifiedFailOpen, row: "15"},
+		{name: "live Running", wf: running, store: storeSucceeded, reason: contract.ReasonWorkflowNotTerminal, source: sourceLive, row: "5"},
+		{name: "retried by v4: stale Succeeded phase label, status.phase empty", wf: retriedV4, store: storeSucceeded, reason: contract.ReasonWorkflowNotTerminal, source: sourceLive, row: "5"},
+		{name: "labels say Succeeded, status.phase Running: the status decides", wf: labelsOnly, reason: contract.ReasonWorkflowNotTerminal, source: sourceLive, row: "5"},
+		{name: "live Succeeded", wf: succeeded, deny: true, reason: contract.ReasonWorkflowCompleted, source: sourceLive, row: "6"},
+		{name: "daemon steps: Succeeded before the completed label", wf: daemon, deny: true, reason: contract.ReasonWorkflowCompleted, source: sourceLive, row: "6"},
+		{name: "store-first, store unsettled, daemon steps: live confirms", wf: daemon, opts: Options{StoreFirst: true}, store: storeUnsettled, deny: true, reason: contract.ReasonWorkflowCompleted, source: sourceLive, row: "6"},
+		{name: "store-first, store unsettled, retried by v4: live says not terminal", wf: retriedV4, opts: Options{StoreFirst: true}, store: storeUnsettled, reason: contract.ReasonWorkflowNotTerminal, source: sourceLive, row: "5"},
+		{name: "live Failed, Failed denied: the whole object read", wf: failed, opts: Options{DenyPhases: []argo.Phase{argo.PhaseFailed}}, deny: true, reason: contract.ReasonWorkflowCompleted, source: sourceLive, row: "6", whole: ptr.To(true)},
+		{name: "live Failed, default policy: the labels settle it", wf: failed, store: storeFailed, reason: contract.ReasonPhaseNotDenied, source: sourceLive, row: "7", whole: ptr.To(false)},
+		{name: "live 404", wf: deleted, deny: true, reason: contract.ReasonWorkflowDeleted, source: sourceLive, row: "8"},
+		{name: "live other UID", wf: replaced, deny: true, reason: contract.ReasonWorkflowReplaced, source: sourceLive, row: "9"},
+		{name: "connections refused, store tombstone", wf: running, reader: failing, store: storeTombstone, deny: true, reason: contract.ReasonWorkflowDeleted, source: sourceStore, row: "10"},
+		{name: "connections refused, store Succeeded, watch fresh", wf: running, reader: failing, store: storeSucceeded, deny: true, reason: contract.ReasonWorkflowCompleted, source: sourceStore, row: "11"},
+		{name: "connections refused, store Succeeded, tombstone fallback", wf: running, opts: Options{StoreFallback: FallbackTombstone}, reader: failing, store: storeSucceeded, reason: contract.ReasonUnconfirmedCompletion, source: sourceStore, row: "11"},
+		{name: "no answer, store Succeeded, completion fallback", wf: running, opts: Options{StoreFallback: FallbackCompletion}, reader: hanging, store: storeSucceeded, deny: true, reason: contract.ReasonWorkflowCompleted, source: sourceStore, row: "11"},
+		{name: "no answer, store unsettled", wf: running, reader: hanging, store: storeUnsettled, reason: contract.ReasonUnverifiedFailOpen, source: sourceStore, row: "14"},
+		{name: "no answer, store empty", wf: succeeded, reader: hanging, reason: contract.ReasonUnverifiedFailOpen, row: "15"},
 	} {
 		t.Run(r.row+" "+r.name, func(t *testing.T) {
 			reader := r.reader
@@ -183,7 +184,7 @@ func (c countingGets) Get(ctx context.Context, key client.ObjectKey, obj client.
 // return an older state than the newest write: each read right after a write sees that write.
 func TestLiveReadSeesTheNewestWrite(t *testing.T) {
 	ns := newNamespace(t)
-	c, err := newReadPath(env.Config, testScheme(t))
+	c, err := newLiveClient(env.Config, testScheme(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -220,7 +221,7 @@ func TestNameHoldersReadIsALiveRead(t *testing.T) {
 	wf := createWorkflow(t, ns, "holder", argo.PhaseRunning)
 	var fail atomic.Bool
 	var gets atomic.Int32
-	path, err := newReadPath(env.Config, testScheme(t))
+	path, err := newLiveClient(env.Config, testScheme(t))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -33,7 +33,7 @@ import (
 
 	"github.com/exit-guard/exit-guard/completionstore"
 	"github.com/exit-guard/exit-guard/internal/argo"
-	"github.com/exit-guard/exit-guard/internal/testenv"
+	"github.com/exit-guard/exit-guard/test/support/testenv"
 )
 
 var env *testenv.Env
@@ -123,7 +123,7 @@ type harnessOptions struct {
 	// noWatch runs the webhook with no Workflow watch: the store knows only what a test puts
 	// in it, as when the guard's own watch lags behind the API server.
 	noWatch bool
-	// reader, when set, replaces the read path of live reads.
+	// reader, when set, replaces the live client of live reads.
 	reader client.Reader
 	// storeTTL, when set, is the store's TTL.
 	storeTTL time.Duration
@@ -204,8 +204,8 @@ func startGuard(t *testing.T, opts Options, ho harnessOptions) *harness {
 	opts.Registerer = h.registry
 	reader := ho.reader
 	if reader == nil {
-		// The guard's own read path, as Setup builds it.
-		if reader, err = newReadPath(env.Config, scheme); err != nil {
+		// The guard's own live client, as Setup builds it.
+		if reader, err = newLiveClient(env.Config, scheme); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -14,15 +14,9 @@ import (
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/exit-guard/exit-guard/completionstore"
+	"github.com/exit-guard/exit-guard/contract"
 	"github.com/exit-guard/exit-guard/internal/argo"
 )
-
-// EventReasonRefusalOverturned is the reason of the Event recorded when the guard refused a
-// write of the workflow from its store alone (its live read had failed), and has since seen the
-// workflow running, written before the refusal: the refusal was probably wrong. A refused pod
-// or TaskSet write waited until Argo's controller tried again; a refused Event was lost
-// (Warning: someone should know).
-const EventReasonRefusalOverturned = "RefusalOverturned"
 
 // overturnWindow is how long a refusal made from the store alone is remembered, to be checked
 // against what the guard sees of its workflow next. Argo's controller tries a refused pod again
@@ -84,7 +78,7 @@ func newOverturns(now func() time.Time) *overturns {
 // read is never older than the newest write, so a refusal it decided was right when it was made.
 func (o *overturns) note(f facts, d decision) {
 	if !d.deny || d.source != sourceStore || d.phase == "" || !d.phase.Terminal() ||
-		d.reason == ReasonWorkflowDeleted || d.reason == ReasonWorkflowReplaced || d.reason == ReasonTaskSetOwnerGone {
+		d.reason == contract.ReasonWorkflowDeleted || d.reason == contract.ReasonWorkflowReplaced || d.reason == contract.ReasonTaskSetOwnerGone {
 		// Deletions (a UID never comes back) and live reads are not remembered.
 		return
 	}
@@ -201,7 +195,7 @@ func (g *guard) reportOverturn(ctx context.Context, uid types.UID, e *storeRefus
 		// client-go's recorder drops a refused Event and never sends it again.
 		next = "Argo's recorder does not send a refused Event again: that failure Event is lost"
 	}
-	g.recorder.Eventf(regarding, nil, corev1.EventTypeWarning, EventReasonRefusalOverturned, "Admit",
+	g.recorder.Eventf(regarding, nil, corev1.EventTypeWarning, contract.EventReasonRefusalOverturned, "Admit",
 		"%s %d time(s) from the guard's store alone (%s at resourceVersion %s); the workflow is %s at resourceVersion %s: "+
 			"the refusal was probably wrong; %s (%s since the first refusal)",
 		e.what, e.refusals, e.phase, e.resourceVersion, phase, rv, next, waited.Round(time.Second))

@@ -15,8 +15,9 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/exit-guard/exit-guard/completionstore"
+	"github.com/exit-guard/exit-guard/contract"
 	"github.com/exit-guard/exit-guard/internal/argo"
-	"github.com/exit-guard/exit-guard/internal/fixture"
+	"github.com/exit-guard/exit-guard/test/support/fixture"
 )
 
 // overturnRig is a guard whose live read answers as live says, with a store at a fake clock that
@@ -127,7 +128,7 @@ func TestRefusalsFromTheStoreAloneAreCheckedAgainstWhatFollows(t *testing.T) {
 		if got := r.overturned(t); got != 1 {
 			t.Errorf("overturned = %v, want 1", got)
 		}
-		evs := r.events(EventReasonRefusalOverturned)
+		evs := r.events(contract.EventReasonRefusalOverturned)
 		if len(evs) != 1 || !strings.Contains(evs[0], "2 time(s)") || !strings.Contains(evs[0], "resourceVersion 7") || !strings.Contains(evs[0], "3s since the first refusal") {
 			t.Errorf("Events = %q, want one that says 2 refusals, resourceVersion 7, 3s", evs)
 		}
@@ -260,7 +261,7 @@ func TestOverturnsAreBounded(t *testing.T) {
 	f := podFacts(t, fixture.ExitPod(tableWorkflow))
 	for i := range maxOverturnEntries + 10 {
 		clk.Step(time.Millisecond)
-		d := refused(ReasonWorkflowCompleted)
+		d := refused(contract.ReasonWorkflowCompleted)
 		d.source, d.wfUID = sourceStore, tableWorkflow.GetUID()+types.UID("-"+strconv.Itoa(i))
 		o.note(f, d)
 	}

@@ -13,6 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
+	"github.com/exit-guard/exit-guard/contract"
 	"github.com/exit-guard/exit-guard/internal/argo"
 )
 
@@ -26,13 +27,6 @@ import (
 const (
 	ValidatePath = "/validate-pod"
 	MutatePath   = "/mutate-pod"
-)
-
-// Labels and annotations exit-guard puts on the suspect pods it admits in warn and dry-run
-// mode. `kubectl get pods -A -l exit-guard.io/suspect` lists them.
-const (
-	LabelSuspect            = "exit-guard.io/suspect"
-	AnnotationSuspectReason = "exit-guard.io/suspect-reason"
 )
 
 var podResource = metav1.GroupVersionResource{Version: "v1", Resource: "pods"}
@@ -75,7 +69,7 @@ func classify(meta *metav1.ObjectMeta) facts {
 		p.name = meta.GenerateName + "*"
 	}
 	f := facts{object: p, namespace: meta.Namespace, component: meta.Labels[argo.LabelComponent], startsWork: true}
-	if ref := metav1.GetControllerOfNoCopy(meta); ref != nil && ref.Kind == argo.Kind && apiGroup(ref.APIVersion) == argo.Group {
+	if ref := metav1.GetControllerOfNoCopy(meta); ref != nil && ref.Kind == argo.Kind && argo.GroupOf(ref.APIVersion) == argo.Group {
 		f.owner = ref
 	}
 	_, onExitLabel := meta.Labels[argo.LabelOnExit]
@@ -113,15 +107,39 @@ var podSpec = &kindSpec{
 		unconfirmed: "pod admitted unverified: the live read failed and only the store says its workflow completed",
 		admitted:    "pod admitted",
 	},
-	eventType: corev1.EventTypeWarning, eventDenied: EventReasonDenied, eventWarned: EventReasonWarned,
+	eventType: corev1.EventTypeWarning, eventDenied: contract.EventReasonDenied, eventWarned: contract.EventReasonWarned,
 	rowNotOwned: "1", rowNotWatched: "3",
-	refusals: []Reason{ReasonWorkflowCompleted, ReasonWorkflowDeleted, ReasonWorkflowReplaced},
-	admissions: []Reason{ReasonNotOwnedByWorkflow, ReasonArtifactGCOrOtherComponent, ReasonNamespaceNotWatched,
-		ReasonNotCoveredByPolicy, ReasonWorkflowNotTerminal, ReasonPhaseNotDenied, ReasonNotSeenCompleted,
-		ReasonUnverifiedFailOpen, ReasonUnconfirmedCompletion},
+	refusals: []contract.Reason{contract.ReasonWorkflowCompleted, contract.ReasonWorkflowDeleted, contract.ReasonWorkflowReplaced},
+	admissions: []contract.Reason{contract.ReasonNotOwnedByWorkflow, contract.ReasonArtifactGCOrOtherComponent, contract.ReasonNamespaceNotWatched,
+		contract.ReasonNotCoveredByPolicy, contract.ReasonWorkflowNotTerminal, contract.ReasonPhaseNotDenied, contract.ReasonNotSeenCompleted,
+		contract.ReasonUnverifiedFailOpen, contract.ReasonUnconfirmedCompletion},
+	covered: podCovered,
+}
+
+// podCovered says whether the policy judges a pod of its role: exit-handler and agent pods
+// always, lifecycle-hook pods with --hooks or --strict, step pods with --strict.
+func podCovered(o Options, f facts) bool {
+	switch f.role {
+	case roleExitHandler, roleAgent:
+		return true
+	case roleHook:
+		return o.Hooks || o.Strict
+	default:
+		return o.Strict
+	}
 }
 
 func (p *podObject) spec() *kindSpec { return podSpec }
+
+// requeuedWhenRefused: the pods of a workflow's nodes, which createWorkflowPod sends (a 429 is
+// transient on every line: requeueIfTransientErr leaves the node Pending and requeues the
+// workflow). Not an agent pod: v3.4 makes the workflow Error on any create error.
+func (p *podObject) requeuedWhenRefused() bool {
+	return p.role == roleExitHandler || p.role == roleHook || p.role == roleStep
+}
+
+// comesAfterReRunNodes: an exit-handler pod; a retry's hook, step and agent pods come at once.
+func (p *podObject) comesAfterReRunNodes() bool { return p.role == roleExitHandler }
 func (p *podObject) logValues() []any {
 	return []any{"pod", p.meta.Namespace + "/" + p.name, "podKind", p.role, "node", p.node}
 }
@@ -152,18 +170,18 @@ func (p *podObject) nodeText() string {
 	return p.node
 }
 
-// mark adds LabelSuspect and AnnotationSuspectReason, and nothing else.
+// mark adds contract.LabelSuspect and contract.AnnotationSuspectReason, and nothing else.
 func (p *podObject) mark(msg string) []jsonpatch.Operation {
 	var ops []jsonpatch.Operation
 	if p.meta.Labels == nil {
-		ops = append(ops, jsonpatch.NewOperation("add", "/metadata/labels", map[string]string{LabelSuspect: "true"}))
+		ops = append(ops, jsonpatch.NewOperation("add", "/metadata/labels", map[string]string{contract.LabelSuspect: "true"}))
 	} else {
-		ops = append(ops, jsonpatch.NewOperation("add", "/metadata/labels/"+escapePointer(LabelSuspect), "true"))
+		ops = append(ops, jsonpatch.NewOperation("add", "/metadata/labels/"+escapePointer(contract.LabelSuspect), "true"))
 	}
 	if p.meta.Annotations == nil {
-		ops = append(ops, jsonpatch.NewOperation("add", "/metadata/annotations", map[string]string{AnnotationSuspectReason: msg}))
+		ops = append(ops, jsonpatch.NewOperation("add", "/metadata/annotations", map[string]string{contract.AnnotationSuspectReason: msg}))
 	} else {
-		ops = append(ops, jsonpatch.NewOperation("add", "/metadata/annotations/"+escapePointer(AnnotationSuspectReason), msg))
+		ops = append(ops, jsonpatch.NewOperation("add", "/metadata/annotations/"+escapePointer(contract.AnnotationSuspectReason), msg))
 	}
 	return ops
 }
@@ -182,11 +200,4 @@ func escapePointer(s string) string {
 		}
 	}
 	return b.String()
-}
-
-func apiGroup(apiVersion string) string {
-	if i := strings.IndexByte(apiVersion, '/'); i >= 0 {
-		return apiVersion[:i]
-	}
-	return ""
 }

@@ -11,14 +11,9 @@ import (
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/exit-guard/exit-guard/completionstore"
+	"github.com/exit-guard/exit-guard/contract"
 	"github.com/exit-guard/exit-guard/internal/argo"
 )
-
-// EventReasonRepeatAfterReuse is the reason of the Event recorded on a workflow when the guard
-// learns that, after this workflow took its name, it admitted without a read (row T7) a TaskSet
-// create that named the deleted workflow of that name: the one case row T7 leaves (docs/
-// decisions.md), in which this workflow's agent may run the deleted workflow's task (Warning).
-const EventReasonRepeatAfterReuse = "RepeatAdmittedAfterReuse"
 
 const (
 	// repeatsWindow is how long a row T7 admission is remembered, to be checked against the
@@ -125,7 +120,7 @@ func (g *guard) reportRepeatsAfterReuse(o completionstore.Observation, found []r
 		if g.recorder == nil {
 			continue
 		}
-		g.recorder.Eventf(regarding, nil, corev1.EventTypeWarning, EventReasonRepeatAfterReuse, "Admit",
+		g.recorder.Eventf(regarding, nil, corev1.EventTypeWarning, contract.EventReasonRepeatAfterReuse, "Admit",
 			"a create of WorkflowTaskSet %s by the deleted workflow of this name (uid %s) was admitted without a read (a repeat of one admitted while it ran) after this workflow took the name: "+
 				"its agent may run the deleted workflow's task; set --taskset-repeats-for=-1s to read every create", a.taskSet, a.uid)
 	}

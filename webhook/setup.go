@@ -54,14 +54,14 @@ type guard struct {
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 
 // Setup registers the guard's admission paths (pods, WorkflowTaskSet writes, Events) on the
-// manager's webhook server. Workflows are read live on a read path of their own (readPath: no
+// manager's webhook server. Workflows are read live on a client of their own (liveClient: no
 // cache, not the manager's connections), so the manager's scheme must know argo.Workflow
 // (argo.AddToScheme).
 func Setup(mgr manager.Manager, store *completionstore.Store, opts Options) error {
 	if !mgr.GetScheme().Recognizes(argo.WorkflowGVK) {
 		return errors.New("webhook: the manager's scheme does not know argo.Workflow; call argo.AddToScheme")
 	}
-	reader, err := newReadPath(mgr.GetConfig(), mgr.GetScheme())
+	reader, err := newLiveClient(mgr.GetConfig(), mgr.GetScheme())
 	if err != nil {
 		return err
 	}

@@ -17,8 +17,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
 	"github.com/exit-guard/exit-guard/completionstore"
+	"github.com/exit-guard/exit-guard/contract"
 	"github.com/exit-guard/exit-guard/internal/argo"
-	"github.com/exit-guard/exit-guard/internal/fixture"
+	"github.com/exit-guard/exit-guard/test/support/fixture"
 )
 
 // attemptPlan says which live-read attempts of the current decision fail.
@@ -121,7 +122,7 @@ func TestSimulationThroughTheAPIServer(t *testing.T) {
 						obj = fixture.TaskSet(wf, map[string]any{key: tmpl})
 					}
 					err := env.Client.Create(t.Context(), obj, client.DryRunAll)
-					_, denied := RefusalReason(err)
+					_, denied := contract.RefusalReason(err)
 					if err != nil && !denied {
 						t.Fatalf("seed %d pod %d: %v", hist.seed, pi, err)
 					}

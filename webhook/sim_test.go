@@ -22,6 +22,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/exit-guard/exit-guard/completionstore"
+	"github.com/exit-guard/exit-guard/contract"
 	"github.com/exit-guard/exit-guard/internal/argo"
 )
 
@@ -269,13 +270,13 @@ func simulate(h *history, s setting, t *tallies, log func(string, ...any)) error
 		what := "legit"
 		final := true // the pod's last pass: count it
 		switch {
-		case !p.stale && d.deny && p.gcOwner != "" && d.reason == ReasonTaskSetOwnerGone && p.firstPass:
+		case !p.stale && d.deny && p.gcOwner != "" && d.reason == contract.ReasonTaskSetOwnerGone && p.firstPass:
 			// By design (docs/decisions.md, row T5): judged without its create, the node not
 			// in the status yet; Argo's next pass writes again (an event of its own).
 			t.byDesign++
 			t.byDesignDelay += p.nextPass - p.at
 			what = "legit, refused by design (taskset-owner-gone, first pass)"
-		case !p.stale && d.deny && p.gcOwner != "" && d.reason == ReasonTaskSetOwnerGone:
+		case !p.stale && d.deny && p.gcOwner != "" && d.reason == contract.ReasonTaskSetOwnerGone:
 			// A later pass refused too (its create judged elsewhere and an exit handler's
 			// task, or no live answer): Argo writes again only when something wakes the
 			// workflow, at worst its resync.
@@ -286,7 +287,7 @@ func simulate(h *history, s setting, t *tallies, log func(string, ...any)) error
 			what = "legit, refused by design on a later pass (taskset-owner-gone): waits for a wake-up"
 		case !p.stale && d.deny:
 			t.legitDenied[string(d.reason)+" from "+string(d.source)]++
-			if d.source == sourceStore && (d.reason == ReasonWorkflowCompleted || d.reason == ReasonWorkflowSucceeded) {
+			if d.source == sourceStore && (d.reason == contract.ReasonWorkflowCompleted || d.reason == contract.ReasonWorkflowSucceeded) {
 				// The price of a store fallback that refuses from a completion: a retry the
 				// watch had not delivered, with no live answer. Argo sends it again.
 				what = "legit refused (the store fallback's price)"
@@ -375,7 +376,7 @@ func tallyFinal(t *tallies, s setting, h *history, p podEvent, d decision, due b
 		case d.source == sourceLive:
 			t.staleMissedKnown[string(d.reason)]++
 			*what, *broke = "STALE ADMITTED ON A LIVE ANSWER", true
-		case d.source != sourceStore && d.reason != ReasonUnverifiedFailOpen:
+		case d.source != sourceStore && d.reason != contract.ReasonUnverifiedFailOpen:
 			// Not a window: the guard did not even try (the policy, as the code has it,
 			// disagrees with the oracle's).
 			t.staleMissedKnown[string(d.reason)]++
@@ -477,15 +478,15 @@ func phaseName(s wfState) string {
 func windowName(d decision, l loadLevel) string {
 	var w string
 	switch d.reason {
-	case ReasonUnverifiedFailOpen:
+	case contract.ReasonUnverifiedFailOpen:
 		w = "no live answer; the store had not seen the workflow (watch lag, restart or TTL)"
-	case ReasonUnconfirmedCompletion:
+	case contract.ReasonUnconfirmedCompletion:
 		w = "no live answer; only the store saw the completion, which the fallback may not refuse (tombstone, or the watch quiet past --store-fresh-for)"
-	case ReasonNotSeenCompleted:
+	case contract.ReasonNotSeenCompleted:
 		w = "store-first: the store had not seen the completion (watch lag)"
-	case ReasonWorkflowNotTerminal:
+	case contract.ReasonWorkflowNotTerminal:
 		w = "no live answer, or store-first; the store still held a running state (watch lag)"
-	case ReasonPhaseNotDenied:
+	case contract.ReasonPhaseNotDenied:
 		w = "no live answer, or store-first; the store still held an earlier run's phase that is not denied (watch lag)"
 	default:
 		w = string(d.reason)

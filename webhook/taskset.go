@@ -18,6 +18,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
+	"github.com/exit-guard/exit-guard/contract"
 	"github.com/exit-guard/exit-guard/internal/argo"
 )
 
@@ -89,7 +90,7 @@ func readTaskSet(req *reviewRequest[taskSet]) (facts, *admission.Response) {
 	}
 	// The owner reference Argo sets is not a controller reference.
 	for i := range obj.Metadata.OwnerReferences {
-		if ref := &obj.Metadata.OwnerReferences[i]; ref.Kind == argo.Kind && apiGroup(ref.APIVersion) == argo.Group {
+		if ref := &obj.Metadata.OwnerReferences[i]; ref.Kind == argo.Kind && argo.GroupOf(ref.APIVersion) == argo.Group {
 			f.owner = ref
 			break
 		}
@@ -202,15 +203,48 @@ var taskSetSpec = &kindSpec{
 		unconfirmed: "WorkflowTaskSet write admitted unverified: the live read failed and only the store says its workflow completed",
 		admitted:    "WorkflowTaskSet write admitted",
 	},
-	eventType: corev1.EventTypeWarning, eventDenied: EventReasonDenied, eventWarned: EventReasonWarned,
-	rowNotOwned: "T1", rowNotWatched: "T2", rowIdle: "T3", idleReason: ReasonNoNewTask,
-	refusals: []Reason{ReasonWorkflowCompleted, ReasonWorkflowDeleted, ReasonWorkflowReplaced, ReasonTaskSetOwnerGone},
-	admissions: []Reason{ReasonNotOwnedByWorkflow, ReasonNamespaceNotWatched, ReasonNoNewTask, ReasonRepeatsAdmittedCreate,
-		ReasonWorkflowNotTerminal, ReasonPhaseNotDenied, ReasonNotSeenCompleted, ReasonUnverifiedFailOpen,
-		ReasonUnconfirmedCompletion, ReasonTasksOfNameHolder},
+	eventType: corev1.EventTypeWarning, eventDenied: contract.EventReasonDenied, eventWarned: contract.EventReasonWarned,
+	rowNotOwned: "T1", rowNotWatched: "T2", rowIdle: "T3", idleReason: contract.ReasonNoNewTask,
+	refusals: []contract.Reason{contract.ReasonWorkflowCompleted, contract.ReasonWorkflowDeleted, contract.ReasonWorkflowReplaced, contract.ReasonTaskSetOwnerGone},
+	admissions: []contract.Reason{contract.ReasonNotOwnedByWorkflow, contract.ReasonNamespaceNotWatched, contract.ReasonNoNewTask, contract.ReasonRepeatsAdmittedCreate,
+		contract.ReasonWorkflowNotTerminal, contract.ReasonPhaseNotDenied, contract.ReasonNotSeenCompleted, contract.ReasonUnverifiedFailOpen,
+		contract.ReasonUnconfirmedCompletion, contract.ReasonTasksOfNameHolder},
+	beforeRead: taskSetBeforeRead,
+	afterRead:  taskSetAfterRead,
+	own: map[contract.Reason]reasonWords{
+		contract.ReasonTaskSetOwnerGone: {
+			message: func(f facts, d decision) string {
+				return fmt.Sprintf("exit-guard refused %s: %s, as seen by %s, and the agent of a workflow of that name would run its tasks. "+
+					"If this workflow reused the name, a later write is admitted once the guard can tell it is this workflow's (its create of the same "+
+					"tasks just before, judged by the same replica, or, outside exit handlers, their pending nodes in its status), or the garbage collector "+
+					"deletes the old WorkflowTaskSet (kubectl -n %s get workflowtaskset %s -o jsonpath='{.metadata.ownerReferences}'); "+
+					"a stale copy of the deleted workflow gets no further",
+					f.object.refused(), workflowText(f, d), d.source, d.wfNamespace, d.wfName)
+			},
+			workflow: func(d decision) string {
+				return fmt.Sprintf("it still belongs to workflow %s/%s (uid %s), which was deleted", d.wfNamespace, d.wfName, d.wfUID)
+			},
+			phase: "deleted (the WorkflowTaskSet still names it as its owner)",
+			log:   "WorkflowTaskSet update refused: it still belongs to a deleted workflow (perhaps the write of a workflow that reused the name, which waits for the garbage collector)",
+			// Normal: perhaps this workflow's own write, which waits for the garbage collector;
+			// not a stale exit handler.
+			eventType: corev1.EventTypeNormal, eventReason: contract.EventReasonTaskSetOwnerGone,
+		},
+		contract.ReasonTasksOfNameHolder: {
+			log: "WorkflowTaskSet update admitted: it still belongs to a deleted workflow, and the workflow that reused the name sent it (its create of these tasks just before, or their pending nodes in its status)",
+		},
+	},
 }
 
 func (ts *taskSetObject) spec() *kindSpec { return taskSetSpec }
+
+// requeuedWhenRefused: a refused TaskSet write is logged, and written again only when the
+// workflow is woken.
+func (ts *taskSetObject) requeuedWhenRefused() bool { return false }
+
+// comesAfterReRunNodes: a write that adds only the workflow's exit-handler task; a retry's
+// writes of other nodes come at once.
+func (ts *taskSetObject) comesAfterReRunNodes() bool { return ts.onlyExitHandlerTask() }
 
 // mark: there is nothing to mark on a TaskSet; the warning reaches Argo's controller log.
 func (ts *taskSetObject) mark(string) []jsonpatch.Operation { return nil }

@@ -20,8 +20,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/exit-guard/exit-guard/completionstore"
+	"github.com/exit-guard/exit-guard/contract"
 	"github.com/exit-guard/exit-guard/internal/argo"
-	"github.com/exit-guard/exit-guard/internal/fixture"
+	"github.com/exit-guard/exit-guard/test/support/fixture"
 )
 
 // warnings collects the admission warnings a client receives.
@@ -100,7 +101,7 @@ func TestTaskSetWrites(t *testing.T) {
 
 		key, tmpl := fixture.OnExitTask(wf)
 		err := env.Client.Patch(t.Context(), ts, fixture.TaskSetPatch(false, map[string]any{key: tmpl}))
-		wantRefused(t, err, ReasonWorkflowCompleted)
+		wantRefused(t, err, contract.ReasonWorkflowCompleted)
 		wantSource(t, wf, sourceLive)
 		// Nothing of the stale write landed: the agent has nothing to run.
 		var got unstructured.Unstructured
@@ -112,7 +113,7 @@ func TestTaskSetWrites(t *testing.T) {
 			t.Errorf("TaskSet after the refusal: tasks %v, labels %v; want no task and completed=true", tasks, got.GetLabels())
 		}
 
-		ev := waitEvent(t, ns, wf, EventReasonDenied)
+		ev := waitEvent(t, ns, wf, contract.EventReasonDenied)
 		for _, s := range []string{"WorkflowTaskSet http-exit", "the exit handler http-exit.onExit", "Succeeded"} {
 			if !strings.Contains(ev.Note, s) {
 				t.Errorf("event note %q does not say %q", ev.Note, s)
@@ -143,7 +144,7 @@ func TestTaskSetWrites(t *testing.T) {
 		ns := newNamespace(t)
 		wf, ts, step := runningTaskSet(t, ns, "reopen")
 		complete(t, wf, ts, step)
-		if err := env.Client.Patch(t.Context(), ts, fixture.TaskSetPatch(false, map[string]any{})); !IsRefusal(err) {
+		if err := env.Client.Patch(t.Context(), ts, fixture.TaskSetPatch(false, map[string]any{})); !contract.IsRefusal(err) {
 			t.Fatalf("setting completed back to false: err = %v, want refused", err)
 		}
 	})
@@ -190,14 +191,14 @@ func TestTaskSetWrites(t *testing.T) {
 		// At least the create and the two patches: the API server runs admission again when it
 		// retries a patch on a conflict (here with the agent's status writes), so under load a
 		// write may be judged twice. None may be refused.
-		if got := h.counter(t, "exit_guard_decisions_total", map[string]string{"verdict": "allowed", "reason": string(ReasonWorkflowNotTerminal), "kind": argo.TaskSetKind}); got < 3 {
-			t.Errorf("TaskSet writes admitted as %s = %v, want at least 3 (create and two patches)", ReasonWorkflowNotTerminal, got)
+		if got := h.counter(t, "exit_guard_decisions_total", map[string]string{"verdict": "allowed", "reason": string(contract.ReasonWorkflowNotTerminal), "kind": argo.TaskSetKind}); got < 3 {
+			t.Errorf("TaskSet writes admitted as %s = %v, want at least 3 (create and two patches)", contract.ReasonWorkflowNotTerminal, got)
 		}
 		if got := h.counter(t, "exit_guard_decisions_total", map[string]string{"verdict": "denied", "kind": argo.TaskSetKind}); got != 0 {
 			t.Errorf("%v TaskSet writes of a running workflow refused, want none", got)
 		}
-		if got := h.counter(t, "exit_guard_decisions_total", map[string]string{"verdict": "allowed", "reason": string(ReasonNoNewTask), "kind": argo.TaskSetKind}); got != 1 {
-			t.Errorf("TaskSet writes admitted as %s = %v, want 1 (the cleanup)", ReasonNoNewTask, got)
+		if got := h.counter(t, "exit_guard_decisions_total", map[string]string{"verdict": "allowed", "reason": string(contract.ReasonNoNewTask), "kind": argo.TaskSetKind}); got != 1 {
+			t.Errorf("TaskSet writes admitted as %s = %v, want 1 (the cleanup)", contract.ReasonNoNewTask, got)
 		}
 	})
 
@@ -209,7 +210,7 @@ func TestTaskSetWrites(t *testing.T) {
 		wf, ts, step := runningTaskSet(t, ns, "passes")
 		reads := func() float64 { return h.counter(t, "exit_guard_live_read_duration_seconds", nil) }
 		repeated := func() float64 {
-			return h.counter(t, "exit_guard_decisions_total", map[string]string{"verdict": "allowed", "reason": string(ReasonRepeatsAdmittedCreate), "kind": argo.TaskSetKind})
+			return h.counter(t, "exit_guard_decisions_total", map[string]string{"verdict": "allowed", "reason": string(contract.ReasonRepeatsAdmittedCreate), "kind": argo.TaskSetKind})
 		}
 		before := reads()
 		for pass := range 3 {
@@ -219,7 +220,7 @@ func TestTaskSetWrites(t *testing.T) {
 			}
 		}
 		if got := repeated(); got != 3 {
-			t.Errorf("creates admitted as %s = %v, want 3", ReasonRepeatsAdmittedCreate, got)
+			t.Errorf("creates admitted as %s = %v, want 3", contract.ReasonRepeatsAdmittedCreate, got)
 		}
 		if got := reads() - before; got != 0 {
 			t.Errorf("the repeated creates made %v live reads, want none", got)
@@ -229,21 +230,21 @@ func TestTaskSetWrites(t *testing.T) {
 		// and fails AlreadyExists; its patch adds the task back and sets the label back.
 		err := env.Client.Create(t.Context(), fixture.TaskSet(wf, map[string]any{step: fixture.HTTPTask("call")}))
 		if !apierrors.IsAlreadyExists(err) || repeated() != 4 {
-			t.Fatalf("a repeated create after completion, the store behind: err = %v (want AlreadyExists), %v admitted as %s (want 4)", err, repeated(), ReasonRepeatsAdmittedCreate)
+			t.Fatalf("a repeated create after completion, the store behind: err = %v (want AlreadyExists), %v admitted as %s (want 4)", err, repeated(), contract.ReasonRepeatsAdmittedCreate)
 		}
 		err = env.Client.Patch(t.Context(), ts, fixture.TaskSetPatch(false, map[string]any{step: fixture.HTTPTask("call")}))
-		wantRefused(t, err, ReasonWorkflowCompleted)
+		wantRefused(t, err, contract.ReasonWorkflowCompleted)
 		// The refusal forgot the create: the same create is now read, and refused.
 		reads0 := reads()
 		err = env.Client.Create(t.Context(), fixture.TaskSet(wf, map[string]any{step: fixture.HTTPTask("call")}))
-		wantRefused(t, err, ReasonWorkflowCompleted)
+		wantRefused(t, err, contract.ReasonWorkflowCompleted)
 		if got := reads() - reads0; got < 1 {
 			t.Errorf("the create after a refusal made %v live reads, want one", got)
 		}
 		// A stale copy's create with its exit handler's task beside the step's: read, refused.
 		key, tmpl := fixture.OnExitTask(wf)
 		err = env.Client.Create(t.Context(), fixture.TaskSet(wf, map[string]any{step: fixture.HTTPTask("call"), key: tmpl}))
-		wantRefused(t, err, ReasonWorkflowCompleted)
+		wantRefused(t, err, contract.ReasonWorkflowCompleted)
 	})
 
 	for _, storeFirst := range []bool{false, true} {
@@ -256,15 +257,15 @@ func TestTaskSetWrites(t *testing.T) {
 			h.store.Observe(completionstore.Observation{UID: wf.GetUID(), Namespace: ns, Name: wf.GetName(),
 				ResourceVersion: wf.GetResourceVersion(), Phase: argo.PhaseSucceeded})
 			key, tmpl := fixture.OnExitTask(wf)
-			if err := env.Client.Patch(t.Context(), ts, fixture.TaskSetPatch(false, map[string]any{key: tmpl})); !IsRefusal(err) {
+			if err := env.Client.Patch(t.Context(), ts, fixture.TaskSetPatch(false, map[string]any{key: tmpl})); !contract.IsRefusal(err) {
 				t.Fatalf("before the retry: err = %v, want refused", err)
 			}
 			retry(t, wf, argo.PhaseUnknown)
 			if err := env.Client.Patch(t.Context(), ts, fixture.TaskSetPatch(false, map[string]any{key: tmpl})); err != nil {
 				t.Fatalf("the retried workflow's TaskSet patch: %v, want it admitted", err)
 			}
-			if got := h.counter(t, "exit_guard_decisions_total", map[string]string{"reason": string(ReasonWorkflowNotTerminal), "kind": argo.TaskSetKind}); got < 1 {
-				t.Errorf("TaskSet writes admitted as %s = %v, want the retried one", ReasonWorkflowNotTerminal, got)
+			if got := h.counter(t, "exit_guard_decisions_total", map[string]string{"reason": string(contract.ReasonWorkflowNotTerminal), "kind": argo.TaskSetKind}); got < 1 {
+				t.Errorf("TaskSet writes admitted as %s = %v, want the retried one", contract.ReasonWorkflowNotTerminal, got)
 			}
 		})
 	}
@@ -278,7 +279,7 @@ func TestTaskSetWrites(t *testing.T) {
 		}
 		key, tmpl := fixture.OnExitTask(wf)
 		err := env.Client.Create(t.Context(), fixture.TaskSet(wf, map[string]any{key: tmpl}))
-		wantRefused(t, err, ReasonWorkflowDeleted)
+		wantRefused(t, err, contract.ReasonWorkflowDeleted)
 	})
 
 	t.Run("name reused while the old TaskSet waits for the garbage collector: a patch alone refused as taskset-owner-gone, admitted once the status holds the node, or after the new workflow's create of the same template", func(t *testing.T) {
@@ -299,21 +300,21 @@ func TestTaskSetWrites(t *testing.T) {
 		// who sent the patch, and the new workflow's status lacks the task's node (Argo writes
 		// it after the TaskSet, in the same pass).
 		err := env.Client.Patch(t.Context(), ts, fixture.TaskSetPatch(false, map[string]any{key: tmpl}))
-		wantRefused(t, err, ReasonTaskSetOwnerGone)
+		wantRefused(t, err, contract.ReasonTaskSetOwnerGone)
 		for _, s := range []string{"still belongs to workflow " + ns + "/reused (uid " + string(old.GetUID()) + "), which was deleted",
 			"a later write is admitted once the guard can tell it is this workflow's", "garbage collector"} {
 			if !strings.Contains(err.Error(), s) {
 				t.Errorf("the refusal %q does not say %q", err, s)
 			}
 		}
-		ev := waitEvent(t, ns, old, EventReasonTaskSetOwnerGone)
+		ev := waitEvent(t, ns, old, contract.EventReasonTaskSetOwnerGone)
 		if ev.Type != "Normal" {
 			t.Errorf("the Event about it is %s, want Normal (not a stale exit handler)", ev.Type)
 		}
-		if got := h.counter(t, "exit_guard_decisions_total", map[string]string{"verdict": "denied", "reason": string(ReasonTaskSetOwnerGone), "kind": argo.TaskSetKind}); got != 1 {
+		if got := h.counter(t, "exit_guard_decisions_total", map[string]string{"verdict": "denied", "reason": string(contract.ReasonTaskSetOwnerGone), "kind": argo.TaskSetKind}); got != 1 {
 			t.Errorf("taskset-owner-gone refusals counted = %v, want 1", got)
 		}
-		if got := h.counter(t, "exit_guard_decisions_total", map[string]string{"verdict": "denied", "reason": string(ReasonWorkflowReplaced), "kind": argo.TaskSetKind}); got != 0 {
+		if got := h.counter(t, "exit_guard_decisions_total", map[string]string{"verdict": "denied", "reason": string(contract.ReasonWorkflowReplaced), "kind": argo.TaskSetKind}); got != 0 {
 			t.Errorf("workflow-replaced refusals counted = %v, want 0: the write is not a stale exit handler", got)
 		}
 		// Argo writes the task's node into the workflow's status after the TaskSet, in the
@@ -336,7 +337,7 @@ func TestTaskSetWrites(t *testing.T) {
 		if err := env.Client.Patch(t.Context(), ts, fixture.TaskSetPatch(false, map[string]any{key: tmpl})); err != nil {
 			t.Fatalf("the new workflow's patch once its status holds the node: %v, want admitted (row T6)", err)
 		}
-		if got := h.counter(t, "exit_guard_decisions_total", map[string]string{"verdict": "allowed", "reason": string(ReasonTasksOfNameHolder), "kind": argo.TaskSetKind}); got != 1 {
+		if got := h.counter(t, "exit_guard_decisions_total", map[string]string{"verdict": "allowed", "reason": string(contract.ReasonTasksOfNameHolder), "kind": argo.TaskSetKind}); got != 1 {
 			t.Errorf("tasks-of-name-holder admissions counted = %v, want 1", got)
 		}
 		// Its exit handler's task: never admitted from the status alone (a stale copy's exit
@@ -352,11 +353,11 @@ func TestTaskSetWrites(t *testing.T) {
 		}
 		other := fixture.HTTPTask("stale " + key2)
 		err = env.Client.Patch(t.Context(), ts, fixture.TaskSetPatch(false, map[string]any{key: tmpl, key2: other}))
-		wantRefused(t, err, ReasonTaskSetOwnerGone)
+		wantRefused(t, err, contract.ReasonTaskSetOwnerGone)
 		if err := env.Client.Patch(t.Context(), ts, fixture.TaskSetPatch(false, map[string]any{key: tmpl, key2: tmpl2})); err != nil {
 			t.Fatalf("the new workflow's patch after its create: %v, want admitted (row T6)", err)
 		}
-		if got := h.counter(t, "exit_guard_decisions_total", map[string]string{"verdict": "allowed", "reason": string(ReasonTasksOfNameHolder), "kind": argo.TaskSetKind}); got != 2 {
+		if got := h.counter(t, "exit_guard_decisions_total", map[string]string{"verdict": "allowed", "reason": string(contract.ReasonTasksOfNameHolder), "kind": argo.TaskSetKind}); got != 2 {
 			t.Errorf("tasks-of-name-holder admissions counted = %v, want 2", got)
 		}
 	})
@@ -391,7 +392,7 @@ func TestTaskSetWrites(t *testing.T) {
 		if err := env.Client.Patch(t.Context(), ts, fixture.TaskSetPatch(false, map[string]any{key: tmpl})); err != nil {
 			t.Fatalf("the new workflow's patch after its create: %v, want admitted (row T6)", err)
 		}
-		if got := h.counter(t, "exit_guard_decisions_total", map[string]string{"verdict": "allowed", "reason": string(ReasonTasksOfNameHolder), "kind": argo.TaskSetKind}); got != 1 {
+		if got := h.counter(t, "exit_guard_decisions_total", map[string]string{"verdict": "allowed", "reason": string(contract.ReasonTasksOfNameHolder), "kind": argo.TaskSetKind}); got != 1 {
 			t.Errorf("tasks-of-name-holder admissions counted = %v, want 1", got)
 		}
 	})
@@ -433,7 +434,7 @@ func TestTaskSetWrites(t *testing.T) {
 		if err := env.Client.Create(t.Context(), fixture.TaskSet(old, map[string]any{key: tmpl})); err != nil {
 			t.Fatalf("the stale copy's repeated create: %v, want admitted (row T7: the case it leaves)", err)
 		}
-		if got := h.counter(t, "exit_guard_decisions_total", map[string]string{"verdict": "allowed", "reason": string(ReasonRepeatsAdmittedCreate), "kind": argo.TaskSetKind}); got != 1 {
+		if got := h.counter(t, "exit_guard_decisions_total", map[string]string{"verdict": "allowed", "reason": string(contract.ReasonRepeatsAdmittedCreate), "kind": argo.TaskSetKind}); got != 1 {
 			t.Fatalf("repeats-admitted-create admissions = %v, want 1", got)
 		}
 		// The watch delivers the new workflow.
@@ -441,7 +442,7 @@ func TestTaskSetWrites(t *testing.T) {
 		if got := h.counter(t, "exit_guard_repeats_after_reuse_total", nil); got != 1 {
 			t.Errorf("exit_guard_repeats_after_reuse_total = %v, want 1", got)
 		}
-		ev := waitEvent(t, ns, wf, EventReasonRepeatAfterReuse)
+		ev := waitEvent(t, ns, wf, contract.EventReasonRepeatAfterReuse)
 		if ev.Type != corev1.EventTypeWarning || !strings.Contains(ev.Note, string(old.GetUID())) {
 			t.Errorf("the Event: %s %q, want a Warning naming the deleted workflow's uid", ev.Type, ev.Note)
 		}
@@ -474,8 +475,8 @@ func TestTaskSetWrites(t *testing.T) {
 		// The stale copy of the deleted, succeeded workflow then patches its own TaskSet with
 		// its exit handler's task, the same template, as Argo's controller.
 		err = env.Client.Patch(t.Context(), ts, fixture.TaskSetPatch(false, map[string]any{key: tmpl}))
-		wantRefused(t, err, ReasonTaskSetOwnerGone)
-		if got := h.counter(t, "exit_guard_decisions_total", map[string]string{"verdict": "allowed", "reason": string(ReasonTasksOfNameHolder), "kind": argo.TaskSetKind}); got != 0 {
+		wantRefused(t, err, contract.ReasonTaskSetOwnerGone)
+		if got := h.counter(t, "exit_guard_decisions_total", map[string]string{"verdict": "allowed", "reason": string(contract.ReasonTasksOfNameHolder), "kind": argo.TaskSetKind}); got != 0 {
 			t.Errorf("tasks-of-name-holder admissions counted = %v, want 0", got)
 		}
 	})
@@ -493,7 +494,7 @@ func TestTaskSetWrites(t *testing.T) {
 		if !strings.Contains(w.all(), "exit-guard (warn mode) would refuse this write") {
 			t.Errorf("warnings %q, want exit-guard's", w.all())
 		}
-		waitEvent(t, ns, wf, EventReasonWarned)
+		waitEvent(t, ns, wf, contract.EventReasonWarned)
 		if got := h.counter(t, "exit_guard_decisions_total", map[string]string{"verdict": "warned", "kind": argo.TaskSetKind}); got != 1 {
 			t.Errorf("warned TaskSet decisions = %v, want 1", got)
 		}

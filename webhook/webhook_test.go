@@ -21,12 +21,13 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/exit-guard/exit-guard/completionstore"
+	"github.com/exit-guard/exit-guard/contract"
 	"github.com/exit-guard/exit-guard/internal/argo"
-	"github.com/exit-guard/exit-guard/internal/fixture"
+	"github.com/exit-guard/exit-guard/test/support/fixture"
 )
 
 // mustDeny creates pod and expects the API server to refuse it on the guard's word, for want.
-func mustDeny(t *testing.T, pod *corev1.Pod, want Reason) {
+func mustDeny(t *testing.T, pod *corev1.Pod, want contract.Reason) {
 	t.Helper()
 	wantRefused(t, env.Client.Create(t.Context(), pod), want)
 }
@@ -35,9 +36,9 @@ func mustDeny(t *testing.T, pod *corev1.Pod, want Reason) {
 // TooManyRequests with no retryAfterSeconds (a transient error for Argo, which client-go does
 // not retry inside the call), the code in its causes, and the message the guard wrote, whole,
 // in the client's error.
-func wantRefused(t *testing.T, err error, want Reason) {
+func wantRefused(t *testing.T, err error, want contract.Reason) {
 	t.Helper()
-	got, ok := RefusalReason(err)
+	got, ok := contract.RefusalReason(err)
 	if !ok || got != want {
 		t.Fatalf("err = %v (refusal reason %q), want refused by exit-guard for %s", err, got, want)
 	}
@@ -90,9 +91,9 @@ func TestStaleExitHandlerOfSucceededWorkflowIsDeniedWithAnEvent(t *testing.T) {
 	mustAdmit(t, fixture.Pod(wf, "notify-on-failure-abc", "notify-on-failure-abc"))
 	setPhase(t, wf, argo.PhaseSucceeded)
 
-	mustDeny(t, fixture.ExitPod(wf), ReasonWorkflowCompleted)
+	mustDeny(t, fixture.ExitPod(wf), contract.ReasonWorkflowCompleted)
 
-	ev := waitEvent(t, ns, wf, EventReasonDenied)
+	ev := waitEvent(t, ns, wf, contract.EventReasonDenied)
 	if ev.Type != corev1.EventTypeWarning || ev.Regarding.Kind != argo.Kind || ev.Regarding.Name != wf.GetName() {
 		t.Errorf("event = type %s regarding %s/%s, want a Warning on the Workflow", ev.Type, ev.Regarding.Kind, ev.Regarding.Name)
 	}
@@ -134,7 +135,7 @@ func TestFailedAndErrorPhasesCanBeDeniedToo(t *testing.T) {
 	ns := newNamespace(t)
 	for _, phase := range []argo.Phase{argo.PhaseFailed, argo.PhaseError} {
 		wf := createWorkflow(t, ns, "wf-"+strings.ToLower(string(phase)), phase)
-		mustDeny(t, fixture.ExitPod(wf), ReasonWorkflowCompleted)
+		mustDeny(t, fixture.ExitPod(wf), contract.ReasonWorkflowCompleted)
 	}
 	mustAdmit(t, fixture.ExitPod(createWorkflow(t, ns, "wf-running", argo.PhaseRunning)))
 }
@@ -153,7 +154,7 @@ func TestWorkflowRecreatedWithTheSameNameIsNotBlocked(t *testing.T) {
 	}
 	mustAdmit(t, fixture.ExitPod(wf))
 	// A late pod of the old workflow names a UID that no longer owns the name.
-	mustDeny(t, fixture.ExitPod(old), ReasonWorkflowReplaced)
+	mustDeny(t, fixture.ExitPod(old), contract.ReasonWorkflowReplaced)
 }
 
 func TestRetriedWorkflowRunsItsExitHandlerAgain(t *testing.T) {
@@ -179,7 +180,7 @@ func TestRetriedWorkflowRunsItsExitHandlerAgain(t *testing.T) {
 			} else {
 				waitStore(t, h.store, wf, argo.PhaseSucceeded)
 			}
-			mustDeny(t, fixture.ExitPod(wf), ReasonWorkflowCompleted)
+			mustDeny(t, fixture.ExitPod(wf), contract.ReasonWorkflowCompleted)
 			succeededRV := wf.GetResourceVersion()
 
 			// argo retry: same UID, newer resourceVersion, completed label removed.
@@ -213,8 +214,8 @@ func TestLateExitHandlerOfDeletedWorkflowIsDenied(t *testing.T) {
 			if !tc.ho.noWatch {
 				waitTombstone(t, h.store, wf)
 			}
-			mustDeny(t, fixture.ExitPod(wf), ReasonWorkflowDeleted)
-			waitEvent(t, ns, wf, EventReasonDenied)
+			mustDeny(t, fixture.ExitPod(wf), contract.ReasonWorkflowDeleted)
+			waitEvent(t, ns, wf, contract.EventReasonDenied)
 		})
 	}
 }
@@ -227,7 +228,7 @@ func TestColdGuardDecidesRight(t *testing.T) {
 	if h.store.Len() != 0 {
 		t.Fatalf("cold store holds %d records", h.store.Len())
 	}
-	mustDeny(t, fixture.ExitPod(done), ReasonWorkflowCompleted)
+	mustDeny(t, fixture.ExitPod(done), contract.ReasonWorkflowCompleted)
 	wantSource(t, done, sourceLive)
 	mustAdmit(t, fixture.ExitPod(running))
 }
@@ -262,11 +263,11 @@ func TestPodsOfUnwatchedNamespacesAreAdmitted(t *testing.T) {
 	h := startGuard(t, Options{Namespaces: []string{watched}}, harnessOptions{})
 	wfOther := createWorkflow(t, other, "done", argo.PhaseSucceeded)
 	mustAdmit(t, fixture.ExitPod(wfOther))
-	mustDeny(t, fixture.ExitPod(createWorkflow(t, watched, "done", argo.PhaseSucceeded)), ReasonWorkflowCompleted)
+	mustDeny(t, fixture.ExitPod(createWorkflow(t, watched, "done", argo.PhaseSucceeded)), contract.ReasonWorkflowCompleted)
 	if _, ok := h.store.Get(wfOther.GetUID()); ok {
 		t.Error("the store holds a workflow of a namespace it does not watch")
 	}
-	if got := h.counter(t, "exit_guard_decisions_total", map[string]string{"reason": string(ReasonNamespaceNotWatched)}); got != 1 {
+	if got := h.counter(t, "exit_guard_decisions_total", map[string]string{"reason": string(contract.ReasonNamespaceNotWatched)}); got != 1 {
 		t.Errorf("namespace-not-watched decisions = %v, want 1", got)
 	}
 }
@@ -276,7 +277,7 @@ func TestStrictAndHookPolicies(t *testing.T) {
 		startGuard(t, Options{Hooks: true}, harnessOptions{})
 		ns := newNamespace(t)
 		wf := createWorkflow(t, ns, "done", argo.PhaseSucceeded)
-		mustDeny(t, fixture.Pod(wf, "done-hook-1", "done.hooks.running"), ReasonWorkflowCompleted)
+		mustDeny(t, fixture.Pod(wf, "done-hook-1", "done.hooks.running"), contract.ReasonWorkflowCompleted)
 		wantLogged(t, wf, `"podKind":"lifecycle-hook"`)
 		mustAdmit(t, fixture.Pod(wf, "done-main-1", "done"))
 	})
@@ -285,7 +286,7 @@ func TestStrictAndHookPolicies(t *testing.T) {
 		ns := newNamespace(t)
 		wf := createWorkflow(t, ns, "done", argo.PhaseSucceeded)
 		waitStore(t, h.store, wf, argo.PhaseSucceeded)
-		mustDeny(t, fixture.Pod(wf, "done-main-1", "done"), ReasonWorkflowCompleted)
+		mustDeny(t, fixture.Pod(wf, "done-main-1", "done"), contract.ReasonWorkflowCompleted)
 		wantLogged(t, wf, `"podKind":"step"`)
 		running := createWorkflow(t, ns, "running", argo.PhaseRunning)
 		mustAdmit(t, fixture.Pod(running, "running-main-1", "running"))
@@ -298,19 +299,19 @@ func TestWarnModeAdmitsMarksAndAudits(t *testing.T) {
 	wf := createWorkflow(t, ns, "done", argo.PhaseSucceeded)
 	pod := fixture.ExitPod(wf)
 	mustAdmit(t, pod)
-	if pod.Labels[LabelSuspect] != "true" || !strings.Contains(pod.Annotations[AnnotationSuspectReason], "Succeeded") {
+	if pod.Labels[contract.LabelSuspect] != "true" || !strings.Contains(pod.Annotations[contract.AnnotationSuspectReason], "Succeeded") {
 		t.Errorf("admitted pod labels %v annotations %v, want it marked suspect with the reason", pod.Labels, pod.Annotations)
 	}
-	waitEvent(t, ns, wf, EventReasonWarned)
+	waitEvent(t, ns, wf, contract.EventReasonWarned)
 	// An operator finds every such pod with one selector.
 	var pods corev1.PodList
-	if err := env.Client.List(t.Context(), &pods, client.InNamespace(ns), client.HasLabels{LabelSuspect}); err != nil || len(pods.Items) != 1 {
+	if err := env.Client.List(t.Context(), &pods, client.InNamespace(ns), client.HasLabels{contract.LabelSuspect}); err != nil || len(pods.Items) != 1 {
 		t.Errorf("listing suspect pods: %d found, err %v; want 1", len(pods.Items), err)
 	}
 	// A legitimate pod is neither marked nor touched.
 	ok := fixture.ExitPod(createWorkflow(t, ns, "running", argo.PhaseRunning))
 	mustAdmit(t, ok)
-	if _, marked := ok.Labels[LabelSuspect]; marked {
+	if _, marked := ok.Labels[contract.LabelSuspect]; marked {
 		t.Error("a pod of a running workflow was marked suspect")
 	}
 	if got := h.counter(t, "exit_guard_decisions_total", map[string]string{"verdict": "warned"}); got < 1 {
@@ -324,7 +325,7 @@ func TestDryRunModeMarksWithoutAnEvent(t *testing.T) {
 	wf := createWorkflow(t, ns, "done", argo.PhaseSucceeded)
 	pod := fixture.ExitPod(wf)
 	mustAdmit(t, pod)
-	if pod.Labels[LabelSuspect] != "true" {
+	if pod.Labels[contract.LabelSuspect] != "true" {
 		t.Errorf("dry-run admitted pod labels %v, want it marked", pod.Labels)
 	}
 	// Events are sent asynchronously: watch for one for a while; none may come.
@@ -343,12 +344,12 @@ func TestDryRunRequestIsDecidedWithoutSideEffects(t *testing.T) {
 	ns := newNamespace(t)
 	wf := createWorkflow(t, ns, "done", argo.PhaseSucceeded)
 	err := env.Client.Create(t.Context(), fixture.ExitPod(wf), client.DryRunAll)
-	wantRefused(t, err, ReasonWorkflowCompleted)
+	wantRefused(t, err, contract.ReasonWorkflowCompleted)
 	// The real one records an Event. Had the dry run recorded one too, the events library
 	// would fold the two into one Event with a series of 2, written at once: watch for a
 	// while, counting occurrences, not Events.
-	mustDeny(t, fixture.ExitPod(wf), ReasonWorkflowCompleted)
-	waitEvent(t, ns, wf, EventReasonDenied)
+	mustDeny(t, fixture.ExitPod(wf), contract.ReasonWorkflowCompleted)
+	waitEvent(t, ns, wf, contract.EventReasonDenied)
 	err = wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, 3*time.Second, true,
 		func(context.Context) (bool, error) { return countEvents(t, ns, wf) > 1, nil })
 	if err == nil {
@@ -358,7 +359,7 @@ func TestDryRunRequestIsDecidedWithoutSideEffects(t *testing.T) {
 	if got := h.counter(t, "exit_guard_decisions_total", map[string]string{"verdict": "denied"}); got != 1 {
 		t.Errorf("denied decisions = %v, want 1 (the real refusal; a dry run is counted apart)", got)
 	}
-	if got := h.counter(t, "exit_guard_dry_run_decisions_total", map[string]string{"verdict": "denied", "reason": string(ReasonWorkflowCompleted), "kind": "Pod"}); got != 1 {
+	if got := h.counter(t, "exit_guard_dry_run_decisions_total", map[string]string{"verdict": "denied", "reason": string(contract.ReasonWorkflowCompleted), "kind": "Pod"}); got != 1 {
 		t.Errorf("dry-run decisions = %v, want 1", got)
 	}
 }
@@ -388,7 +389,7 @@ func TestStoreFirstRecallsACompletionTheStoreHasForgotten(t *testing.T) {
 			}); err != nil {
 				t.Fatalf("the store never forgot the workflow: %v", err)
 			}
-			mustDeny(t, c.pod(wf), ReasonWorkflowCompleted)
+			mustDeny(t, c.pod(wf), contract.ReasonWorkflowCompleted)
 		})
 	}
 }
@@ -408,7 +409,7 @@ func TestOutOfOrderEventsNeverBringBackAnOlderState(t *testing.T) {
 	if r := h.store.Observe(running); r != completionstore.Stale {
 		t.Errorf("replayed Running copy: %v, want stale", r)
 	}
-	mustDeny(t, fixture.ExitPod(wf), ReasonWorkflowCompleted)
+	mustDeny(t, fixture.ExitPod(wf), contract.ReasonWorkflowCompleted)
 }
 
 // waitStore polls until the store's record of wf has the phase.
@@ -560,11 +561,11 @@ func TestStoreFallbackWhenNoLiveReadAnswers(t *testing.T) {
 			}
 			retry(t, wf, argo.PhaseUnknown)
 			if tc.denied {
-				mustDeny(t, fixture.ExitPod(wf), ReasonWorkflowCompleted)
+				mustDeny(t, fixture.ExitPod(wf), contract.ReasonWorkflowCompleted)
 				wantSource(t, wf, sourceStore)
 			} else {
 				mustAdmit(t, fixture.ExitPod(wf))
-				if got := h.counter(t, "exit_guard_decisions_total", map[string]string{"reason": string(ReasonUnconfirmedCompletion)}); got != 1 {
+				if got := h.counter(t, "exit_guard_decisions_total", map[string]string{"reason": string(contract.ReasonUnconfirmedCompletion)}); got != 1 {
 					t.Errorf("unconfirmed-completion decisions = %v, want 1", got)
 				}
 				if lines := guardLog.Lines(`only the store says its workflow completed`, `"workflowUID":"`+string(wf.GetUID())+`"`); len(lines) != 1 {
@@ -577,7 +578,7 @@ func TestStoreFallbackWhenNoLiveReadAnswers(t *testing.T) {
 			gone := createWorkflow(t, ns, "gone", argo.PhaseSucceeded)
 			h.store.Observe(completionstore.Observation{UID: gone.GetUID(), Namespace: ns, Name: gone.GetName(),
 				ResourceVersion: gone.GetResourceVersion(), Phase: argo.PhaseSucceeded, Deleted: true})
-			mustDeny(t, fixture.ExitPod(gone), ReasonWorkflowDeleted)
+			mustDeny(t, fixture.ExitPod(gone), contract.ReasonWorkflowDeleted)
 			wantSource(t, gone, sourceStore)
 		})
 	}
@@ -615,7 +616,7 @@ func TestShutdownFinishesTheDecisionsInFlight(t *testing.T) {
 	waitFor("every decision in flight", func() bool { return inFlight.Load() == n })
 	h.stop()
 	for range n {
-		if reason, _ := RefusalReason(<-errs); reason != ReasonWorkflowCompleted {
+		if reason, _ := contract.RefusalReason(<-errs); reason != contract.ReasonWorkflowCompleted {
 			t.Errorf("a decision in flight at shutdown answered %q, want refused on its live read", reason)
 		}
 	}
@@ -628,9 +629,9 @@ func TestAgentPods(t *testing.T) {
 		startGuard(t, Options{}, harnessOptions{})
 		ns := newNamespace(t)
 		wf := createWorkflow(t, ns, "http-exit", argo.PhaseSucceeded)
-		mustDeny(t, fixture.AgentPod(wf), ReasonWorkflowCompleted)
+		mustDeny(t, fixture.AgentPod(wf), contract.ReasonWorkflowCompleted)
 		wantLogged(t, wf, `"podKind":"agent"`)
-		ev := waitEvent(t, ns, wf, EventReasonDenied)
+		ev := waitEvent(t, ns, wf, contract.EventReasonDenied)
 		if !strings.Contains(ev.Note, "agent pod") {
 			t.Errorf("event note %q does not name the agent pod", ev.Note)
 		}
@@ -649,7 +650,7 @@ func TestAgentPods(t *testing.T) {
 		wf := createWorkflow(t, ns, "retried", argo.PhaseSucceeded)
 		h.store.Observe(completionstore.Observation{UID: wf.GetUID(), Namespace: ns, Name: wf.GetName(),
 			ResourceVersion: wf.GetResourceVersion(), Phase: argo.PhaseSucceeded})
-		mustDeny(t, fixture.AgentPod(wf), ReasonWorkflowCompleted)
+		mustDeny(t, fixture.AgentPod(wf), contract.ReasonWorkflowCompleted)
 		retry(t, wf, argo.PhaseUnknown)
 		mustAdmit(t, fixture.AgentPod(wf))
 	})
@@ -660,6 +661,6 @@ func TestAgentPods(t *testing.T) {
 		if err := env.Client.Delete(t.Context(), wf); err != nil {
 			t.Fatal(err)
 		}
-		mustDeny(t, fixture.AgentPod(wf), ReasonWorkflowDeleted)
+		mustDeny(t, fixture.AgentPod(wf), contract.ReasonWorkflowDeleted)
 	})
 }

@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/exit-guard/exit-guard/internal/testenv"
+	"github.com/exit-guard/exit-guard/test/support/testenv"
 )
 
 // notChartValues are the guard's flags the chart sets from no value of its own, and why.

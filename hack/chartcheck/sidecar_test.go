@@ -11,7 +11,7 @@ import (
 
 	"sigs.k8s.io/yaml"
 
-	"github.com/exit-guard/exit-guard/internal/testenv"
+	"github.com/exit-guard/exit-guard/test/support/testenv"
 )
 
 var update = flag.Bool("update", false, "write the generated files (examples/sidecar-values.yaml) from the chart (make manifests)")

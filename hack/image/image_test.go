@@ -22,7 +22,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/types"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 
-	"github.com/exit-guard/exit-guard/internal/testenv"
+	"github.com/exit-guard/exit-guard/test/support/testenv"
 )
 
 var env *testenv.Env

@@ -25,6 +25,20 @@ const (
 	Resource = "workflows"
 )
 
+// GroupOf is the API group of apiVersion ("argoproj.io/v1alpha1": "argoproj.io"; "v1", the
+// core group: "").
+func GroupOf(apiVersion string) string {
+	group, _, ok := strings.Cut(apiVersion, "/")
+	if !ok {
+		return ""
+	}
+	return group
+}
+
+// EventReasonWorkflowFailed is the reason of the Event Argo's controller records when it marks
+// a workflow Failed or Error (markWorkflowPhase).
+const EventReasonWorkflowFailed = "WorkflowFailed"
+
 // Labels and annotations Argo puts on the pods it creates (workflow/common/common.go).
 const (
 	// LabelWorkflow holds the workflow's name. Names are reused: never key on it.

@@ -73,3 +73,17 @@ func TestWorkflowNodesDecode(t *testing.T) {
 		t.Errorf("no status: %v, %v; want no nodes", none.Status.Nodes, err)
 	}
 }
+
+func TestGroupOf(t *testing.T) {
+	for apiVersion, want := range map[string]string{
+		"argoproj.io/v1alpha1": "argoproj.io",
+		"argoproj.io/":         "argoproj.io",
+		"v1":                   "",
+		"":                     "",
+		"argoproj.io":          "",
+	} {
+		if got := GroupOf(apiVersion); got != want {
+			t.Errorf("GroupOf(%q) = %q, want %q", apiVersion, got, want)
+		}
+	}
+}

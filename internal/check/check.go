@@ -21,8 +21,8 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/exit-guard/exit-guard/contract"
 	"github.com/exit-guard/exit-guard/internal/argo"
-	"github.com/exit-guard/exit-guard/webhook"
 )
 
 // The names of the guard's pod webhooks, as the API server quotes them in a refusal (the
@@ -49,7 +49,7 @@ type Result struct {
 	// How the guard answered: "denied" (enforce mode) or "marked" (warn or dry-run mode).
 	Verdict string
 	// Reason is the reason code of a refusal (workflow-deleted).
-	Reason webhook.Reason
+	Reason contract.Reason
 	// Message is the API server's refusal, or the mark's reason.
 	Message string
 }
@@ -101,7 +101,7 @@ func once(ctx context.Context, c client.Client, opts Options, wf string, uid typ
 	err := c.Create(ctx, pod, client.DryRunAll)
 	switch {
 	case err == nil:
-		if reason, ok := pod.Annotations[webhook.AnnotationSuspectReason]; ok && pod.Labels[webhook.LabelSuspect] == "true" {
+		if reason, ok := pod.Annotations[contract.AnnotationSuspectReason]; ok && pod.Labels[contract.LabelSuspect] == "true" {
 			res.Verdict, res.Message = "marked", reason
 			return res, true, nil
 		}
@@ -110,10 +110,10 @@ func once(ctx context.Context, c client.Client, opts Options, wf string, uid typ
 			"that the webhook Service has ready endpoints, that the guard watches that namespace (guard.namespaces), "+
 			"and the API server's apiserver_admission_webhook_fail_open_count", opts.Namespace, pod.Name, wf, opts.Namespace)
 	case isGuardRefusal(err):
-		if reason, _ := webhook.RefusalReason(err); reason != webhook.ReasonWorkflowDeleted {
-			return res, true, fmt.Errorf("the guard refused the pod as %s, not because its workflow does not exist (%s): %w", reason, webhook.ReasonWorkflowDeleted, err)
+		if reason, _ := contract.RefusalReason(err); reason != contract.ReasonWorkflowDeleted {
+			return res, true, fmt.Errorf("the guard refused the pod as %s, not because its workflow does not exist (%s): %w", reason, contract.ReasonWorkflowDeleted, err)
 		}
-		res.Verdict, res.Reason, res.Message = "denied", webhook.ReasonWorkflowDeleted, err.Error()
+		res.Verdict, res.Reason, res.Message = "denied", contract.ReasonWorkflowDeleted, err.Error()
 		return res, true, nil
 	case ctx.Err() != nil:
 		// The deadline ran out during the request: no answer.
@@ -144,7 +144,7 @@ func callFailed(err error) bool {
 // isGuardRefusal says whether err is a refusal by the guard's pod webhook: one that carries
 // the guard's reason code, from the webhook of that name.
 func isGuardRefusal(err error) bool {
-	return webhook.IsRefusal(err) && strings.Contains(err.Error(), fmt.Sprintf("admission webhook %q denied the request", validatingWebhook))
+	return contract.IsRefusal(err) && strings.Contains(err.Error(), fmt.Sprintf("admission webhook %q denied the request", validatingWebhook))
 }
 
 // Pod is the exit-handler pod of the check: what Argo's controller creates for the onExit node

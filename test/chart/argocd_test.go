@@ -31,10 +31,10 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 
+	"github.com/exit-guard/exit-guard/contract"
 	"github.com/exit-guard/exit-guard/internal/argo"
-	"github.com/exit-guard/exit-guard/internal/fixture"
-	"github.com/exit-guard/exit-guard/internal/testenv"
-	"github.com/exit-guard/exit-guard/webhook"
+	"github.com/exit-guard/exit-guard/test/support/fixture"
+	"github.com/exit-guard/exit-guard/test/support/testenv"
 )
 
 const argoCDNamespace = "argocd"
@@ -165,7 +165,7 @@ func TestArgoCDKeepsTheGuardSynced(t *testing.T) {
 			// Admitted while the API server cannot reach a serving guard yet (fail open).
 			_ = env.Client.DeleteAllOf(ctx, &corev1.Pod{}, client.InNamespace(ns))
 		}
-		return webhook.IsRefusal(err), nil
+		return contract.IsRefusal(err), nil
 	})
 	if err != nil {
 		t.Fatalf("the guard never refused the stale exit handler through the Service: %v\nthe guard said:\n%s", err, gout)
@@ -190,7 +190,7 @@ func TestArgoCDKeepsTheGuardSynced(t *testing.T) {
 	if got := map[string]any{"webhooks": liveObject(t, vwc).Object["webhooks"], "secret": liveObject(t, secret).Object["data"]}; !reflect.DeepEqual(got, written) {
 		t.Error("Argo CD changed what the guard wrote (the caBundle or the Secret's data)")
 	}
-	if err := env.Client.Create(ctx, fixture.ExitPod(done)); !webhook.IsRefusal(err) {
+	if err := env.Client.Create(ctx, fixture.ExitPod(done)); !contract.IsRefusal(err) {
 		t.Errorf("after the refreshes the stale exit handler: %v, want refused", err)
 	}
 

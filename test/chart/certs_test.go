@@ -26,10 +26,10 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/exit-guard/exit-guard/contract"
 	"github.com/exit-guard/exit-guard/internal/argo"
-	"github.com/exit-guard/exit-guard/internal/fixture"
-	"github.com/exit-guard/exit-guard/internal/testenv"
-	"github.com/exit-guard/exit-guard/webhook"
+	"github.com/exit-guard/exit-guard/test/support/fixture"
+	"github.com/exit-guard/exit-guard/test/support/testenv"
 )
 
 // mountSecret does what the kubelet does for a Secret volume: it writes the Secret's keys into
@@ -161,7 +161,7 @@ func TestSelfManagedCertificateRotatesUnderLoad(t *testing.T) {
 		attempts++
 		err := env.Client.Create(t.Context(), fixture.ExitPod(done))
 		switch {
-		case webhook.IsRefusal(err):
+		case contract.IsRefusal(err):
 			refused++
 		case err == nil:
 			t.Errorf("attempt %d: a stale pod was admitted: the webhook call failed", attempts)

@@ -21,10 +21,10 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 
+	"github.com/exit-guard/exit-guard/contract"
 	"github.com/exit-guard/exit-guard/internal/argo"
-	"github.com/exit-guard/exit-guard/internal/fixture"
-	"github.com/exit-guard/exit-guard/internal/testenv"
-	"github.com/exit-guard/exit-guard/webhook"
+	"github.com/exit-guard/exit-guard/test/support/fixture"
+	"github.com/exit-guard/exit-guard/test/support/testenv"
 )
 
 // TestTwoRendersAreIdentical: Argo CD and Flux render the chart with `helm template`, where
@@ -298,7 +298,7 @@ func TestGitOpsSyncSettlesAroundTheGuard(t *testing.T) {
 	done := createWorkflow(t, ns, argo.PhaseSucceeded)
 	refused := func(when string) {
 		err := env.Client.Create(t.Context(), fixture.ExitPod(done))
-		if !webhook.IsRefusal(err) {
+		if !contract.IsRefusal(err) {
 			t.Errorf("%s: stale exit-handler pod: err = %v, want refused\n%s", when, err, out)
 		}
 	}

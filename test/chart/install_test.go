@@ -21,10 +21,10 @@ import (
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/exit-guard/exit-guard/contract"
 	"github.com/exit-guard/exit-guard/internal/argo"
-	"github.com/exit-guard/exit-guard/internal/fixture"
-	"github.com/exit-guard/exit-guard/internal/testenv"
-	"github.com/exit-guard/exit-guard/webhook"
+	"github.com/exit-guard/exit-guard/test/support/fixture"
+	"github.com/exit-guard/exit-guard/test/support/testenv"
 )
 
 // install creates the rendered objects for real, except the Deployment and the `helm test` pod
@@ -175,7 +175,7 @@ func TestGuardDoesItsJobWithTheChartsPermissions(t *testing.T) {
 
 	done := createWorkflow(t, ns, argo.PhaseSucceeded)
 	err := env.Client.Create(t.Context(), fixture.ExitPod(done))
-	if !webhook.IsRefusal(err) {
+	if !contract.IsRefusal(err) {
 		t.Fatalf("stale exit-handler pod: err = %v, want refused by exit-guard\n%s", err, out)
 	}
 	waitDeniedEvent(t, done)
@@ -191,8 +191,8 @@ func TestGuardDoesItsJobWithTheChartsPermissions(t *testing.T) {
 	delete(agent.Labels, "workflows.argoproj.io/on-exit")
 	delete(agent.Annotations, "workflows.argoproj.io/node-name")
 	agent.Labels["workflows.argoproj.io/component"] = "agent"
-	if reason, _ := webhook.RefusalReason(env.Client.Create(t.Context(), agent.DeepCopy(), client.DryRunAll)); reason != webhook.ReasonWorkflowCompleted {
-		t.Errorf("stale agent pod: refused as %q, want refused by exit-guard as %s", reason, webhook.ReasonWorkflowCompleted)
+	if reason, _ := contract.RefusalReason(env.Client.Create(t.Context(), agent.DeepCopy(), client.DryRunAll)); reason != contract.ReasonWorkflowCompleted {
+		t.Errorf("stale agent pod: refused as %q, want refused by exit-guard as %s", reason, contract.ReasonWorkflowCompleted)
 	}
 	agent.Labels["workflows.argoproj.io/component"] = "artifact-gc"
 	if err := env.Client.Create(t.Context(), agent, client.DryRunAll); err != nil {
@@ -221,7 +221,7 @@ func checkUnexpectedRequester(t *testing.T, g *testenv.Guard, wf *unstructured.U
 	before, beforeApart := counts()
 	pod := fixture.ExitPod(wf)
 	pod.Name += "-again"
-	if err := other.Create(t.Context(), pod); !webhook.IsRefusal(err) {
+	if err := other.Create(t.Context(), pod); !contract.IsRefusal(err) {
 		t.Fatalf("the exit-handler pod sent by another user: err = %v, want refused by exit-guard", err)
 	}
 	if got, gotApart := counts(); got != before || gotApart != beforeApart+1 {
@@ -233,14 +233,14 @@ func checkUnexpectedRequester(t *testing.T, g *testenv.Guard, wf *unstructured.U
 			return false, err
 		}
 		for _, e := range list.Items {
-			if e.Regarding.UID == wf.GetUID() && e.Reason == webhook.EventReasonUnexpectedRequester {
+			if e.Regarding.UID == wf.GetUID() && e.Reason == contract.EventReasonUnexpectedRequester {
 				return e.Type == corev1.EventTypeNormal && strings.Contains(e.Note, "someone-else"), nil
 			}
 		}
 		return false, nil
 	})
 	if err != nil {
-		t.Errorf("no Normal %s Event naming the requester on %s: %v", webhook.EventReasonUnexpectedRequester, wf.GetName(), err)
+		t.Errorf("no Normal %s Event naming the requester on %s: %v", contract.EventReasonUnexpectedRequester, wf.GetName(), err)
 	}
 }
 
@@ -288,7 +288,7 @@ func checkTaskSets(t *testing.T, ns string, enforce bool) {
 	key, tmpl := fixture.OnExitTask(wf)
 	err := env.Client.Patch(t.Context(), ts, fixture.TaskSetPatch(false, map[string]any{key: tmpl}))
 	switch {
-	case enforce && !webhook.IsRefusal(err):
+	case enforce && !contract.IsRefusal(err):
 		t.Errorf("the stale copy's TaskSet patch: err = %v, want refused by exit-guard", err)
 	case !enforce && err != nil:
 		t.Errorf("the stale copy's TaskSet patch: %v, want it admitted with a warning", err)
@@ -299,7 +299,7 @@ func checkTaskSets(t *testing.T, ns string, enforce bool) {
 	// The completed label set back alone, as a stale copy with no new task would.
 	if enforce {
 		err = env.Client.Patch(t.Context(), ts, fixture.TaskSetPatch(false, map[string]any{}))
-		if !webhook.IsRefusal(err) {
+		if !contract.IsRefusal(err) {
 			t.Errorf("the completed label set back alone: err = %v, want refused by exit-guard", err)
 		}
 	}
@@ -331,7 +331,7 @@ func checkEvents(t *testing.T, ns string, enforce bool) {
 	done := createWorkflow(t, ns, argo.PhaseSucceeded)
 	failed := createWorkflow(t, ns, argo.PhaseFailed)
 	before := calls()
-	aboutAPod := fixture.WorkflowEvent(done, webhook.EventReasonWorkflowFailed, "m")
+	aboutAPod := fixture.WorkflowEvent(done, argo.EventReasonWorkflowFailed, "m")
 	aboutAPod.InvolvedObject.APIVersion, aboutAPod.InvolvedObject.Kind = "v1", "Pod"
 	noReason := fixture.WorkflowEvent(done, "", "m")
 	for _, ev := range []*corev1.Event{
@@ -348,13 +348,13 @@ func checkEvents(t *testing.T, ns string, enforce bool) {
 	if got := calls() - before; got != 0 {
 		t.Errorf("the API server called the Event webhook %v times for Events that say no workflow failed, want none", got)
 	}
-	if err := env.Client.Create(t.Context(), fixture.WorkflowEvent(failed, webhook.EventReasonWorkflowFailed, "child failed")); err != nil {
+	if err := env.Client.Create(t.Context(), fixture.WorkflowEvent(failed, argo.EventReasonWorkflowFailed, "child failed")); err != nil {
 		t.Errorf("a real failure's Event: %v, want it admitted", err)
 	}
-	err := env.Client.Create(t.Context(), fixture.WorkflowEvent(done, webhook.EventReasonWorkflowFailed, "child failed"))
-	switch reason, _ := webhook.RefusalReason(err); {
-	case enforce && reason != webhook.ReasonWorkflowSucceeded:
-		t.Errorf("the stale copy's WorkflowFailed Event: err = %v, want refused by exit-guard as %s", err, webhook.ReasonWorkflowSucceeded)
+	err := env.Client.Create(t.Context(), fixture.WorkflowEvent(done, argo.EventReasonWorkflowFailed, "child failed"))
+	switch reason, _ := contract.RefusalReason(err); {
+	case enforce && reason != contract.ReasonWorkflowSucceeded:
+		t.Errorf("the stale copy's WorkflowFailed Event: err = %v, want refused by exit-guard as %s", err, contract.ReasonWorkflowSucceeded)
 	case !enforce && err != nil:
 		t.Errorf("the stale copy's WorkflowFailed Event: %v, want it admitted with a warning", err)
 	}

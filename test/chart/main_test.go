@@ -20,7 +20,7 @@ import (
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
-	"github.com/exit-guard/exit-guard/internal/testenv"
+	"github.com/exit-guard/exit-guard/test/support/testenv"
 )
 
 var (

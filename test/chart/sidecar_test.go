@@ -22,10 +22,10 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 
+	"github.com/exit-guard/exit-guard/contract"
 	"github.com/exit-guard/exit-guard/internal/argo"
-	"github.com/exit-guard/exit-guard/internal/fixture"
-	"github.com/exit-guard/exit-guard/internal/testenv"
-	"github.com/exit-guard/exit-guard/webhook"
+	"github.com/exit-guard/exit-guard/test/support/fixture"
+	"github.com/exit-guard/exit-guard/test/support/testenv"
 )
 
 // sidecarValues is examples/sidecar-values.yaml: what a user adds to the argo-workflows chart.
@@ -141,7 +141,7 @@ func TestSidecarRunsAsTheControllersServiceAccount(t *testing.T) {
 
 	done := createWorkflow(t, ns, argo.PhaseSucceeded)
 	err = env.Client.Create(t.Context(), fixture.ExitPod(done))
-	if !webhook.IsRefusal(err) {
+	if !contract.IsRefusal(err) {
 		t.Fatalf("stale exit-handler pod: err = %v, want refused\n%s", err, out)
 	}
 	waitDeniedEvent(t, done)
@@ -238,7 +238,7 @@ func TestSidecarOutlivesUninstallAndFailures(t *testing.T) {
 			t.Fatalf("%v\n%s", err, out)
 		}
 		done := createWorkflow(t, ns, argo.PhaseSucceeded)
-		if err := env.Client.Create(t.Context(), fixture.ExitPod(done)); !webhook.IsRefusal(err) {
+		if err := env.Client.Create(t.Context(), fixture.ExitPod(done)); !contract.IsRefusal(err) {
 			t.Fatalf("stale exit-handler pod after the recovery: err = %v, want refused\n%s", err, out)
 		}
 		mfs, err := g.Metrics(t.Context())

@@ -24,10 +24,10 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/exit-guard/exit-guard/contract"
 	"github.com/exit-guard/exit-guard/internal/argo"
-	"github.com/exit-guard/exit-guard/internal/fixture"
-	"github.com/exit-guard/exit-guard/internal/testenv"
-	"github.com/exit-guard/exit-guard/webhook"
+	"github.com/exit-guard/exit-guard/test/support/fixture"
+	"github.com/exit-guard/exit-guard/test/support/testenv"
 )
 
 func main() {
@@ -96,7 +96,7 @@ func run(guardBin string, verbose bool) error {
 	notify := fixture.ExitPod(wf)
 	say("it creates pod %s for node %s ...", notify.Name, notify.Annotations[argo.AnnotationNodeName])
 	err = c.Create(ctx, notify)
-	if !webhook.IsRefusal(err) {
+	if !contract.IsRefusal(err) {
 		return fmt.Errorf("the stale notification pod was not refused: the guard did not act (create returned: %w)", err)
 	}
 	say("The API server refused it:\n  %s", err)
@@ -192,7 +192,7 @@ func waitEvent(ctx context.Context, c client.Client, ns string, wf *unstructured
 			return false, err
 		}
 		for _, e := range list.Items {
-			if e.Regarding.UID == wf.GetUID() && e.Reason == webhook.EventReasonDenied {
+			if e.Regarding.UID == wf.GetUID() && e.Reason == contract.EventReasonDenied {
 				found = e
 				return true, nil
 			}

@@ -38,9 +38,9 @@ import (
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
+	"github.com/exit-guard/exit-guard/contract"
 	"github.com/exit-guard/exit-guard/internal/argo"
-	"github.com/exit-guard/exit-guard/internal/testenv"
-	"github.com/exit-guard/exit-guard/webhook"
+	"github.com/exit-guard/exit-guard/test/support/testenv"
 )
 
 const (
@@ -576,7 +576,7 @@ func denials(ctx context.Context, t *testing.T, c client.Client, wf *unstructure
 		t.Fatal(err)
 	}
 	for _, e := range list.Items {
-		if e.Regarding.UID == wf.GetUID() && e.Reason == webhook.EventReasonDenied {
+		if e.Regarding.UID == wf.GetUID() && e.Reason == contract.EventReasonDenied {
 			n := 1
 			if e.Series != nil {
 				n = int(e.Series.Count)
@@ -671,7 +671,7 @@ func failedEvents(ctx context.Context, t *testing.T, c client.Client, wf *unstru
 	}
 	n := 0
 	for _, e := range list.Items {
-		if e.InvolvedObject.UID == wf.GetUID() && e.Reason == webhook.EventReasonWorkflowFailed {
+		if e.InvolvedObject.UID == wf.GetUID() && e.Reason == argo.EventReasonWorkflowFailed {
 			n += int(max(e.Count, 1))
 		}
 	}

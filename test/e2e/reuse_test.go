@@ -23,9 +23,9 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/exit-guard/exit-guard/contract"
 	"github.com/exit-guard/exit-guard/internal/argo"
-	"github.com/exit-guard/exit-guard/internal/testenv"
-	"github.com/exit-guard/exit-guard/webhook"
+	"github.com/exit-guard/exit-guard/test/support/testenv"
 )
 
 // collector runs kube-controller-manager with its garbage collector alone, against the test
@@ -163,7 +163,7 @@ func reuseDrive(n int, out *[]reuse) func(ctx context.Context, t *testing.T, r r
 				if err != nil {
 					t.Fatal(err)
 				}
-				return testenv.SumSeries(mfs, "exit_guard_decisions_total", map[string]string{"reason": string(webhook.ReasonTasksOfNameHolder)})
+				return testenv.SumSeries(mfs, "exit_guard_decisions_total", map[string]string{"reason": string(contract.ReasonTasksOfNameHolder)})
 			}
 			before := holderWrote()
 			nw := httpWorkflow(false, r.notify.url(), true, r.notify.pingURL())
@@ -234,7 +234,7 @@ func ownerGoneEvents(ctx context.Context, t *testing.T, c client.Client, name st
 	}
 	n := 0
 	for _, e := range list.Items {
-		if e.Regarding.Name == name && e.Reason == webhook.EventReasonTaskSetOwnerGone {
+		if e.Regarding.Name == name && e.Reason == contract.EventReasonTaskSetOwnerGone {
 			n++
 			if e.Series != nil {
 				n += int(e.Series.Count) - 1

@@ -16,8 +16,8 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"sigs.k8s.io/yaml"
 
-	"github.com/exit-guard/exit-guard/internal/testenv"
-	"github.com/exit-guard/exit-guard/webhook"
+	"github.com/exit-guard/exit-guard/contract"
+	"github.com/exit-guard/exit-guard/test/support/testenv"
 )
 
 // The user metrics of the reference workflows, as the controller exports them: a
@@ -73,7 +73,7 @@ func readTotals(ctx context.Context, t *testing.T, g *testenv.Guard) counts {
 		if err != nil {
 			t.Fatalf("reading the guard's metrics: %v", err)
 		}
-		n := testenv.SumSeries(gm, "exit_guard_decisions_total", map[string]string{"kind": "Event", "verdict": "denied", "reason": string(webhook.ReasonWorkflowSucceeded)})
+		n := testenv.SumSeries(gm, "exit_guard_decisions_total", map[string]string{"kind": "Event", "verdict": "denied", "reason": string(contract.ReasonWorkflowSucceeded)})
 		c.eventRefusals = &n
 	}
 	return c

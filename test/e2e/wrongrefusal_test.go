@@ -13,9 +13,9 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/exit-guard/exit-guard/contract"
 	"github.com/exit-guard/exit-guard/internal/argo"
-	"github.com/exit-guard/exit-guard/internal/testenv"
-	"github.com/exit-guard/exit-guard/webhook"
+	"github.com/exit-guard/exit-guard/test/support/testenv"
 )
 
 // alwaysNotifyWorkflow is the reference workflow whose exit handler notifies whatever the
@@ -179,7 +179,7 @@ func overturnEvents(ctx context.Context, t *testing.T, c client.Client, wf *unst
 	}
 	n := 0
 	for _, e := range list.Items {
-		if e.Regarding.UID == wf.GetUID() && e.Reason == webhook.EventReasonRefusalOverturned {
+		if e.Regarding.UID == wf.GetUID() && e.Reason == contract.EventReasonRefusalOverturned {
 			n++
 		}
 	}

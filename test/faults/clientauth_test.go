@@ -30,9 +30,10 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/exit-guard/exit-guard/contract"
 	"github.com/exit-guard/exit-guard/internal/argo"
-	"github.com/exit-guard/exit-guard/internal/fixture"
-	"github.com/exit-guard/exit-guard/internal/testenv"
+	"github.com/exit-guard/exit-guard/test/support/fixture"
+	"github.com/exit-guard/exit-guard/test/support/testenv"
 	"github.com/exit-guard/exit-guard/webhook"
 )
 
@@ -193,7 +194,7 @@ plugins:
 			return c.Create(t.Context(), plain("plain-"+strconv.FormatInt(time.Now().UnixNano()%1000000, 10))) == nil
 		})
 		err := c.Create(t.Context(), fixture.ExitPod(wf))
-		if reason, ok := webhook.RefusalReason(err); !ok || reason != webhook.ReasonWorkflowCompleted {
+		if reason, ok := contract.RefusalReason(err); !ok || reason != contract.ReasonWorkflowCompleted {
 			t.Fatalf("the exit handler of a Succeeded workflow: %v, want the guard's refusal (workflow-completed)", err)
 		}
 		for _, path := range []string{webhook.ValidatePath, webhook.MutatePath} {
@@ -201,7 +202,7 @@ plugins:
 				t.Errorf("requests answered on %s: %v, want at least 1", path, got)
 			}
 		}
-		waitFor(t, "the refusal's Event", func() bool { return countEvents(t, c, wf, webhook.EventReasonDenied) == 1 })
+		waitFor(t, "the refusal's Event", func() bool { return countEvents(t, c, wf, contract.EventReasonDenied) == 1 })
 	})
 
 	t.Run("a review posted to the port without the API server's certificate gets no answer", func(t *testing.T) {
@@ -235,15 +236,15 @@ plugins:
 		// counter is the witness that nothing was decided; the Event count that no new Event
 		// was made.
 		later := testenv.CreateWorkflow(t, c, ns, "later", argo.PhaseSucceeded)
-		if err := c.Create(t.Context(), fixture.ExitPod(later)); !webhook.IsRefusal(err) {
+		if err := c.Create(t.Context(), fixture.ExitPod(later)); !contract.IsRefusal(err) {
 			t.Fatalf("a later stale exit handler through the API server: %v, want refused", err)
 		}
-		waitFor(t, "the later refusal's Event", func() bool { return countEvents(t, c, later, webhook.EventReasonDenied) == 1 })
+		waitFor(t, "the later refusal's Event", func() bool { return countEvents(t, c, later, contract.EventReasonDenied) == 1 })
 		if got := r.metric(t, denied); got != before+1 {
 			t.Errorf("%s went from %v to %v, want only the later refusal's 1 more: a forged review was decided", denied, before, got)
 		}
-		if n := countEvents(t, c, wf, webhook.EventReasonDenied); n != 1 {
-			t.Errorf("%d %s Events on the workflow, want the 1 of the API server's request: a forged review wrote one", n, webhook.EventReasonDenied)
+		if n := countEvents(t, c, wf, contract.EventReasonDenied); n != 1 {
+			t.Errorf("%d %s Events on the workflow, want the 1 of the API server's request: a forged review wrote one", n, contract.EventReasonDenied)
 		}
 	})
 }

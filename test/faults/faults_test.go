@@ -19,10 +19,10 @@ import (
 	"k8s.io/apimachinery/pkg/util/rand"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/exit-guard/exit-guard/contract"
 	"github.com/exit-guard/exit-guard/internal/argo"
-	"github.com/exit-guard/exit-guard/internal/fixture"
-	"github.com/exit-guard/exit-guard/internal/testenv"
-	"github.com/exit-guard/exit-guard/webhook"
+	"github.com/exit-guard/exit-guard/test/support/fixture"
+	"github.com/exit-guard/exit-guard/test/support/testenv"
 )
 
 // metric reads one sample of the guard's metrics endpoint: name with its labels as written,
@@ -78,7 +78,7 @@ func decideAll(t *testing.T, c *tally, want map[*unstructured.Unstructured]bool)
 				c.wrong.Add(1)
 				t.Errorf("the exit handler of %s was admitted, want it refused", wf.GetName())
 			}
-		case webhook.IsRefusal(err):
+		case contract.IsRefusal(err):
 			c.denied.Add(1)
 			if !deny {
 				c.wrong.Add(1)
@@ -315,7 +315,7 @@ func TestReplicaKilledUnderLoad(t *testing.T) {
 			succeeded := createWorkflow(t, ns, "succeeded", argo.PhaseSucceeded)
 			waitFor(t, "the webhook of the namespace to be called", func() bool {
 				err := env.Client.Create(t.Context(), fixture.ExitPod(succeeded), client.DryRunAll)
-				return webhook.IsRefusal(err)
+				return contract.IsRefusal(err)
 			})
 			loadCtx, stopLoad := context.WithCancel(t.Context())
 			c, wait := load(loadCtx, running, succeeded, 8, 80)

@@ -26,10 +26,10 @@ import (
 	"k8s.io/apimachinery/pkg/util/rand"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/exit-guard/exit-guard/contract"
 	"github.com/exit-guard/exit-guard/internal/argo"
-	"github.com/exit-guard/exit-guard/internal/fixture"
-	"github.com/exit-guard/exit-guard/internal/testenv"
-	"github.com/exit-guard/exit-guard/webhook"
+	"github.com/exit-guard/exit-guard/test/support/fixture"
+	"github.com/exit-guard/exit-guard/test/support/testenv"
 )
 
 var (
@@ -222,7 +222,7 @@ func load(ctx context.Context, running, succeeded *unstructured.Unstructured, wo
 					if wantDenied {
 						c.wrong.Add(1)
 					}
-				case webhook.IsRefusal(err):
+				case contract.IsRefusal(err):
 					c.denied.Add(1)
 					if !wantDenied {
 						c.wrong.Add(1)

@@ -33,10 +33,10 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/exit-guard/exit-guard/contract"
 	"github.com/exit-guard/exit-guard/internal/argo"
-	"github.com/exit-guard/exit-guard/internal/fixture"
-	"github.com/exit-guard/exit-guard/internal/testenv"
-	"github.com/exit-guard/exit-guard/webhook"
+	"github.com/exit-guard/exit-guard/test/support/fixture"
+	"github.com/exit-guard/exit-guard/test/support/testenv"
 )
 
 // The overload runs: an API server of its own with small seat limits, Priority and Fairness
@@ -448,9 +448,9 @@ func TestLiveReadsUnderPriorityAndFairness(t *testing.T) {
 					switch {
 					case err == nil && stale:
 						r.staleAdmitted++
-					case webhook.IsRefusal(err) && !stale:
+					case contract.IsRefusal(err) && !stale:
 						r.legitRefused++
-					case err != nil && !webhook.IsRefusal(err):
+					case err != nil && !contract.IsRefusal(err):
 						r.failed++
 					}
 					mu.Unlock()
@@ -468,8 +468,8 @@ func TestLiveReadsUnderPriorityAndFairness(t *testing.T) {
 		r.decisions = decisions
 		r.live = delta("exit_guard_live_read_duration_seconds", map[string]string{"result": "found"}) +
 			delta("exit_guard_live_read_duration_seconds", map[string]string{"result": "not-found"})
-		r.unverified = delta("exit_guard_dry_run_decisions_total", map[string]string{"reason": string(webhook.ReasonUnverifiedFailOpen)}) +
-			delta("exit_guard_dry_run_decisions_total", map[string]string{"reason": string(webhook.ReasonUnconfirmedCompletion)})
+		r.unverified = delta("exit_guard_dry_run_decisions_total", map[string]string{"reason": string(contract.ReasonUnverifiedFailOpen)}) +
+			delta("exit_guard_dry_run_decisions_total", map[string]string{"reason": string(contract.ReasonUnconfirmedCompletion)})
 		r.storeRefused = len(out.Lines(`"source":"store"`, `"verdict":"denied"`)) - storeRefusedBefore
 		r.noisyLists, mark = n.since(mark)
 		results[with] = r

@@ -20,7 +20,7 @@ import (
 	crwebhook "sigs.k8s.io/controller-runtime/pkg/webhook"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
-	"github.com/exit-guard/exit-guard/internal/testenv"
+	"github.com/exit-guard/exit-guard/test/support/testenv"
 )
 
 // floorCommand runs a webhook that admits every review at once: the floor under any webhook's

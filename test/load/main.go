@@ -31,7 +31,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
-	"github.com/exit-guard/exit-guard/internal/testenv"
+	"github.com/exit-guard/exit-guard/test/support/testenv"
 )
 
 func main() {

@@ -13,7 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/rand"
 
 	"github.com/exit-guard/exit-guard/internal/argo"
-	"github.com/exit-guard/exit-guard/internal/testenv"
+	"github.com/exit-guard/exit-guard/test/support/testenv"
 )
 
 // podTemplates are pods as Argo v3.4.17's controller created them (webhook/testdata), grown

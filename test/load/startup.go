@@ -12,11 +12,11 @@ import (
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/exit-guard/exit-guard/contract"
 	"github.com/exit-guard/exit-guard/internal/argo"
-	"github.com/exit-guard/exit-guard/internal/figure"
-	"github.com/exit-guard/exit-guard/internal/fixture"
-	"github.com/exit-guard/exit-guard/internal/testenv"
-	"github.com/exit-guard/exit-guard/webhook"
+	"github.com/exit-guard/exit-guard/test/support/figure"
+	"github.com/exit-guard/exit-guard/test/support/fixture"
+	"github.com/exit-guard/exit-guard/test/support/testenv"
 )
 
 // runStartup measures, with N retained workflows, how long after its start each watcher is
@@ -158,7 +158,7 @@ func checkGuard(ctx context.Context, p *process, cl client.Client, workflows int
 	switch {
 	case err == nil:
 		return errors.New("the exit handler of a Succeeded workflow was admitted after the restart")
-	case !webhook.IsRefusal(err):
+	case !contract.IsRefusal(err):
 		return fmt.Errorf("the exit handler of a Succeeded workflow was not refused by the guard after the restart: %w", err)
 	}
 	running := retainedWorkflow("retained", fmt.Sprintf("running-%d", time.Now().UnixNano()), 1000)

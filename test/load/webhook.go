@@ -28,8 +28,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/exit-guard/exit-guard/internal/argo"
-	"github.com/exit-guard/exit-guard/internal/fixture"
-	"github.com/exit-guard/exit-guard/internal/testenv"
+	"github.com/exit-guard/exit-guard/test/support/fixture"
+	"github.com/exit-guard/exit-guard/test/support/testenv"
 )
 
 // runWebhook drives the guard's webhook alone, over TLS on loopback, at fixed rates (open

@@ -16,10 +16,10 @@ import (
 	"k8s.io/apimachinery/pkg/util/rand"
 	"k8s.io/apimachinery/pkg/util/wait"
 
+	"github.com/exit-guard/exit-guard/contract"
 	"github.com/exit-guard/exit-guard/internal/argo"
-	"github.com/exit-guard/exit-guard/internal/fixture"
-	"github.com/exit-guard/exit-guard/internal/testenv"
-	"github.com/exit-guard/exit-guard/webhook"
+	"github.com/exit-guard/exit-guard/test/support/fixture"
+	"github.com/exit-guard/exit-guard/test/support/testenv"
 )
 
 // guard runs a guard on envtest's webhook address (one at a time: the previous one is stopped
@@ -151,7 +151,7 @@ func TestAlertsOnTheRealTools(t *testing.T) {
 	t.Run("ExitGuardDeniedExitHandler: a stale exit handler refused", func(t *testing.T) {
 		done := testenv.CreateWorkflow(t, env.Client, ns, "done", argo.PhaseSucceeded)
 		cause := time.Now()
-		if err := env.Client.Create(t.Context(), fixture.ExitPod(done)); !webhook.IsRefusal(err) {
+		if err := env.Client.Create(t.Context(), fixture.ExitPod(done)); !contract.IsRefusal(err) {
 			t.Fatalf("the stale exit handler: %v, want refused", err)
 		}
 		n, fired := st.waitNotified(t, "ExitGuardDeniedExitHandler", "firing", cause, 90*time.Second,
@@ -167,7 +167,7 @@ func TestAlertsOnTheRealTools(t *testing.T) {
 		other := env.ClientAs(t, "someone-else", "system:masters")
 		done := testenv.CreateWorkflow(t, env.Client, ns, "done-other", argo.PhaseSucceeded)
 		cause := time.Now()
-		if err := other.Create(t.Context(), fixture.ExitPod(done)); !webhook.IsRefusal(err) {
+		if err := other.Create(t.Context(), fixture.ExitPod(done)); !contract.IsRefusal(err) {
 			t.Fatalf("the stale exit handler sent by another user: %v, want refused", err)
 		}
 		n, fired := st.waitNotified(t, "ExitGuardRefusalsForUnexpectedRequester", "firing", cause, 90*time.Second,

@@ -17,11 +17,11 @@ import (
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 
+	"github.com/exit-guard/exit-guard/contract"
 	"github.com/exit-guard/exit-guard/internal/argo"
-	"github.com/exit-guard/exit-guard/internal/figure"
-	"github.com/exit-guard/exit-guard/internal/fixture"
-	"github.com/exit-guard/exit-guard/internal/testenv"
-	"github.com/exit-guard/exit-guard/webhook"
+	"github.com/exit-guard/exit-guard/test/support/figure"
+	"github.com/exit-guard/exit-guard/test/support/fixture"
+	"github.com/exit-guard/exit-guard/test/support/testenv"
 )
 
 // dashboard is the part of the chart's Grafana dashboard the test reads.
@@ -80,7 +80,7 @@ func TestDashboardOnRealData(t *testing.T) {
 		}
 	}
 	done := testenv.CreateWorkflow(t, env.Client, ns, "done", argo.PhaseSucceeded)
-	if err := env.Client.Create(t.Context(), fixture.ExitPod(done)); !webhook.IsRefusal(err) {
+	if err := env.Client.Create(t.Context(), fixture.ExitPod(done)); !contract.IsRefusal(err) {
 		t.Fatalf("the stale exit handler: %v, want refused", err)
 	}
 	p.HangReads.Store(true)

@@ -18,8 +18,8 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/exit-guard/exit-guard/internal/argo"
-	"github.com/exit-guard/exit-guard/internal/fixture"
-	"github.com/exit-guard/exit-guard/internal/testenv"
+	"github.com/exit-guard/exit-guard/test/support/fixture"
+	"github.com/exit-guard/exit-guard/test/support/testenv"
 )
 
 // createExitHandlers creates, once a second until the returned stop is called, a running

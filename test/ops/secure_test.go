@@ -19,7 +19,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/yaml"
 
-	"github.com/exit-guard/exit-guard/internal/testenv"
+	"github.com/exit-guard/exit-guard/test/support/testenv"
 )
 
 // serviceMonitorEndpoint is the part of the chart's ServiceMonitor endpoint that the Prometheus

@@ -12,8 +12,9 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/utils/ptr"
 
+	"github.com/exit-guard/exit-guard/contract"
 	"github.com/exit-guard/exit-guard/internal/argo"
-	"github.com/exit-guard/exit-guard/internal/fixture"
+	"github.com/exit-guard/exit-guard/test/support/fixture"
 )
 
 // exitPodRequest is the admission request of tableWorkflow's exit-handler pod, sent for user.
@@ -59,8 +60,8 @@ func TestDecisionsPastTheCapAreShed(t *testing.T) {
 		<-started
 	}
 	r := answerOf(t, h, exitPodRequest(""))
-	if !r.Allowed || r.Result.Message != string(ReasonUnverifiedFailOpen) {
-		t.Errorf("the decision past the cap: allowed %v (%s), want admitted as %s", r.Allowed, r.Result.Message, ReasonUnverifiedFailOpen)
+	if !r.Allowed || r.Result.Message != string(contract.ReasonUnverifiedFailOpen) {
+		t.Errorf("the decision past the cap: allowed %v (%s), want admitted as %s", r.Allowed, r.Result.Message, contract.ReasonUnverifiedFailOpen)
 	}
 	if got := value(t, g.metrics.liveReadFailures.WithLabelValues("shed")); got != 1 {
 		t.Errorf("live-read failures of kind shed = %v, want 1", got)
@@ -100,10 +101,10 @@ func TestRefusalsForAnUnexpectedRequesterAreCountedApart(t *testing.T) {
 		if r.Allowed {
 			t.Errorf("%q: admitted; a refusal stays a refusal whoever sends it", c.user)
 		}
-		if got := value(t, g.metrics.decisions.WithLabelValues(verdictDenied, string(ReasonWorkflowCompleted), string(kindPod))); got != c.decisions {
+		if got := value(t, g.metrics.decisions.WithLabelValues(verdictDenied, string(contract.ReasonWorkflowCompleted), string(kindPod))); got != c.decisions {
 			t.Errorf("%q: exit_guard_decisions_total = %v, want %v", c.user, got, c.decisions)
 		}
-		if got := value(t, g.metrics.unexpected.WithLabelValues(verdictDenied, string(ReasonWorkflowCompleted), string(kindPod))); got != c.unexpected {
+		if got := value(t, g.metrics.unexpected.WithLabelValues(verdictDenied, string(contract.ReasonWorkflowCompleted), string(kindPod))); got != c.unexpected {
 			t.Errorf("%q: exit_guard_unexpected_requester_decisions_total = %v, want %v", c.user, got, c.unexpected)
 		}
 		if got := r.AuditAnnotations["requester"]; got != c.annotation {
@@ -118,13 +119,13 @@ func TestRefusalsForAnUnexpectedRequesterAreCountedApart(t *testing.T) {
 	if r := answerOf(t, h, req); r.Allowed {
 		t.Error("a dry run was admitted")
 	}
-	if got := value(t, g.metrics.unexpected.WithLabelValues(verdictDenied, string(ReasonWorkflowCompleted), string(kindPod))); got != 2 {
+	if got := value(t, g.metrics.unexpected.WithLabelValues(verdictDenied, string(contract.ReasonWorkflowCompleted), string(kindPod))); got != 2 {
 		t.Errorf("after a dry run for another user, exit_guard_unexpected_requester_decisions_total = %v, want 2 still", got)
 	}
-	if got := value(t, g.metrics.decisions.WithLabelValues(verdictDenied, string(ReasonWorkflowCompleted), string(kindPod))); got != 1 {
+	if got := value(t, g.metrics.decisions.WithLabelValues(verdictDenied, string(contract.ReasonWorkflowCompleted), string(kindPod))); got != 1 {
 		t.Errorf("after a dry run for another user, exit_guard_decisions_total = %v, want 1 still", got)
 	}
-	if got := value(t, g.metrics.dryRuns.WithLabelValues(verdictDenied, string(ReasonWorkflowCompleted), string(kindPod))); got != 1 {
+	if got := value(t, g.metrics.dryRuns.WithLabelValues(verdictDenied, string(contract.ReasonWorkflowCompleted), string(kindPod))); got != 1 {
 		t.Errorf("after a dry run for another user, exit_guard_dry_run_decisions_total = %v, want 1", got)
 	}
 }
@@ -166,8 +167,8 @@ func TestUnexpectedRequestersHaveSlotsOfTheirOwn(t *testing.T) {
 	var wg sync.WaitGroup
 	wg.Go(func() { answerOf(t, h, exitPodRequest("someone")) })
 	<-started
-	if r := answerOf(t, h, exitPodRequest("someone-else")); !r.Allowed || r.Result.Message != string(ReasonUnverifiedFailOpen) {
-		t.Errorf("a second unexpected requester's decision: allowed %v (%s), want shed and admitted as %s", r.Allowed, r.Result.Message, ReasonUnverifiedFailOpen)
+	if r := answerOf(t, h, exitPodRequest("someone-else")); !r.Allowed || r.Result.Message != string(contract.ReasonUnverifiedFailOpen) {
+		t.Errorf("a second unexpected requester's decision: allowed %v (%s), want shed and admitted as %s", r.Allowed, r.Result.Message, contract.ReasonUnverifiedFailOpen)
 	}
 	if r := answerOf(t, h, exitPodRequest(controller)); r.Allowed {
 		t.Errorf("the controller's decision was admitted (%s): with the other pool full it must still read live, and the read says Succeeded", r.Result.Message)

@@ -64,7 +64,7 @@ type Env struct {
 // RepoRoot is the top folder of this repository.
 func RepoRoot() string {
 	_, file, _, _ := runtime.Caller(0)
-	return filepath.Clean(filepath.Join(filepath.Dir(file), "..", ".."))
+	return filepath.Clean(filepath.Join(filepath.Dir(file), "..", "..", ".."))
 }
 
 // AssetsDir returns the folder holding kube-apiserver and etcd: KUBEBUILDER_ASSETS when set,

@@ -40,12 +40,3 @@ func shed(ctx context.Context) bool {
 	s, _ := ctx.Value(shedKey{}).(bool)
 	return s
 }
-
-// unexpectedRequester says whether req was sent on behalf of someone other than the workflow
-// controller the guard expects (Options.ExpectedRequester; empty: anyone is expected). It reads
-// request.userInfo.username, which the API server fills with the authenticated user that made
-// the write; a client that can reach the webhook port directly can write any name there,
-// unless --webhook-client-ca-file makes the guard answer only the API server.
-func (g *guard) unexpectedRequester(req request) bool {
-	return g.opts.ExpectedRequester != "" && req.username != g.opts.ExpectedRequester
-}

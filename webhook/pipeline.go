@@ -10,7 +10,7 @@ import (
 
 // handler is the one admission pipeline that every path runs, whatever the kind of object:
 // decode the review once and read its object into facts, decide, apply the mode (the
-// verdict), audit, answer. Its HTTP side is in review.go.
+// verdict), audit, answer. Its HTTP side is in http.go, its decoding in decode.go.
 type handler struct {
 	*guard
 	// read decodes a review of the path's kind and turns its request into facts, or answers
@@ -48,4 +48,13 @@ func (h *handler) handle(ctx context.Context, body []byte, req *request) admissi
 		h.overturns.note(f, d)
 	}
 	return h.answer(ctx, f, d, v)
+}
+
+// unexpectedRequester says whether req was sent on behalf of someone other than the workflow
+// controller the guard expects (Options.ExpectedRequester; empty: anyone is expected). It reads
+// request.userInfo.username, which the API server fills with the authenticated user that made
+// the write; a client that can reach the webhook port directly can write any name there,
+// unless --webhook-client-ca-file makes the guard answer only the API server.
+func (g *guard) unexpectedRequester(req request) bool {
+	return g.opts.ExpectedRequester != "" && req.username != g.opts.ExpectedRequester
 }

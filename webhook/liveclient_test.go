@@ -26,9 +26,10 @@ import (
 	certutil "k8s.io/client-go/util/cert"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/exit-guard/exit-guard/contract"
 	"github.com/exit-guard/exit-guard/internal/argo"
-	"github.com/exit-guard/exit-guard/internal/fixture"
-	"github.com/exit-guard/exit-guard/internal/testenv"
+	"github.com/exit-guard/exit-guard/test/support/fixture"
+	"github.com/exit-guard/exit-guard/test/support/testenv"
 )
 
 // The live read survives a blackholed established connection: its hedge dials a connection
@@ -41,8 +42,8 @@ func TestHedgeGetsPastABlackholedConnection(t *testing.T) {
 	wf := createWorkflow(t, ns, "succeeded", argo.PhaseSucceeded)
 	pod := fixture.ExitPod(wf)
 
-	readPath := func(cfg *rest.Config) client.Reader {
-		p, err := newReadPath(cfg, scheme)
+	liveClient := func(cfg *rest.Config) client.Reader {
+		p, err := newLiveClient(cfg, scheme)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -61,7 +62,7 @@ func TestHedgeGetsPastABlackholedConnection(t *testing.T) {
 		decisions int
 		control   bool
 	}{
-		{name: "the read path", reader: readPath, decisions: 12},
+		{name: "the live client", reader: liveClient, decisions: 12},
 		{name: "control: the manager's client", reader: managers, decisions: 3, control: true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
@@ -94,7 +95,7 @@ func TestHedgeGetsPastABlackholedConnection(t *testing.T) {
 			live := 0
 			for range c.decisions {
 				d := g.decide(t.Context(), podFacts(t, pod))
-				if d.source == sourceLive && d.deny && d.reason == ReasonWorkflowCompleted {
+				if d.source == sourceLive && d.deny && d.reason == contract.ReasonWorkflowCompleted {
 					live++
 				}
 			}
@@ -123,7 +124,7 @@ func hostPort(t *testing.T, host string) string {
 // A 429 or 5xx with Retry-After fails the attempt at once: client-go would wait the
 // Retry-After (a second at least) and retry inside the attempt, hidden from the live read's
 // own pauses and hedges. The server counts what it was sent.
-func TestReadPathDoesNotRetryOnItsOwn(t *testing.T) {
+func TestLiveClientDoesNotRetryOnItsOwn(t *testing.T) {
 	for _, status := range []int{http.StatusTooManyRequests, http.StatusServiceUnavailable} {
 		t.Run(http.StatusText(status), func(t *testing.T) {
 			var requests atomic.Int32
@@ -137,7 +138,7 @@ func TestReadPathDoesNotRetryOnItsOwn(t *testing.T) {
 					map[int]string{429: "429", 503: "503"}[status] + `}`))
 			}))
 			t.Cleanup(srv.Close)
-			p, err := newReadPath(&rest.Config{Host: srv.URL}, testScheme(t))
+			p, err := newLiveClient(&rest.Config{Host: srv.URL}, testScheme(t))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -155,19 +156,19 @@ func TestReadPathDoesNotRetryOnItsOwn(t *testing.T) {
 				t.Fatal("Get succeeded against a server that answers every request with an error")
 			}
 			if n := requests.Load(); n != 2 {
-				t.Errorf("the server was sent %d requests for one List and one Get, want 2: the read path retried on its own", n)
+				t.Errorf("the server was sent %d requests for one List and one Get, want 2: the live client retried on its own", n)
 			}
 		})
 	}
 }
 
-// TestReadPathTakesUpARotatedCA: the API server's serving certificate is replaced by one of a
+// TestLiveClientTakesUpARotatedCA: the API server's serving certificate is replaced by one of a
 // new CA, and the CA file of the guard's rest config (in a cluster, the ServiceAccount's
 // projected ca.crt) is rewritten with it. The pool's first read after the rotation fails its
 // verification; the next is made on a pool built anew from the file, and answers. Here a TLS
 // front on loopback plays the API server's endpoint (it passes every request on to the test
 // API server), so that its certificate can change.
-func TestReadPathTakesUpARotatedCA(t *testing.T) {
+func TestLiveClientTakesUpARotatedCA(t *testing.T) {
 	wf := createWorkflow(t, newNamespace(t), "rotated", argo.PhaseSucceeded)
 	upstream, err := url.Parse(env.Config.Host)
 	if err != nil {
@@ -203,7 +204,7 @@ func TestReadPathTakesUpARotatedCA(t *testing.T) {
 	front.StartTLS()
 	t.Cleanup(front.Close)
 
-	p, err := newReadPath(&rest.Config{Host: front.URL, TLSClientConfig: rest.TLSClientConfig{CAFile: caFile}}, testScheme(t))
+	p, err := newLiveClient(&rest.Config{Host: front.URL, TLSClientConfig: rest.TLSClientConfig{CAFile: caFile}}, testScheme(t))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/exit-guard/exit-guard/contract"
 	admissionv1 "k8s.io/api/admission/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -59,9 +60,9 @@ func TestReviewsAreDecodedOnceAndAnsweredInTheirVersion(t *testing.T) {
 		says       string
 	}{
 		{"a v1beta1 review", `{"apiVersion":"admission.k8s.io/v1beta1","kind":"AdmissionReview","request":{"uid":"b1","resource":{"version":"v1","resource":"pods"},"operation":"CREATE","object":{"metadata":{"name":"p"}}}}`,
-			http.StatusOK, reviewV1beta1, true, string(ReasonNotOwnedByWorkflow)},
+			http.StatusOK, reviewV1beta1, true, string(contract.ReasonNotOwnedByWorkflow)},
 		{"a review with no version", `{"request":{"uid":"n1","resource":{"version":"v1","resource":"pods"},"operation":"CREATE","object":{"metadata":{"name":"p"}}}}`,
-			http.StatusOK, reviewV1, true, string(ReasonNotOwnedByWorkflow)},
+			http.StatusOK, reviewV1, true, string(contract.ReasonNotOwnedByWorkflow)},
 		{"a review of another version", `{"apiVersion":"admission.k8s.io/v2","kind":"AdmissionReview","request":{"uid":"v2"}}`,
 			http.StatusBadRequest, reviewV1, false, "is not an AdmissionReview of admission.k8s.io/v1"},
 		{"another kind", `{"apiVersion":"admission.k8s.io/v1","kind":"TokenReview","request":{"uid":"k"}}`,

@@ -12,16 +12,16 @@ import (
 	"github.com/exit-guard/exit-guard/internal/argo"
 )
 
-// TestReadPathPoolIsBuiltAnew: the pool is kept while it is young and nothing failed as a
-// rotation makes requests fail; it is built anew once older than readPathRebuildAfter, and
-// after a 401, at most once per readPathRebuildAtMost. Other failures (a timeout, a 503) keep
+// TestLiveClientPoolIsBuiltAnew: the pool is kept while it is young and nothing failed as a
+// rotation makes requests fail; it is built anew once older than liveClientRebuildAfter, and
+// after a 401, at most once per liveClientRebuildAtMost. Other failures (a timeout, a 503) keep
 // it.
-func TestReadPathPoolIsBuiltAnew(t *testing.T) {
+func TestLiveClientPoolIsBuiltAnew(t *testing.T) {
 	scheme, err := argo.NewScheme()
 	if err != nil {
 		t.Fatal(err)
 	}
-	p, err := newReadPath(&rest.Config{Host: "https://127.0.0.1:1"}, scheme)
+	p, err := newLiveClient(&rest.Config{Host: "https://127.0.0.1:1"}, scheme)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -34,9 +34,9 @@ func TestReadPathPoolIsBuiltAnew(t *testing.T) {
 			t.Errorf("the pool was built anew after %v", err)
 		}
 	}
-	clk.Step(readPathRebuildAfter - time.Second)
+	clk.Step(liveClientRebuildAfter - time.Second)
 	if p.pooled() != first {
-		t.Error("the pool was built anew before readPathRebuildAfter")
+		t.Error("the pool was built anew before liveClientRebuildAfter")
 	}
 	clk.Step(time.Second)
 	if clk.HasWaiters() {
@@ -44,16 +44,16 @@ func TestReadPathPoolIsBuiltAnew(t *testing.T) {
 	}
 	second := p.pooled()
 	if second == first {
-		t.Error("the pool was kept past readPathRebuildAfter")
+		t.Error("the pool was kept past liveClientRebuildAfter")
 	}
 	if !clk.HasWaiters() {
-		t.Error("the old pool's busy connections were not scheduled to close after readPathDrainAfter")
+		t.Error("the old pool's busy connections were not scheduled to close after liveClientDrainAfter")
 	}
 	p.noteFailure(apierrors.NewUnauthorized("expired"))
 	if p.pooled() != second {
-		t.Error("a 401 rebuilt a pool built less than readPathRebuildAtMost ago")
+		t.Error("a 401 rebuilt a pool built less than liveClientRebuildAtMost ago")
 	}
-	clk.Step(readPathRebuildAtMost)
+	clk.Step(liveClientRebuildAtMost)
 	third := p.pooled()
 	if third == second {
 		t.Error("the pool was kept after a 401")
@@ -62,11 +62,11 @@ func TestReadPathPoolIsBuiltAnew(t *testing.T) {
 		// A 401 that persists: no new pool per request.
 		p.noteFailure(apierrors.NewUnauthorized("revoked"))
 		if p.pooled() != third {
-			t.Error("a persisting 401 rebuilt the pool within readPathRebuildAtMost")
+			t.Error("a persisting 401 rebuilt the pool within liveClientRebuildAtMost")
 		}
 	}
-	clk.Step(readPathDrainAfter)
+	clk.Step(liveClientDrainAfter)
 	if clk.HasWaiters() {
-		t.Error("the old pools' close did not run readPathDrainAfter after their rebuild")
+		t.Error("the old pools' close did not run liveClientDrainAfter after their rebuild")
 	}
 }
