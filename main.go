@@ -180,13 +180,14 @@ func run(ctx context.Context, f *flags, opts options, drainer *shutdown.Drainer,
 	if err := webhook.Setup(mgr, store, guardOpts); err != nil {
 		return err
 	}
-	if f.lockCheck > 0 {
+	if f.locks.Interval > 0 {
 		reader, err := lockwatch.NewReader(mgr.GetConfig(), mgr.GetHTTPClient())
 		if err != nil {
 			return err
 		}
-		locks, err := lockwatch.New(reader, lockwatch.Options{Interval: f.lockCheck, StuckAfter: f.lockStuckAfter,
-			Namespaces: guardOpts.Namespaces, Registerer: metrics.Registry, Log: ctrl.Log.WithName("lockwatch")})
+		lockOpts := f.locks
+		lockOpts.Namespaces, lockOpts.Registerer, lockOpts.Log = guardOpts.Namespaces, metrics.Registry, ctrl.Log.WithName("lockwatch")
+		locks, err := lockwatch.New(reader, lockOpts)
 		if err != nil {
 			return err
 		}

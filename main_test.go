@@ -7,6 +7,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/exit-guard/exit-guard/completionstore"
 	"github.com/exit-guard/exit-guard/internal/argo"
 	"github.com/exit-guard/exit-guard/webhook"
 )
@@ -19,11 +20,9 @@ func TestFlagsBecomeGuardOptions(t *testing.T) {
 		wantTTL time.Duration
 		wantErr bool
 	}{
-		{name: "the defaults enforce on Succeeded with live reads",
-			want: webhook.Options{Mode: webhook.ModeEnforce, DenyPhases: []argo.Phase{argo.PhaseSucceeded}, LiveReadTimeout: time.Second,
-				LiveReadBudget: 4 * time.Second, GetBesideListAfter: 25 * time.Millisecond, TaskSetRepeatsFor: 5 * time.Second, EventReadTimeout: 250 * time.Millisecond, EventReadBudget: time.Second,
-				StoreFallback: webhook.FallbackRequeue, StoreFreshFor: 5 * time.Second, MaxConcurrentDecisions: 128},
-			wantTTL: 10 * time.Minute},
+		// No flag: the options are the guard's and the store's DefaultOptions, unchanged (the
+		// flags bind into them), and those enforce on Succeeded with live reads.
+		{name: "the defaults are DefaultOptions", want: webhook.DefaultOptions(), wantTTL: completionstore.DefaultOptions().TTL},
 		{name: "every policy flag is carried over",
 			args: []string{"--mode=warn", "--deny-phases=succeeded, Failed,Error", "--cover-hooks", "--strict", "--store-first",
 				"--live-read-timeout=300ms", "--live-read-budget=2s", "--live-read-get-after=-1s", "--taskset-repeats-for=-1s", "--event-read-timeout=100ms", "--event-read-budget=500ms",
@@ -33,7 +32,7 @@ func TestFlagsBecomeGuardOptions(t *testing.T) {
 				Hooks: true, Strict: true, StoreFirst: true, LiveReadTimeout: 300 * time.Millisecond, LiveReadBudget: 2 * time.Second, GetBesideListAfter: -time.Second, TaskSetRepeatsFor: -time.Second,
 				EventReadTimeout: 100 * time.Millisecond, EventReadBudget: 500 * time.Millisecond,
 				StoreFallback: webhook.FallbackCompletion, StoreFreshFor: 30 * time.Second, Namespaces: []string{"a", "b"},
-				MaxConcurrentDecisions: 7, ExpectedRequester: "system:serviceaccount:argo:wfc"},
+				MaxConcurrentDecisions: 7, ExpectedRequester: "system:serviceaccount:argo:wfc", EventSource: "exit-guard"},
 			wantTTL: time.Hour},
 		{name: "an unknown mode is refused", args: []string{"--mode=block"}, wantErr: true},
 		{name: "a non-terminal deny phase is refused", args: []string{"--deny-phases=Running"}, wantErr: true},
@@ -42,17 +41,16 @@ func TestFlagsBecomeGuardOptions(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
+			// A value the flag cannot take is refused as the command line is parsed, with the
+			// flag's name.
 			f, err := parseFlags(tt.args)
-			if err != nil {
-				t.Fatal(err)
-			}
-			store, opts, err := f.guardOptions()
 			if (err != nil) != tt.wantErr {
-				t.Fatalf("guardOptions error = %v, want error %v", err, tt.wantErr)
+				t.Fatalf("parseFlags error = %v, want error %v", err, tt.wantErr)
 			}
 			if tt.wantErr {
 				return
 			}
+			store, opts := f.guardOptions()
 			if diff := cmp.Diff(tt.want, opts); diff != "" {
 				t.Errorf("webhook options (-want +got):\n%s", diff)
 			}

@@ -22,27 +22,30 @@ import (
 	"github.com/exit-guard/exit-guard/internal/argo"
 )
 
-const (
-	// defaultTTL is how long a record is kept after its last change: upstream's own fix
-	// (argo-workflows #16357) keeps completed workflows 10 minutes.
-	defaultTTL = 10 * time.Minute
-	// defaultSweepInterval bounds how long an expired record occupies memory; reads ignore
-	// expired records whatever the sweeper's pace.
-	defaultSweepInterval = 30 * time.Second
-	// defaultWatchStaleAfter: a healthy watch advances at least once a minute even when no
-	// workflow changes, as the API server sends a bookmark about every minute; three missed
-	// bookmarks mean it has stopped.
-	defaultWatchStaleAfter = 3 * time.Minute
-)
+// DefaultOptions are the store's defaults, the only place they are written (the command line
+// binds its flags into a copy of them; New fills zero fields from them).
+func DefaultOptions() Options {
+	return Options{
+		// Upstream's own fix (argo-workflows #16357) keeps completed workflows 10 minutes.
+		TTL: 10 * time.Minute,
+		// Bounds how long an expired record occupies memory; reads ignore expired records
+		// whatever the sweeper's pace.
+		SweepInterval: 30 * time.Second,
+		// A healthy watch advances at least once a minute even when no workflow changes, as
+		// the API server sends a bookmark about every minute; three missed bookmarks mean it
+		// has stopped.
+		WatchStaleAfter: 3 * time.Minute,
+	}
+}
 
-// Options configures a Store. Zero values take the defaults.
+// Options configures a Store. Zero values take DefaultOptions'.
 type Options struct {
-	// TTL is how long a record is kept after its last change (default 10 minutes).
+	// TTL is how long a record is kept after its last change.
 	TTL time.Duration
-	// SweepInterval is how often the sweeper removes expired records (default 30 s).
+	// SweepInterval is how often the sweeper removes expired records.
 	SweepInterval time.Duration
 	// WatchStaleAfter is how long the watch may go without advancing before WatchFresh says it
-	// is stale (default 3 minutes).
+	// is stale.
 	WatchStaleAfter time.Duration
 	// Clock tells the time (default the real clock).
 	Clock clock.WithTicker
@@ -150,6 +153,7 @@ type lagSample struct {
 
 // New returns an empty Store.
 func New(opts Options) (*Store, error) {
+	def := DefaultOptions()
 	if opts.TTL < 0 {
 		return nil, fmt.Errorf("completionstore: TTL must not be negative, got %s", opts.TTL)
 	}
@@ -157,16 +161,16 @@ func New(opts Options) (*Store, error) {
 		return nil, fmt.Errorf("completionstore: WatchStaleAfter must not be negative, got %s", opts.WatchStaleAfter)
 	}
 	if opts.WatchStaleAfter == 0 {
-		opts.WatchStaleAfter = defaultWatchStaleAfter
+		opts.WatchStaleAfter = def.WatchStaleAfter
 	}
 	if opts.SweepInterval < 0 {
 		return nil, fmt.Errorf("completionstore: SweepInterval must not be negative, got %s", opts.SweepInterval)
 	}
 	if opts.TTL == 0 {
-		opts.TTL = defaultTTL
+		opts.TTL = def.TTL
 	}
 	if opts.SweepInterval == 0 {
-		opts.SweepInterval = defaultSweepInterval
+		opts.SweepInterval = def.SweepInterval
 	}
 	if opts.Clock == nil {
 		opts.Clock = clock.RealClock{}

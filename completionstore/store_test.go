@@ -163,7 +163,7 @@ func TestInvalidObservationsAreRefused(t *testing.T) {
 func TestRecordsExpireATTLAfterTheirLastChange(t *testing.T) {
 	s, clk := newTestStore(t)
 	s.Observe(obs("a", "10", argo.PhaseSucceeded))
-	clk.Step(defaultTTL - time.Second)
+	clk.Step(DefaultOptions().TTL - time.Second)
 	if _, ok := s.Get("a"); !ok {
 		t.Fatal("record gone before its TTL")
 	}
@@ -176,7 +176,7 @@ func TestRecordsExpireATTLAfterTheirLastChange(t *testing.T) {
 	}
 	// An expired record no longer orders anything: the next state is recorded as new.
 	s.Observe(obs("b", "10", argo.PhaseSucceeded))
-	clk.Step(defaultTTL)
+	clk.Step(DefaultOptions().TTL)
 	if got := s.Observe(obs("b", "5", argo.PhaseRunning)); got != Applied {
 		t.Errorf("Observe after expiry = %v, want applied", got)
 	}
@@ -217,7 +217,7 @@ func TestNewRefusesNegativeDurations(t *testing.T) {
 		}
 	}
 	s, err := New(Options{})
-	if err != nil || s.TTL() != defaultTTL {
+	if err != nil || s.TTL() != DefaultOptions().TTL {
 		t.Errorf("New with zero options: ttl %v err %v", s.TTL(), err)
 	}
 }
@@ -363,7 +363,7 @@ func TestWatchProgressOnlyMovesForwardAndGoesStale(t *testing.T) {
 		t.Errorf("Staleness = %s, %v; want 5s (a write 2 s old on arrival, 3 s ago)", stale, ok)
 	}
 	clk.Step(-3 * time.Second)
-	clk.Step(defaultWatchStaleAfter - 2*time.Second)
+	clk.Step(DefaultOptions().WatchStaleAfter - 2*time.Second)
 	if !s.WatchFresh() {
 		t.Error("the watch went stale before WatchStaleAfter")
 	}

@@ -354,7 +354,7 @@ func decisionCases() []decisionCase {
 		{row: "T4", name: "as 6: TaskSet created, live Succeeded", facts: created, live: liveSucceeded, deny: true, reason: contract.ReasonWorkflowCompleted, source: sourceLive, wantRow: "6"},
 		{row: "T4", name: "as 6: TaskSet created with a task the create admitted for the workflow lacked (a stale copy's exit handler), live Succeeded", facts: created, createdBy: wf.GetUID(), createdAgo: time.Second, createdOtherTask: true, store: storeRunning, live: liveSucceeded, deny: true, reason: contract.ReasonWorkflowCompleted, source: sourceLive, wantRow: "6"},
 		{row: "T4", name: "as 6: TaskSet created with the task admitted for the workflow, another template, live Succeeded", facts: created, createdBy: wf.GetUID(), createdAgo: time.Second, createdOtherTemplate: true, store: storeRunning, live: liveSucceeded, deny: true, reason: contract.ReasonWorkflowCompleted, source: sourceLive, wantRow: "6"},
-		{row: "T4", name: "as 6: TaskSet created as admitted for the workflow, older than the repeat memory, live Succeeded", facts: created, createdBy: wf.GetUID(), createdAgo: defaultTaskSetRepeatsFor + time.Second, store: storeRunning, live: liveSucceeded, deny: true, reason: contract.ReasonWorkflowCompleted, source: sourceLive, wantRow: "6"},
+		{row: "T4", name: "as 6: TaskSet created as admitted for the workflow, older than the repeat memory, live Succeeded", facts: created, createdBy: wf.GetUID(), createdAgo: DefaultOptions().TaskSetRepeatsFor + time.Second, store: storeRunning, live: liveSucceeded, deny: true, reason: contract.ReasonWorkflowCompleted, source: sourceLive, wantRow: "6"},
 		{row: "T4", name: "as 6: TaskSet created as admitted for the workflow from the store (no live read), live Succeeded", facts: created, createdBy: wf.GetUID(), createdAgo: time.Second, createdFromStore: true, store: storeRunning, live: liveSucceeded, deny: true, reason: contract.ReasonWorkflowCompleted, source: sourceLive, wantRow: "6"},
 		{row: "T4", name: "as 6: TaskSet created as admitted for the workflow 1 s before, the store since saw it succeed, live Succeeded", facts: created, createdBy: wf.GetUID(), createdAgo: time.Second, store: storeSucceeded, live: liveSucceeded, deny: true, reason: contract.ReasonWorkflowCompleted, source: sourceLive, wantRow: "6"},
 		{row: "T4", name: "as 9: TaskSet created as admitted for the workflow 1 s before, the store since saw it deleted (its name reused), live other UID", facts: created, createdBy: wf.GetUID(), createdAgo: time.Second, store: storeTombstone, live: liveOtherUID, deny: true, reason: contract.ReasonWorkflowReplaced, source: sourceLive, wantRow: "9"},
@@ -580,7 +580,7 @@ func TestRepeatedCreatesAreReadAgainEachRepeatMemory(t *testing.T) {
 		for range 8 {
 			f.received = now
 			rows = append(rows, g.decide(t.Context(), f).row)
-			now = now.Add(defaultTaskSetRepeatsFor / 3)
+			now = now.Add(DefaultOptions().TaskSetRepeatsFor / 3)
 		}
 		if got := strings.Join(rows, " "); got != tc.want || calls != tc.reads {
 			t.Errorf("--taskset-repeats-for %s: rows %s (%d reads), want %s (%d reads)", tc.repeatsFor, got, calls, tc.want, tc.reads)

@@ -131,7 +131,7 @@ var eventSpec = &kindSpec{
 	// The pass that records a WorkflowFailed Event is the one that counts the workflow's own
 	// user metrics: users correct those by this count.
 	staleFailure: true,
-	beforeRead:   eventBeforeRead,
+	beforeRead:   (*guard).eventBeforeRead,
 }
 
 func (e *eventObject) spec() *kindSpec { return eventSpec }

@@ -14,7 +14,7 @@ import (
 // Event that says its workflow failed is judged by a read of its own.
 
 // eventBeforeRead decides every Event that says its workflow failed (judgeClaim).
-func eventBeforeRead(g *guard, ctx context.Context, f facts, d decision) (decision, bool) {
+func (g *guard) eventBeforeRead(ctx context.Context, f facts, d decision) (decision, bool) {
 	return g.judgeClaim(ctx, f, d), true
 }
 

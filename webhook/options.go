@@ -82,46 +82,58 @@ func ParseStoreFallback(s string) (StoreFallback, error) {
 	return "", fmt.Errorf("unknown store fallback %q: want requeue, fresh, tombstone or completion", s)
 }
 
-const (
-	// defaultLiveReadTimeout is how long one attempt of the live read may take before
-	// another is started beside it (a hedge): a consistent read answers in milliseconds when
-	// the API server is well.
-	defaultLiveReadTimeout = time.Second
-	// defaultLiveReadBudget is how long the live read may take in all, attempts and retries
-	// included. The chart's webhook timeoutSeconds is 5 s: a second is kept for the store
-	// fallback, the answer and the network, so that the API server never sees the webhook
-	// time out.
-	defaultLiveReadBudget = 4 * time.Second
-	// defaultEventReadTimeout and defaultEventReadBudget bound the live read of an Event's
-	// workflow. Short: each namespace's recorder in Argo's controller sends its Events one at a
-	// time, so every millisecond an Event waits here delays every later Event of that namespace
-	// (and its queue of 1,000 drops when full). The chart's Event webhook timeoutSeconds is 2 s.
-	defaultEventReadTimeout = 250 * time.Millisecond
-	defaultEventReadBudget  = time.Second
-	// defaultGetBesideListAfter is how long the LIST of a live read may go unanswered before
-	// a GET of the workflow starts beside it. The LIST is answered from the API server's watch
-	// cache once that cache has caught up with etcd, a wait that makes the read's tail; the GET
-	// goes to etcd at once. 25 ms is past the LIST's p99 on an idle API server (8.5 to 17 ms,
-	// docs/evidence/performance.md table 6), so that about one read in a hundred costs a second request.
-	defaultGetBesideListAfter = 25 * time.Millisecond
-	// defaultTaskSetRepeatsFor: row T7's window (docs/decisions.md).
-	defaultTaskSetRepeatsFor = 5 * time.Second
-	// defaultStoreFallback: see docs/evidence/reliability.md for the figures behind it.
-	defaultStoreFallback = FallbackRequeue
-	// defaultStoreFreshFor: with fresh, and with requeue for what Argo does not send again, a
-	// store completion refuses only while the store's newest write is younger than 5 s.
-	// docs/evidence/reliability.md has the figures.
-	defaultStoreFreshFor = 5 * time.Second
-)
+// MaxTaskSetRepeatsFor is the longest Options.TaskSetRepeatsFor: the memory of admitted
+// TaskSet creates.
+const MaxTaskSetRepeatsFor = createMemory
 
-// Options configures the guard.
+// DefaultOptions are the guard's defaults: the only place they are written. The command line
+// binds its flags into a copy of them (docs/flags.md is generated from it), complete fills an
+// Options' zero fields from them, and `make verify` checks the chart's values against them.
+func DefaultOptions() Options {
+	return Options{
+		Mode:       ModeEnforce,
+		DenyPhases: Phases{argo.PhaseSucceeded},
+		// One attempt of the live read, before another starts beside it (a hedge): a
+		// consistent read answers in milliseconds when the API server is well.
+		LiveReadTimeout: time.Second,
+		// The live read in all, attempts and retries included. The chart's webhook
+		// timeoutSeconds is 5 s: a second is kept for the store fallback, the answer and the
+		// network, so that the API server never sees the webhook time out.
+		LiveReadBudget: 4 * time.Second,
+		// 25 ms is past the LIST's p99 on an idle API server (8.5 to 17 ms,
+		// docs/evidence/performance.md table 6), so that about one read in a hundred costs a
+		// second request. The LIST is answered from the API server's watch cache once that
+		// cache has caught up with etcd, a wait that makes the read's tail; the GET goes to
+		// etcd at once.
+		GetBesideListAfter: 25 * time.Millisecond,
+		// Row T7's window (docs/decisions.md).
+		TaskSetRepeatsFor: 5 * time.Second,
+		// Short: each namespace's recorder in Argo's controller sends its Events one at a
+		// time, so every millisecond an Event waits here delays every later Event of that
+		// namespace (and its queue of 1,000 drops when full). The chart's Event webhook
+		// timeoutSeconds is 2 s.
+		EventReadTimeout: 250 * time.Millisecond,
+		EventReadBudget:  time.Second,
+		// docs/evidence/reliability.md has the figures behind both.
+		StoreFallback: FallbackRequeue,
+		StoreFreshFor: 5 * time.Second,
+		// Argo's controller sends pods and TaskSet writes from its workflow workers
+		// (--workflow-workers, 32 by default), each one request at a time, and its Events one
+		// at a time per namespace: 128 leaves room for a controller with four times the
+		// default workers, or Events of many namespaces at once, before anything is shed.
+		MaxConcurrentDecisions: 128,
+		EventSource:            "exit-guard",
+	}
+}
+
+// Options configures the guard. Zero fields take DefaultOptions'.
 type Options struct {
-	// Mode is enforce (default), warn or dry-run.
+	// Mode is enforce, warn or dry-run.
 	Mode Mode
-	// DenyPhases are the terminal phases whose exit handlers are refused (default Succeeded).
+	// DenyPhases are the terminal phases whose exit handlers are refused.
 	// Adding Failed and Error stops the duplicate notices a stale copy of a failed workflow
 	// sends.
-	DenyPhases []argo.Phase
+	DenyPhases Phases
 	// Hooks also covers the pods of lifecycle hooks other than exit (`.hooks.` nodes).
 	Hooks bool
 	// Strict covers every pod a workflow owns, not only exit handlers: a stale copy can also
@@ -131,33 +143,33 @@ type Options struct {
 	// workflow, with no live read; the live read then only confirms a denial. Lower latency,
 	// but a guard whose own watch lags admits a stale pod it would have refused.
 	StoreFirst bool
-	// LiveReadTimeout bounds one attempt of the live read of the owning workflow (default
-	// 1 s); past it another attempt starts beside it.
+	// LiveReadTimeout bounds one attempt of the live read of the owning workflow; past it
+	// another attempt starts beside it.
 	LiveReadTimeout time.Duration
-	// LiveReadBudget bounds the live read in all, retries included (default 4 s); past it
+	// LiveReadBudget bounds the live read in all, retries included; past it
 	// the store decides, as StoreFallback says.
 	LiveReadBudget time.Duration
 	// GetBesideListAfter is how long the LIST of a live read may go unanswered before a GET of
-	// the workflow starts beside it, the first answer winning (default 25 ms; negative: never).
+	// the workflow starts beside it, the first answer winning.
 	GetBesideListAfter time.Duration
 	// TaskSetRepeatsFor is how long after a TaskSet create admitted on a live read the same
-	// create is admitted without one (row T7; default 5 s, at most createMemory; negative:
-	// every create is read).
+	// create is admitted without one (row T7; at most createMemory; negative: every create is
+	// read).
 	TaskSetRepeatsFor time.Duration
 	// EventReadTimeout and EventReadBudget are LiveReadTimeout and LiveReadBudget for the
-	// workflow of an Event (default 250 ms and 1 s).
+	// workflow of an Event.
 	EventReadTimeout time.Duration
 	EventReadBudget  time.Duration
 	// StoreFallback is what the store alone may refuse when no live read answered within the
-	// budget (default FallbackRequeue).
+	// budget.
 	StoreFallback StoreFallback
 	// StoreFreshFor is how recently the watch must have advanced for FallbackFresh to refuse
-	// from a completion only the store holds: how young its newest write must be (default 5 s).
+	// from a completion only the store holds: how young its newest write must be.
 	StoreFreshFor time.Duration
 	// Namespaces limits the guard to these namespaces (all when empty); pods elsewhere are
 	// admitted at once.
 	Namespaces []string
-	// MaxConcurrentDecisions bounds the decisions in flight (default 128): one past it reads
+	// MaxConcurrentDecisions bounds the decisions in flight: one past it reads
 	// nothing live and the store decides, counted as a live-read failure of kind shed.
 	MaxConcurrentDecisions int
 	// ExpectedRequester is the user that sends what the guard judges: Argo's workflow
@@ -167,22 +179,23 @@ type Options struct {
 	// with the requester, and its Event is Normal with a reason of its own. Empty: every
 	// requester is expected.
 	ExpectedRequester string
-	// Registerer receives the guard's metrics (default controller-runtime's registry).
+	// Registerer receives the guard's metrics (nil: controller-runtime's registry).
 	Registerer prometheus.Registerer
-	// EventSource is the reportingController of the guard's Events (default "exit-guard").
+	// EventSource is the reportingController of the guard's Events.
 	EventSource string
 }
 
 func (o *Options) complete() error {
+	def := DefaultOptions()
 	var errs []error
 	if o.Mode == "" {
-		o.Mode = ModeEnforce
+		o.Mode = def.Mode
 	}
 	if _, err := ParseMode(string(o.Mode)); err != nil {
 		errs = append(errs, err)
 	}
 	if len(o.DenyPhases) == 0 {
-		o.DenyPhases = []argo.Phase{argo.PhaseSucceeded}
+		o.DenyPhases = def.DenyPhases
 	}
 	for _, p := range o.DenyPhases {
 		if !p.Terminal() {
@@ -193,22 +206,22 @@ func (o *Options) complete() error {
 		errs = append(errs, fmt.Errorf("live read timeout must not be negative, got %s", o.LiveReadTimeout))
 	}
 	if o.LiveReadTimeout == 0 {
-		o.LiveReadTimeout = defaultLiveReadTimeout
+		o.LiveReadTimeout = def.LiveReadTimeout
 	}
 	if o.LiveReadBudget < 0 {
 		errs = append(errs, fmt.Errorf("live read budget must not be negative, got %s", o.LiveReadBudget))
 	}
 	if o.LiveReadBudget == 0 {
-		o.LiveReadBudget = max(defaultLiveReadBudget, o.LiveReadTimeout)
+		o.LiveReadBudget = max(def.LiveReadBudget, o.LiveReadTimeout)
 	}
 	if o.LiveReadTimeout > o.LiveReadBudget {
 		errs = append(errs, fmt.Errorf("live read timeout %s is longer than the live read budget %s", o.LiveReadTimeout, o.LiveReadBudget))
 	}
 	if o.GetBesideListAfter == 0 {
-		o.GetBesideListAfter = defaultGetBesideListAfter
+		o.GetBesideListAfter = def.GetBesideListAfter
 	}
 	if o.TaskSetRepeatsFor == 0 {
-		o.TaskSetRepeatsFor = defaultTaskSetRepeatsFor
+		o.TaskSetRepeatsFor = def.TaskSetRepeatsFor
 	}
 	if o.TaskSetRepeatsFor > createMemory {
 		errs = append(errs, fmt.Errorf("TaskSet repeats window %s is longer than %s, the memory of admitted creates", o.TaskSetRepeatsFor, createMemory))
@@ -217,16 +230,16 @@ func (o *Options) complete() error {
 		errs = append(errs, fmt.Errorf("event read timeout and budget must not be negative, got %s and %s", o.EventReadTimeout, o.EventReadBudget))
 	}
 	if o.EventReadTimeout == 0 {
-		o.EventReadTimeout = defaultEventReadTimeout
+		o.EventReadTimeout = def.EventReadTimeout
 	}
 	if o.EventReadBudget == 0 {
-		o.EventReadBudget = max(defaultEventReadBudget, o.EventReadTimeout)
+		o.EventReadBudget = max(def.EventReadBudget, o.EventReadTimeout)
 	}
 	if o.EventReadTimeout > o.EventReadBudget {
 		errs = append(errs, fmt.Errorf("event read timeout %s is longer than the event read budget %s", o.EventReadTimeout, o.EventReadBudget))
 	}
 	if o.StoreFallback == "" {
-		o.StoreFallback = defaultStoreFallback
+		o.StoreFallback = def.StoreFallback
 	}
 	if _, err := ParseStoreFallback(string(o.StoreFallback)); err != nil {
 		errs = append(errs, err)
@@ -235,7 +248,7 @@ func (o *Options) complete() error {
 		errs = append(errs, fmt.Errorf("store fresh-for must not be negative, got %s", o.StoreFreshFor))
 	}
 	if o.StoreFreshFor == 0 {
-		o.StoreFreshFor = defaultStoreFreshFor
+		o.StoreFreshFor = def.StoreFreshFor
 	}
 	for _, ns := range o.Namespaces {
 		if strings.TrimSpace(ns) == "" {
@@ -246,17 +259,65 @@ func (o *Options) complete() error {
 		errs = append(errs, fmt.Errorf("max concurrent decisions must not be negative, got %d", o.MaxConcurrentDecisions))
 	}
 	if o.MaxConcurrentDecisions == 0 {
-		o.MaxConcurrentDecisions = defaultMaxConcurrentDecisions
+		o.MaxConcurrentDecisions = def.MaxConcurrentDecisions
 	}
 	if o.EventSource == "" {
-		o.EventSource = "exit-guard"
+		o.EventSource = def.EventSource
 	}
 	return errors.Join(errs...)
 }
 
+// Phases are terminal phases; as a flag, a comma-separated list (flag.Value).
+type Phases []argo.Phase
+
+// String lists the phases, comma-separated.
+func (p Phases) String() string {
+	names := make([]string, len(p))
+	for i, ph := range p {
+		names[i] = string(ph)
+	}
+	return strings.Join(names, ",")
+}
+
+// Set parses a comma-separated list of terminal phases (ParsePhases).
+func (p *Phases) Set(s string) error {
+	phases, err := ParsePhases(s)
+	if err != nil {
+		return err
+	}
+	*p = phases
+	return nil
+}
+
+// String is the mode's name; with Set, a Mode is a flag.Value.
+func (m Mode) String() string { return string(m) }
+
+// Set parses a mode name (ParseMode).
+func (m *Mode) Set(s string) error {
+	v, err := ParseMode(s)
+	if err != nil {
+		return err
+	}
+	*m = v
+	return nil
+}
+
+// String is the fallback's name; with Set, a StoreFallback is a flag.Value.
+func (f StoreFallback) String() string { return string(f) }
+
+// Set parses a store fallback name (ParseStoreFallback).
+func (f *StoreFallback) Set(s string) error {
+	v, err := ParseStoreFallback(s)
+	if err != nil {
+		return err
+	}
+	*f = v
+	return nil
+}
+
 // ParsePhases parses a comma-separated list of terminal phases.
-func ParsePhases(s string) ([]argo.Phase, error) {
-	var out []argo.Phase
+func ParsePhases(s string) (Phases, error) {
+	var out Phases
 	for _, f := range strings.Split(s, ",") {
 		f = strings.TrimSpace(f)
 		if f == "" {

@@ -5,13 +5,6 @@ import (
 	"errors"
 )
 
-// defaultMaxConcurrentDecisions bounds the decisions in flight in one replica, first live
-// reads included. Argo's controller sends pods and TaskSet writes from its workflow workers
-// (--workflow-workers, 32 by default), each one request at a time, and its Events one at a
-// time per namespace: 128 leaves room for a controller with four times the default workers, or
-// Events of many namespaces at once, before anything is shed.
-const defaultMaxConcurrentDecisions = 128
-
 // errDecisionShed marks a decision that found every slot taken: it reads nothing live and the
 // store decides (the fallback of a failed live read), counted as a live-read failure of kind
 // shed.

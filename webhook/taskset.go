@@ -209,8 +209,8 @@ var taskSetSpec = &kindSpec{
 	admissions: []contract.Reason{contract.ReasonNotOwnedByWorkflow, contract.ReasonNamespaceNotWatched, contract.ReasonNoNewTask, contract.ReasonRepeatsAdmittedCreate,
 		contract.ReasonWorkflowNotTerminal, contract.ReasonPhaseNotDenied, contract.ReasonNotSeenCompleted, contract.ReasonUnverifiedFailOpen,
 		contract.ReasonUnconfirmedCompletion, contract.ReasonTasksOfNameHolder},
-	beforeRead: taskSetBeforeRead,
-	afterRead:  taskSetAfterRead,
+	beforeRead: (*guard).taskSetBeforeRead,
+	afterRead:  (*guard).taskSetAfterRead,
 	own: map[contract.Reason]reasonWords{
 		contract.ReasonTaskSetOwnerGone: {
 			message: func(f facts, d decision) string {

@@ -14,7 +14,7 @@ import (
 // entry, so that a flood of creates cannot keep a new one out.
 func TestTaskSetCreatesRemembersBoundedAndBriefly(t *testing.T) {
 	now := time.Unix(1000, 0)
-	c := newTaskSetCreates(func() time.Time { return now }, defaultTaskSetRepeatsFor)
+	c := newTaskSetCreates(func() time.Time { return now }, DefaultOptions().TaskSetRepeatsFor)
 	key := func(i int) types.NamespacedName {
 		return types.NamespacedName{Namespace: "argo", Name: fmt.Sprint("wf-", i)}
 	}
@@ -80,7 +80,7 @@ func TestTaskSetCreatesRemembersBoundedAndBriefly(t *testing.T) {
 // received; row T6 any admitted create, for createMemory. A refusal for the owner forgets it.
 func TestTaskSetCreatesRepeatsOnlyLiveAndBriefly(t *testing.T) {
 	now := time.Unix(1000, 0)
-	c := newTaskSetCreates(func() time.Time { return now }, defaultTaskSetRepeatsFor)
+	c := newTaskSetCreates(func() time.Time { return now }, DefaultOptions().TaskSetRepeatsFor)
 	key := types.NamespacedName{Namespace: "argo", Name: "wf"}
 	tasks := map[string][sha256.Size]byte{"t1": sha256.Sum256([]byte("template"))}
 
@@ -93,7 +93,7 @@ func TestTaskSetCreatesRepeatsOnlyLiveAndBriefly(t *testing.T) {
 	if !c.repeats(key, "uid-a", "argo", tasks) || c.repeats(key, "uid-b", "argo", tasks) {
 		t.Error("a create admitted after a live read: want repeats for its owner alone")
 	}
-	now = now.Add(defaultTaskSetRepeatsFor - 3*time.Second + time.Millisecond)
+	now = now.Add(DefaultOptions().TaskSetRepeatsFor - 3*time.Second + time.Millisecond)
 	if c.repeats(key, "uid-a", "argo", tasks) || !c.covers(key, "uid-a", "argo", tasks) {
 		t.Errorf("past the repeat window from its receipt: repeats %v (want false), covers %v (want true)", c.repeats(key, "uid-a", "argo", tasks), c.covers(key, "uid-a", "argo", tasks))
 	}

@@ -20,7 +20,7 @@ import (
 // with no read (checked before row 4, which every TaskSet write passes, and before T4). Not
 // remembered again, so that a TaskSet pending longer than --taskset-repeats-for is read again;
 // told apart afterwards if it came after the name's reuse (repeats).
-func taskSetBeforeRead(g *guard, _ context.Context, f facts, d decision) (decision, bool) {
+func (g *guard) taskSetBeforeRead(_ context.Context, f facts, d decision) (decision, bool) {
 	if !g.repeatsAdmittedCreate(f, d) {
 		return d, false
 	}
@@ -35,7 +35,7 @@ func taskSetBeforeRead(g *guard, _ context.Context, f facts, d decision) (decisi
 // rows T5 and T6: an update of a TaskSet whose owner is gone, refused by the shared rows, is
 // refused as the owner's being gone, perhaps by the workflow that reused its name (a live 404
 // stays row 8: no workflow holds the name to write), unless that workflow sent it.
-func taskSetAfterRead(g *guard, ctx context.Context, f facts, d decision) decision {
+func (g *guard) taskSetAfterRead(ctx context.Context, f facts, d decision) decision {
 	g.noteCreate(f, d)
 	if f.update && d.deny &&
 		(d.reason == contract.ReasonWorkflowReplaced || d.reason == contract.ReasonWorkflowDeleted && d.source == sourceStore) {

@@ -43,6 +43,19 @@ const (
 	KeyFile  = "tls.key"
 )
 
+// DefaultOptions are the defaults of self-managed certificates, the only place they are written
+// (the command line binds its flags into a copy of them): the Secret's name (its namespace is
+// the pod's), a serving certificate valid a year, renewed 90 days before it expires, checked
+// twice a day.
+func DefaultOptions() Options {
+	return Options{
+		Secret:             types.NamespacedName{Name: "exit-guard-webhook-tls"},
+		ServerCertDuration: 365 * 24 * time.Hour,
+		Lookahead:          90 * 24 * time.Hour,
+		CheckFrequency:     12 * time.Hour,
+	}
+}
+
 // Options configures self-managed certificates.
 type Options struct {
 	// Secret holds ca.crt, ca.key, tls.crt and tls.key.
@@ -57,11 +70,11 @@ type Options struct {
 	// the guard writes. Name only those that exist.
 	ValidatingWebhooks []string
 	MutatingWebhooks   []string
-	// ServerCertDuration is how long a serving certificate is valid (default one year).
+	// ServerCertDuration is how long a serving certificate is valid.
 	ServerCertDuration time.Duration
-	// Lookahead is how long before expiry a certificate is renewed (default 90 days).
+	// Lookahead is how long before expiry a certificate is renewed.
 	Lookahead time.Duration
-	// CheckFrequency is how often expiry is checked (default 12 hours).
+	// CheckFrequency is how often expiry is checked.
 	CheckFrequency time.Duration
 }
 

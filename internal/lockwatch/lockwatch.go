@@ -46,12 +46,18 @@ const (
 	CauseHeldByCompleted = "held-by-completed"
 )
 
+// DefaultOptions are the Watcher's defaults, the only place they are written (the command
+// line binds its flags into a copy of them; New fills unset fields from them).
+func DefaultOptions() Options {
+	return Options{Interval: time.Minute, StuckAfter: 5 * time.Minute}
+}
+
 // Options configure a Watcher.
 type Options struct {
-	// Interval between scans (default 1 minute).
+	// Interval between scans.
 	Interval time.Duration
 	// StuckAfter is how long a waiter must be stuck, with no waiter of its lock served, before
-	// it is reported (default 5 minutes).
+	// it is reported.
 	StuckAfter time.Duration
 	// Namespaces to scan; none: every namespace.
 	Namespaces []string
@@ -89,11 +95,12 @@ type waitKey struct {
 // New returns a Watcher that reads workflows through reader, a live client from NewReader (a
 // cache of metadata cannot see the waiters' status).
 func New(reader client.Reader, opts Options) (*Watcher, error) {
+	def := DefaultOptions()
 	if opts.Interval <= 0 {
-		opts.Interval = time.Minute
+		opts.Interval = def.Interval
 	}
 	if opts.StuckAfter <= 0 {
-		opts.StuckAfter = 5 * time.Minute
+		opts.StuckAfter = def.StuckAfter
 	}
 	if opts.Registerer == nil {
 		return nil, fmt.Errorf("lockwatch: a Registerer is required")
