@@ -21,7 +21,24 @@ import (
 // flags holds the command line, bound into the options of the guard's parts: each flag's
 // default is the field's value in defaultFlags, which takes the parts' DefaultOptions.
 type flags struct {
-	version          bool // print the version and exit
+	version bool // print the version and exit
+	serve   serving
+	zap     zap.Options
+
+	store completionstore.Options
+	guard webhook.Options
+	// locks: Interval 0 turns the lock scan off.
+	locks lockwatch.Options
+
+	cert  certSource
+	certs certs.Options
+
+	// set holds the flags given on the command line (flag.Visit), apart from their defaults.
+	set map[string]bool
+}
+
+// serving is how the process serves: its endpoints, its certificate files, its shutdown.
+type serving struct {
 	metricsAddr      string
 	metricsSecure    bool
 	metricsAudiences string
@@ -34,22 +51,14 @@ type flags struct {
 	enableHTTP2      bool
 	gracefulShutdown time.Duration
 	shutdownDelay    time.Duration
-	zap              zap.Options
 	restartOnFailure bool
 	clientCAFile     string
+}
 
-	store completionstore.Options
-	guard webhook.Options
-	// locks: Interval 0 turns the lock scan off.
-	locks lockwatch.Options
-
-	certMode         string
-	certs            certs.Options
-	validatingConfig string
-	mutatingConfig   string
-
-	// set holds the flags given on the command line (flag.Visit), apart from their defaults.
-	set map[string]bool
+// certSource is where the webhook certificate comes from, and, when the guard makes it, the
+// webhook configurations it writes the CA into.
+type certSource struct {
+	mode, validatingConfig, mutatingConfig string
 }
 
 // defaultFlags is the command line before any flag is parsed: the process's own defaults, and
@@ -58,24 +67,26 @@ func defaultFlags() *flags {
 	c := certs.DefaultOptions()
 	c.Secret.Namespace = os.Getenv("POD_NAMESPACE")
 	return &flags{
-		metricsAddr:     ":8080",
-		probeAddr:       ":8081",
-		pprofAddr:       "0",
-		webhookPort:     crwebhook.DefaultPort,
-		webhookCertName: certs.CertFile,
-		webhookKeyName:  certs.KeyFile,
-		// Below the chart's terminationGracePeriodSeconds (30 s), so that in-flight admission
-		// requests finish before the kubelet kills the container.
-		gracefulShutdown: 20 * time.Second,
-		// Endpoints and kube-proxy take a few seconds to drop a terminating pod; the chart's
-		// terminationGracePeriodSeconds covers this delay and the graceful shutdown after it.
-		shutdownDelay: 10 * time.Second,
-		zap:           zap.Options{TimeEncoder: zapcore.ISO8601TimeEncoder},
-		store:         completionstore.DefaultOptions(),
-		guard:         webhook.DefaultOptions(),
-		locks:         lockwatch.DefaultOptions(),
-		certMode:      "external",
-		certs:         c,
+		serve: serving{
+			metricsAddr:     ":8080",
+			probeAddr:       ":8081",
+			pprofAddr:       "0",
+			webhookPort:     crwebhook.DefaultPort,
+			webhookCertName: certs.CertFile,
+			webhookKeyName:  certs.KeyFile,
+			// Below the chart's terminationGracePeriodSeconds (30 s), so that in-flight admission
+			// requests finish before the kubelet kills the container.
+			gracefulShutdown: 20 * time.Second,
+			// Endpoints and kube-proxy take a few seconds to drop a terminating pod; the chart's
+			// terminationGracePeriodSeconds covers this delay and the graceful shutdown after it.
+			shutdownDelay: 10 * time.Second,
+		},
+		zap:   zap.Options{TimeEncoder: zapcore.ISO8601TimeEncoder},
+		store: completionstore.DefaultOptions(),
+		guard: webhook.DefaultOptions(),
+		locks: lockwatch.DefaultOptions(),
+		cert:  certSource{mode: "external"},
+		certs: c,
 	}
 }
 
@@ -107,14 +118,14 @@ func (f *flags) options() (options, error) {
 	if o.certs == nil {
 		for _, name := range selfCertFlags {
 			if f.set[name] {
-				errs = append(errs, fmt.Errorf("--%s is set, but it applies only with --cert-mode=self (the mode is %s)", name, f.certMode))
+				errs = append(errs, fmt.Errorf("--%s is set, but it applies only with --cert-mode=self (the mode is %s)", name, f.cert.mode))
 			}
 		}
 	} else {
 		// The rotator writes the certificate under cert-controller's names only.
 		for _, c := range []struct{ flag, value, want string }{
-			{"webhook-cert-name", f.webhookCertName, certs.CertFile},
-			{"webhook-cert-key", f.webhookKeyName, certs.KeyFile},
+			{"webhook-cert-name", f.serve.webhookCertName, certs.CertFile},
+			{"webhook-cert-key", f.serve.webhookKeyName, certs.KeyFile},
 		} {
 			if f.set[c.flag] && c.value != c.want {
 				errs = append(errs, fmt.Errorf("--%s=%s cannot be honoured with --cert-mode=self: the guard writes its certificate as %s", c.flag, c.value, c.want))
@@ -133,20 +144,20 @@ func (f *flags) options() (options, error) {
 // certOptions turns the command line into the options of self-managed certificates; nil when
 // the certificate comes from outside (cert-manager, the chart, a file).
 func (f *flags) certOptions() (*certs.Options, error) {
-	switch f.certMode {
+	switch f.cert.mode {
 	case "external":
 		return nil, nil
 	case "self":
 	default:
-		return nil, fmt.Errorf("unknown --cert-mode %q: want external or self", f.certMode)
+		return nil, fmt.Errorf("unknown --cert-mode %q: want external or self", f.cert.mode)
 	}
 	o := f.certs
-	o.CertDir = f.webhookCertPath
-	if f.validatingConfig != "" {
-		o.ValidatingWebhooks = []string{f.validatingConfig}
+	o.CertDir = f.serve.webhookCertPath
+	if f.cert.validatingConfig != "" {
+		o.ValidatingWebhooks = []string{f.cert.validatingConfig}
 	}
-	if f.mutatingConfig != "" {
-		o.MutatingWebhooks = []string{f.mutatingConfig}
+	if f.cert.mutatingConfig != "" {
+		o.MutatingWebhooks = []string{f.cert.mutatingConfig}
 	}
 	if o.CertDir == "" {
 		return nil, errors.New("--cert-mode=self needs --webhook-cert-path, where the certificate Secret is mounted")
@@ -196,80 +207,94 @@ func parseFlags(args []string) (*flags, error) {
 func newFlagSet() (*flags, *flag.FlagSet) {
 	f := defaultFlags()
 	fs := flag.NewFlagSet("exit-guard", flag.ContinueOnError)
-	fs.StringVar(&f.metricsAddr, "metrics-bind-address", f.metricsAddr,
+	fs.StringVar(&f.serve.metricsAddr, "metrics-bind-address", f.serve.metricsAddr,
 		"The address the Prometheus metrics endpoint binds to; 0 disables it.")
-	fs.BoolVar(&f.metricsSecure, "metrics-secure", f.metricsSecure,
+	fs.BoolVar(&f.serve.metricsSecure, "metrics-secure", f.serve.metricsSecure,
 		"Serve metrics over HTTPS, only to clients the API server authenticates (TokenReview) and authorizes (SubjectAccessReview: get on the /metrics URL).")
-	fs.StringVar(&f.metricsAudiences, "metrics-token-audiences", f.metricsAudiences,
+	fs.StringVar(&f.serve.metricsAudiences, "metrics-token-audiences", f.serve.metricsAudiences,
 		"With --metrics-secure, the audiences a scraper's token must be issued for, comma-separated (a projected ServiceAccount token with one of them); empty: the API server's own, which any token the API server accepts has.")
-	fs.StringVar(&f.probeAddr, "health-probe-bind-address", f.probeAddr, "The address the health probes bind to.")
-	fs.StringVar(&f.pprofAddr, "pprof-bind-address", f.pprofAddr,
+	fs.StringVar(&f.serve.probeAddr, "health-probe-bind-address", f.serve.probeAddr,
+		"The address the health probes bind to.")
+	fs.StringVar(&f.serve.pprofAddr, "pprof-bind-address", f.serve.pprofAddr,
 		"The address Go's profiling endpoints (/debug/pprof/) bind to; 0 disables them. Keep it on 127.0.0.1 and reach it with kubectl port-forward.")
-	fs.IntVar(&f.webhookPort, "webhook-port", f.webhookPort, "The port the admission webhook serves on.")
-	fs.StringVar(&f.webhookCertPath, "webhook-cert-path", f.webhookCertPath,
+	fs.IntVar(&f.serve.webhookPort, "webhook-port", f.serve.webhookPort,
+		"The port the admission webhook serves on.")
+	fs.StringVar(&f.serve.webhookCertPath, "webhook-cert-path", f.serve.webhookCertPath,
 		"The folder holding the webhook serving certificate; empty means controller-runtime's default.")
-	fs.StringVar(&f.webhookCertName, "webhook-cert-name", f.webhookCertName, "The serving certificate's file name (with --cert-mode=external).")
-	fs.StringVar(&f.webhookKeyName, "webhook-cert-key", f.webhookKeyName, "The serving key's file name (with --cert-mode=external).")
-	fs.BoolVar(&f.enableHTTP2, "enable-http2", f.enableHTTP2,
+	fs.StringVar(&f.serve.webhookCertName, "webhook-cert-name", f.serve.webhookCertName,
+		"The serving certificate's file name (with --cert-mode=external).")
+	fs.StringVar(&f.serve.webhookKeyName, "webhook-cert-key", f.serve.webhookKeyName,
+		"The serving key's file name (with --cert-mode=external).")
+	fs.BoolVar(&f.serve.enableHTTP2, "enable-http2", f.serve.enableHTTP2,
 		"Serve the webhook and metrics over HTTP/2 as well as HTTP/1.1 (off by default, see main.go).")
-	fs.DurationVar(&f.gracefulShutdown, "graceful-shutdown-timeout", f.gracefulShutdown,
+	fs.DurationVar(&f.serve.gracefulShutdown, "graceful-shutdown-timeout", f.serve.gracefulShutdown,
 		"How long to wait for in-flight requests and runnables on shutdown.")
-	fs.DurationVar(&f.shutdownDelay, "shutdown-delay", f.shutdownDelay,
+	fs.DurationVar(&f.serve.shutdownDelay, "shutdown-delay", f.serve.shutdownDelay,
 		"How long to keep answering admissions after SIGTERM (unready, closing kept-alive connections) before stopping, so that the Service stops routing to this pod first.")
-	g := &f.guard
-	fs.Var(&g.Mode, "mode",
+	fs.Var(&f.guard.Mode, "mode",
 		"What to do with a pod the guard would refuse: enforce (deny), warn (admit with a warning, an Event and a mark) or dry-run (admit, log, count and mark).")
-	fs.Var(&g.DenyPhases, "deny-phases",
+	fs.Var(&f.guard.DenyPhases, "deny-phases",
 		"Comma-separated terminal phases whose exit handlers are refused; add Failed,Error to stop duplicate failure notices.")
-	fs.BoolVar(&g.Hooks, "cover-hooks", g.Hooks, "Also refuse pods of lifecycle hooks other than exit (.hooks. nodes) of completed workflows.")
-	fs.BoolVar(&g.Strict, "strict", g.Strict, "Refuse every pod a completed workflow owns, not only exit handlers.")
-	fs.BoolVar(&g.StoreFirst, "store-first", g.StoreFirst,
-		"Admit exit-handler pods from the store without a live read when it holds no completion (lower latency; a lagging watch then lets stale pods through).")
-	fs.DurationVar(&g.LiveReadTimeout, "live-read-timeout", g.LiveReadTimeout,
-		"How long one attempt of the live read of a pod's workflow may take before another starts beside it.")
-	fs.DurationVar(&g.LiveReadBudget, "live-read-budget", g.LiveReadBudget,
-		"How long the live read may take in all, retries included; past it the store decides. Keep it at least a second below the webhook's timeoutSeconds.")
-	fs.DurationVar(&g.GetBesideListAfter, "live-read-get-after", g.GetBesideListAfter,
-		"How long the LIST of a live read may go unanswered before a GET of the workflow starts beside it (the first answer wins; negative: never).")
-	fs.DurationVar(&g.TaskSetRepeatsFor, "taskset-repeats-for", g.TaskSetRepeatsFor,
-		fmt.Sprintf("How long after a WorkflowTaskSet create admitted on a live read the same create (Argo's next pass, which fails with AlreadyExists) is admitted without a read, while the store holds the workflow running; at most %s; 0: this default; negative: every create is read.", webhook.MaxTaskSetRepeatsFor))
-	fs.DurationVar(&g.EventReadTimeout, "event-read-timeout", g.EventReadTimeout,
-		"For an Event that says a workflow failed: how long one attempt of the live read of its workflow may take before another starts beside it.")
-	fs.DurationVar(&g.EventReadBudget, "event-read-budget", g.EventReadBudget,
-		"For an Event that says a workflow failed: how long the live read may take in all; past it the store decides. Short: Argo sends a namespace's Events one at a time. Keep it at least a second below the Event webhook's timeoutSeconds.")
-	fs.Var(&g.StoreFallback, "store-fallback",
+	fs.Var(&f.guard.StoreFallback, "store-fallback",
 		"What the store alone may refuse when no live read answers within the budget: requeue (workflows seen deleted; for workflows seen completed, the pods Argo's controller sends again on its next pass, and the rest as fresh), fresh (workflows seen deleted; workflows seen completed while the store's newest write is younger than --store-fresh-for), tombstone (only workflows seen deleted) or completion (workflows seen deleted or completed, whatever is refused: a refused agent pod fails a retried workflow on Argo 3.4 and 3.5).")
-	fs.DurationVar(&g.StoreFreshFor, "store-fresh-for", g.StoreFreshFor,
+	fs.BoolVar(&f.guard.Hooks, "cover-hooks", f.guard.Hooks,
+		"Also refuse pods of lifecycle hooks other than exit (.hooks. nodes) of completed workflows.")
+	fs.BoolVar(&f.guard.Strict, "strict", f.guard.Strict,
+		"Refuse every pod a completed workflow owns, not only exit handlers.")
+	fs.BoolVar(&f.guard.StoreFirst, "store-first", f.guard.StoreFirst,
+		"Admit exit-handler pods from the store without a live read when it holds no completion (lower latency; a lagging watch then lets stale pods through).")
+	fs.DurationVar(&f.guard.LiveReadTimeout, "live-read-timeout", f.guard.LiveReadTimeout,
+		"How long one attempt of the live read of a pod's workflow may take before another starts beside it.")
+	fs.DurationVar(&f.guard.LiveReadBudget, "live-read-budget", f.guard.LiveReadBudget,
+		"How long the live read may take in all, retries included; past it the store decides. Keep it at least a second below the webhook's timeoutSeconds.")
+	fs.DurationVar(&f.guard.GetBesideListAfter, "live-read-get-after", f.guard.GetBesideListAfter,
+		"How long the LIST of a live read may go unanswered before a GET of the workflow starts beside it (the first answer wins; negative: never).")
+	fs.DurationVar(&f.guard.TaskSetRepeatsFor, "taskset-repeats-for", f.guard.TaskSetRepeatsFor,
+		fmt.Sprintf("How long after a WorkflowTaskSet create admitted on a live read the same create (Argo's next pass, which fails with AlreadyExists) is admitted without a read, while the store holds the workflow running; at most %s; 0: this default; negative: every create is read.", webhook.MaxTaskSetRepeatsFor))
+	fs.DurationVar(&f.guard.EventReadTimeout, "event-read-timeout", f.guard.EventReadTimeout,
+		"For an Event that says a workflow failed: how long one attempt of the live read of its workflow may take before another starts beside it.")
+	fs.DurationVar(&f.guard.EventReadBudget, "event-read-budget", f.guard.EventReadBudget,
+		"For an Event that says a workflow failed: how long the live read may take in all; past it the store decides. Short: Argo sends a namespace's Events one at a time. Keep it at least a second below the Event webhook's timeoutSeconds.")
+	fs.DurationVar(&f.guard.StoreFreshFor, "store-fresh-for", f.guard.StoreFreshFor,
 		"With --store-fallback=fresh (and requeue, for what Argo does not send again: TaskSet writes of the exit handler's task, Events): how young the newest workflow write the store received (by its managed fields' time) must be for the store's completion to refuse when no live read answers. Longer stops more stale writes while the API server hangs, and refuses more retried workflows whose retry the watch has not delivered.")
-	fs.Var((*listFlag)(&g.Namespaces), "namespaces", "Comma-separated namespaces to watch and guard; empty means all.")
-	fs.IntVar(&g.MaxConcurrentDecisions, "max-concurrent-decisions", g.MaxConcurrentDecisions,
+	fs.IntVar(&f.guard.MaxConcurrentDecisions, "max-concurrent-decisions", f.guard.MaxConcurrentDecisions,
 		"How many admissions may be decided at once; one past it reads nothing live and the store decides (counted as a live-read failure of kind shed).")
-	fs.StringVar(&g.ExpectedRequester, "expected-requester", g.ExpectedRequester,
+	fs.StringVar(&f.guard.ExpectedRequester, "expected-requester", f.guard.ExpectedRequester,
 		"The user that sends what the guard judges (Argo's workflow controller: system:serviceaccount:<namespace>:<name>). Refusals for anyone else are counted apart (exit_guard_unexpected_requester_decisions_total) and their Events are Normal; empty: no check. Without --webhook-client-ca-file a client that reaches the port can name any user.")
-	fs.StringVar(&f.clientCAFile, "webhook-client-ca-file", f.clientCAFile,
+	fs.StringVar(&f.serve.clientCAFile, "webhook-client-ca-file", f.serve.clientCAFile,
 		"A PEM file of the CA that signs the API server's client certificate for admission webhooks: when set, the webhook answers only clients that present a certificate it signed (for client authentication), reading the file again when it changes.")
-	fs.DurationVar(&f.store.TTL, "completion-ttl", f.store.TTL, "How long the store remembers a workflow after its last change.")
-	fs.DurationVar(&f.store.SweepInterval, "sweep-interval", f.store.SweepInterval, "How often expired records are removed from the store.")
+	fs.DurationVar(&f.store.TTL, "completion-ttl", f.store.TTL,
+		"How long the store remembers a workflow after its last change.")
+	fs.DurationVar(&f.store.SweepInterval, "sweep-interval", f.store.SweepInterval,
+		"How often expired records are removed from the store.")
 	fs.DurationVar(&f.locks.Interval, "lock-check-interval", f.locks.Interval,
 		"How often to look for workflows waiting on a synchronization lock that Argo's controller keeps for a completed workflow (exit_guard_sync_stuck_workflows; one LIST of the Pending workflows each time); 0 turns it off.")
 	fs.DurationVar(&f.locks.StuckAfter, "lock-stuck-after", f.locks.StuckAfter,
 		"How long such a waiter must be stuck, with no waiter of its lock served, before it is reported.")
-	fs.BoolVar(&f.restartOnFailure, "restart-on-failure", f.restartOnFailure,
+	fs.BoolVar(&f.serve.restartOnFailure, "restart-on-failure", f.serve.restartOnFailure,
 		"When the guard fails (the API server, its certificate, a port), restart it in the process after a backoff instead of exiting; for the sidecar in Argo's controller pod, where a container that exits makes the pod NotReady.")
-	fs.StringVar(&f.certMode, "cert-mode", f.certMode,
+	fs.StringVar(&f.cert.mode, "cert-mode", f.cert.mode,
 		"Where the webhook certificate comes from: external (files in --webhook-cert-path, e.g. from cert-manager or the chart) or self (the guard creates and rotates it).")
-	c := &f.certs
-	fs.StringVar(&c.Secret.Name, "cert-secret", c.Secret.Name, "With --cert-mode=self: the Secret that holds the CA and serving certificate.")
-	fs.StringVar(&c.Secret.Namespace, "cert-namespace", c.Secret.Namespace, "With --cert-mode=self: the namespace of that Secret (default $POD_NAMESPACE).")
-	fs.StringVar(&c.DNSName, "cert-dns-name", c.DNSName, "With --cert-mode=self: the webhook Service's DNS name, <service>.<namespace>.svc.")
-	fs.Var((*listFlag)(&c.ExtraDNSNames), "cert-extra-dns-names", "With --cert-mode=self: comma-separated further DNS names of the serving certificate.")
-	fs.StringVar(&f.validatingConfig, "validating-webhook-configuration", f.validatingConfig,
+	fs.StringVar(&f.certs.Secret.Name, "cert-secret", f.certs.Secret.Name,
+		"With --cert-mode=self: the Secret that holds the CA and serving certificate.")
+	fs.StringVar(&f.certs.Secret.Namespace, "cert-namespace", f.certs.Secret.Namespace,
+		"With --cert-mode=self: the namespace of that Secret (default $POD_NAMESPACE).")
+	fs.StringVar(&f.certs.DNSName, "cert-dns-name", f.certs.DNSName,
+		"With --cert-mode=self: the webhook Service's DNS name, <service>.<namespace>.svc.")
+	fs.Var((*listFlag)(&f.certs.ExtraDNSNames), "cert-extra-dns-names",
+		"With --cert-mode=self: comma-separated further DNS names of the serving certificate.")
+	fs.Var((*listFlag)(&f.guard.Namespaces), "namespaces",
+		"Comma-separated namespaces to watch and guard; empty means all.")
+	fs.StringVar(&f.cert.validatingConfig, "validating-webhook-configuration", f.cert.validatingConfig,
 		"With --cert-mode=self: the ValidatingWebhookConfiguration to write the CA into.")
-	fs.StringVar(&f.mutatingConfig, "mutating-webhook-configuration", f.mutatingConfig,
+	fs.StringVar(&f.cert.mutatingConfig, "mutating-webhook-configuration", f.cert.mutatingConfig,
 		"With --cert-mode=self: the MutatingWebhookConfiguration to write the CA into.")
-	fs.DurationVar(&c.ServerCertDuration, "server-cert-duration", c.ServerCertDuration, "With --cert-mode=self: how long a serving certificate is valid.")
-	fs.DurationVar(&c.Lookahead, "cert-lookahead", c.Lookahead, "With --cert-mode=self: how long before expiry certificates are renewed.")
-	fs.DurationVar(&c.CheckFrequency, "cert-check-frequency", c.CheckFrequency, "With --cert-mode=self: how often expiry is checked.")
+	fs.DurationVar(&f.certs.ServerCertDuration, "server-cert-duration", f.certs.ServerCertDuration,
+		"With --cert-mode=self: how long a serving certificate is valid.")
+	fs.DurationVar(&f.certs.Lookahead, "cert-lookahead", f.certs.Lookahead,
+		"With --cert-mode=self: how long before expiry certificates are renewed.")
+	fs.DurationVar(&f.certs.CheckFrequency, "cert-check-frequency", f.certs.CheckFrequency,
+		"With --cert-mode=self: how often expiry is checked.")
 	f.zap.BindFlags(fs)
 	fs.BoolVar(&f.version, "version", false, "Print the version, commit and build date, and exit.")
 	fs.Usage = func() {

@@ -57,7 +57,7 @@ func main() {
 		os.Exit(2)
 	}
 	ctx := ctrl.SetupSignalHandler()
-	drainer, err := shutdown.New(f.shutdownDelay, ctrl.Log.WithName("shutdown"))
+	drainer, err := shutdown.New(f.serve.shutdownDelay, ctrl.Log.WithName("shutdown"))
 	if err != nil {
 		setupLog.Error(err, "invalid flags")
 		os.Exit(2)
@@ -68,7 +68,7 @@ func main() {
 	// The probes outlive each run of the guard, so that a restart in the process does not fail
 	// the liveness probe; readiness is the current run's.
 	probes := newProbes()
-	if err := probes.serve(f.probeAddr, setupLog); err != nil {
+	if err := probes.serve(f.serve.probeAddr, setupLog); err != nil {
 		setupLog.Error(err, "unable to serve the health probes")
 		os.Exit(1)
 	}
@@ -76,7 +76,7 @@ func main() {
 		setupLog.Error(err, "unable to register the metrics")
 		os.Exit(1)
 	}
-	os.Exit(supervise(ctx, f.restartOnFailure, setupLog, func() error {
+	os.Exit(supervise(ctx, f.serve.restartOnFailure, setupLog, func() error {
 		defer probes.set(nil)
 		return run(runCtx, f, opts, drainer, probes)
 	}))
@@ -97,7 +97,7 @@ func run(ctx context.Context, f *flags, opts options, drainer *shutdown.Drainer,
 
 	// TLS 1.2 at least, on the webhook and the metrics endpoint, whatever Go's default.
 	tlsOpts := []func(*tls.Config){func(c *tls.Config) { c.MinVersion = tls.VersionTLS12 }}
-	if !f.enableHTTP2 {
+	if !f.serve.enableHTTP2 {
 		// HTTP/2 stays off unless asked for: the HTTP/2 Stream Cancellation and Rapid Reset
 		// CVEs (GHSA-qppj-fm5r-hxr3, GHSA-4374-p667-p6c8) let a client exhaust the server.
 		tlsOpts = append(tlsOpts, func(c *tls.Config) { c.NextProtos = []string{"http/1.1"} })
@@ -108,20 +108,20 @@ func run(ctx context.Context, f *flags, opts options, drainer *shutdown.Drainer,
 		return err
 	}
 	var clients *clientauth.Verifier
-	if f.clientCAFile != "" {
+	if f.serve.clientCAFile != "" {
 		// Not controller-runtime's ClientCAName: it reads the CA once, from the certificate
 		// folder, where in self mode ca.crt is the guard's own CA.
-		clients, err = clientauth.New(f.clientCAFile, clientMetrics, ctrl.Log.WithName("clientauth"))
+		clients, err = clientauth.New(f.serve.clientCAFile, clientMetrics, ctrl.Log.WithName("clientauth"))
 		if err != nil {
 			return err
 		}
 		webhookTLS = append(webhookTLS, clients.Configure)
 	}
 	webhookServer := crwebhook.NewServer(crwebhook.Options{
-		Port:     f.webhookPort,
-		CertDir:  f.webhookCertPath,
-		CertName: f.webhookCertName,
-		KeyName:  f.webhookKeyName,
+		Port:     f.serve.webhookPort,
+		CertDir:  f.serve.webhookCertPath,
+		CertName: f.serve.webhookCertName,
+		KeyName:  f.serve.webhookKeyName,
 		TLSOpts:  webhookTLS,
 	})
 	// The webhook serves once its certificate exists: a self-managed one is written by the
@@ -131,27 +131,27 @@ func run(ctx context.Context, f *flags, opts options, drainer *shutdown.Drainer,
 	webhookServer = certs.WaitFor(webhookServer, certsReady)
 	webhookServer = drainer.Server(webhookServer)
 
-	certDir := f.webhookCertPath
+	certDir := f.serve.webhookCertPath
 	if certDir == "" { // controller-runtime's default
 		certDir = filepath.Join(os.TempDir(), "k8s-webhook-server", "serving-certs")
 	}
-	metricsOpts := metricsserver.Options{BindAddress: f.metricsAddr, TLSOpts: tlsOpts}
-	if f.metricsSecure {
+	metricsOpts := metricsserver.Options{BindAddress: f.serve.metricsAddr, TLSOpts: tlsOpts}
+	if f.serve.metricsSecure {
 		metricsOpts.SecureServing = true
-		metricsOpts.FilterProvider = metricsauth.FilterProvider(splitList(f.metricsAudiences))
+		metricsOpts.FilterProvider = metricsauth.FilterProvider(splitList(f.serve.metricsAudiences))
 		// The webhook's certificate, whose CA the chart knows, rather than a self-signed one
 		// of controller-runtime's: the ServiceMonitor verifies it.
-		serving := certs.FileCertificate(filepath.Join(certDir, f.webhookCertName), filepath.Join(certDir, f.webhookKeyName))
+		serving := certs.FileCertificate(filepath.Join(certDir, f.serve.webhookCertName), filepath.Join(certDir, f.serve.webhookKeyName))
 		metricsOpts.TLSOpts = append(append([]func(*tls.Config){}, tlsOpts...), func(c *tls.Config) { c.GetCertificate = serving })
 	}
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:                  scheme,
 		Metrics:                 metricsOpts,
 		HealthProbeBindAddress:  "0", // served by probes, across runs
-		PprofBindAddress:        f.pprofAddr,
+		PprofBindAddress:        f.serve.pprofAddr,
 		WebhookServer:           webhookServer,
 		Cache:                   cache.Options{ByObject: map[client.Object]cache.ByObject{wfObj: wfCache}},
-		GracefulShutdownTimeout: &f.gracefulShutdown,
+		GracefulShutdownTimeout: &f.serve.gracefulShutdown,
 	})
 	if err != nil {
 		return fmt.Errorf("creating the manager: %w", err)
@@ -166,7 +166,7 @@ func run(ctx context.Context, f *flags, opts options, drainer *shutdown.Drainer,
 		checks["certificate"] = certsChecker
 	} else {
 		go certs.WaitForFiles(ctx, certsReady, ctrl.Log.WithName("setup"),
-			filepath.Join(certDir, f.webhookCertName), filepath.Join(certDir, f.webhookKeyName))
+			filepath.Join(certDir, f.serve.webhookCertName), filepath.Join(certDir, f.serve.webhookKeyName))
 	}
 
 	store, err := completionstore.New(storeOpts)
@@ -200,7 +200,7 @@ func run(ctx context.Context, f *flags, opts options, drainer *shutdown.Drainer,
 	// every workflow of the initial list: before that it cannot tell completed from running.
 	checks["webhook"] = mgr.GetWebhookServer().StartedChecker()
 	if clients != nil {
-		checks["webhook"] = clients.Checker(f.webhookPort)
+		checks["webhook"] = clients.Checker(f.serve.webhookPort)
 	}
 	checks["workflows-synced"] = synced
 	checks["not-shutting-down"] = drainer.Ready()

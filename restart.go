@@ -79,10 +79,8 @@ func (r restart) exec() error {
 func supervise(ctx context.Context, restartOnFailure bool, log logr.Logger, run func() error) int {
 	started := time.Now()
 	state := restartFromEnv()
-	restarts := prometheus.NewCounter(prometheus.CounterOpts{
-		Name: "exit_guard_restarts_total",
-		Help: "How many times the guard restarted in its process after a failure (--restart-on-failure).",
-	})
+	restarts := prometheus.NewCounter(prometheus.CounterOpts{Name: "exit_guard_restarts_total",
+		Help: "How many times the guard restarted in its process after a failure (--restart-on-failure)."})
 	if err := metrics.Registry.Register(restarts); err != nil {
 		log.Error(err, "unable to register the metrics")
 		return 1

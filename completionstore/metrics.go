@@ -35,14 +35,10 @@ func newStoreMetrics(s *Store) *storeMetrics {
 		records: prometheus.NewDesc("exit_guard_store_records",
 			"Workflow records held by the completion store, by state (terminal, deleted, active).",
 			[]string{"state"}, nil),
-		observations: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "exit_guard_store_observations_total",
-			Help: "Workflow states offered to the completion store, by result (applied, stale, invalid).",
-		}, []string{"result"}),
-		completions: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "exit_guard_workflow_completions_total",
-			Help: "Workflows the watch saw go from a phase that is not terminal to one that is: the moments their exit handlers run. Compared with the admissions the guard receives, it shows a guard that is never called.",
-		}),
+		observations: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "exit_guard_store_observations_total",
+			Help: "Workflow states offered to the completion store, by result (applied, stale, invalid)."}, []string{"result"}),
+		completions: prometheus.NewCounter(prometheus.CounterOpts{Name: "exit_guard_workflow_completions_total",
+			Help: "Workflows the watch saw go from a phase that is not terminal to one that is: the moments their exit handlers run. Compared with the admissions the guard receives, it shows a guard that is never called."}),
 		watchRV: prometheus.NewDesc("exit_guard_watch_resource_version",
 			"The newest resourceVersion the Workflow watch has reached (events and bookmarks), as a number.", nil, nil),
 		watchProgress: prometheus.NewDesc("exit_guard_watch_last_progress_timestamp_seconds",

@@ -439,14 +439,20 @@ func (s *Store) expired(r Record, now time.Time) bool {
 
 // Start runs the sweeper until ctx is done. It makes Store a manager.Runnable.
 func (s *Store) Start(ctx context.Context) error {
-	t := s.clock.NewTicker(s.sweepInterval)
+	every(ctx, s.clock, s.sweepInterval, func() { s.Sweep() })
+	return nil
+}
+
+// every runs f every interval of clk until ctx is done.
+func every(ctx context.Context, clk clock.WithTicker, interval time.Duration, f func()) {
+	t := clk.NewTicker(interval)
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
-			return nil
+			return
 		case <-t.C():
-			s.Sweep()
+			f()
 		}
 	}
 }

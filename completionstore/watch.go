@@ -227,16 +227,8 @@ type progressPoller struct {
 
 // Start polls until ctx is done.
 func (p *progressPoller) Start(ctx context.Context) error {
-	t := p.store.clock.NewTicker(p.interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C():
-			p.store.Progress(p.informer.LastSyncResourceVersion())
-		}
-	}
+	every(ctx, p.store.clock, p.interval, func() { p.store.Progress(p.informer.LastSyncResourceVersion()) })
+	return nil
 }
 
 // NeedLeaderElection is false: every replica watches for itself.

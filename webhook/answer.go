@@ -5,9 +5,11 @@ import (
 	"fmt"
 	"net/http"
 
-	"github.com/exit-guard/exit-guard/contract"
+	"gomodules.xyz/jsonpatch/v2"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+
+	"github.com/exit-guard/exit-guard/contract"
 )
 
 // Verdicts: a decision with the mode applied, as in metrics and audit annotations.
@@ -53,7 +55,10 @@ func (h *handler) answer(ctx context.Context, f facts, d decision, verdict strin
 	default:
 		msg := denialMessage(f, d)
 		r = admission.Allowed(string(d.reason))
-		patch := f.object.mark(msg)
+		var patch []jsonpatch.Operation
+		if m, ok := f.object.(marker); ok {
+			patch = m.mark(msg)
+		}
 		if h.mutating {
 			r.Patches = patch
 		}

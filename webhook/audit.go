@@ -5,6 +5,7 @@ import (
 	"errors"
 	"unicode/utf8"
 
+	admissionv1 "k8s.io/api/admission/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
@@ -103,7 +104,16 @@ func (g *guard) audit(ctx context.Context, req request, f facts, d decision, ver
 		TypeMeta:   metav1.TypeMeta{APIVersion: argo.GroupVersion.String(), Kind: argo.Kind},
 		ObjectMeta: metav1.ObjectMeta{Namespace: d.wfNamespace, Name: d.wfName, UID: d.wfUID},
 	}
-	g.recorder.Eventf(regarding, nil, eventType, reason, f.object.eventAction(req.operation), note, args...)
+	g.recorder.Eventf(regarding, nil, eventType, reason, eventAction(req.operation, spec.kind), note, args...)
+}
+
+// eventAction is the action of the guard's Event about an object of kind, which the request
+// creates or updates: "CreatePod", "UpdateWorkflowTaskSet".
+func eventAction(op admissionv1.Operation, kind objectKind) string {
+	if op == admissionv1.Update {
+		return "Update" + string(kind)
+	}
+	return "Create" + string(kind)
 }
 
 // phaseOrGone is the workflow's state in the note of the guard's Event.

@@ -8,12 +8,13 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/exit-guard/exit-guard/contract"
 	admissionv1 "k8s.io/api/admission/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+
+	"github.com/exit-guard/exit-guard/contract"
 )
 
 // reviewBody is req in an AdmissionReview, as the API server sends it.

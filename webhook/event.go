@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net/http"
 
-	"gomodules.xyz/jsonpatch/v2"
 	admissionv1 "k8s.io/api/admission/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -116,12 +115,7 @@ var _ object = (*eventObject)(nil)
 // what happened.
 var eventSpec = &kindSpec{
 	kind: kindEvent, noun: "Event", retried: "report it as failed",
-	logs: logMessages{
-		refused:     "stale workflow failure Event refused",
-		unverified:  "failure Event admitted unverified: the live read failed and the store knows nothing of its workflow",
-		unconfirmed: "failure Event admitted unverified: the live read failed and only the store says its workflow succeeded",
-		admitted:    "Event admitted",
-	},
+	logs:      logsOf("failure Event", "Event", "succeeded"),
 	eventType: corev1.EventTypeNormal, eventDenied: contract.EventReasonFailureEventDenied, eventWarned: contract.EventReasonFailureEventWarned,
 	rowNotOwned: "E1", rowNotWatched: "E2", rowIdle: "E3", idleReason: contract.ReasonNotAFailureClaim,
 	refusals: []contract.Reason{contract.ReasonWorkflowSucceeded},
@@ -142,18 +136,8 @@ func (e *eventObject) requeuedWhenRefused() bool { return false }
 // comesAfterReRunNodes: a retried workflow says it failed only after its re-run nodes are done.
 func (e *eventObject) comesAfterReRunNodes() bool { return true }
 
-// mark: there is nothing to mark on an Event.
-func (e *eventObject) mark(string) []jsonpatch.Operation { return nil }
-
 func (e *eventObject) refused() string {
 	return fmt.Sprintf("the %s %s Event %s/%s (recorded by %s at the workflow's resourceVersion %s)", e.eventType, e.reason, e.namespace, e.name, e.component, e.rv)
-}
-
-func (e *eventObject) eventAction(op admissionv1.Operation) string {
-	if op == admissionv1.Create {
-		return "CreateEvent"
-	}
-	return "UpdateEvent"
 }
 
 func (e *eventObject) eventRefused() string {

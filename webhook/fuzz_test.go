@@ -114,11 +114,17 @@ func fuzzGuard(t testing.TB, opts Options) *guard {
 
 // reviewOf wraps a raw object in an AdmissionReview of a pod operation.
 func reviewOf(op admissionv1.Operation, object []byte) []byte {
+	return coreReviewOf("f-1", "Pod", "pods", op, object)
+}
+
+// coreReviewOf wraps a raw object in an AdmissionReview (uid) of an operation on a core/v1
+// kind, whose resource is resource.
+func coreReviewOf(uid, kind, resource string, op admissionv1.Operation, object []byte) []byte {
 	b, _ := json.Marshal(map[string]any{
 		"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
 		"request": map[string]any{
-			"uid": "f-1", "kind": map[string]string{"version": "v1", "kind": "Pod"},
-			"resource":  map[string]string{"version": "v1", "resource": "pods"},
+			"uid": uid, "kind": map[string]string{"version": "v1", "kind": kind},
+			"resource":  map[string]string{"version": "v1", "resource": resource},
 			"namespace": "ns", "operation": op, "object": json.RawMessage(object),
 			"userInfo": map[string]any{"username": "system:serviceaccount:argo:argo"},
 		},
@@ -144,16 +150,7 @@ func taskSetReviewOf(op admissionv1.Operation, object, old []byte) []byte {
 
 // eventReviewOf wraps a raw object in an AdmissionReview of a core/v1 Event operation.
 func eventReviewOf(op admissionv1.Operation, object []byte) []byte {
-	b, _ := json.Marshal(map[string]any{
-		"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
-		"request": map[string]any{
-			"uid": "f-3", "kind": map[string]string{"version": "v1", "kind": "Event"},
-			"resource":  map[string]string{"version": "v1", "resource": "events"},
-			"namespace": "ns", "operation": op, "object": json.RawMessage(object),
-			"userInfo": map[string]any{"username": "system:serviceaccount:argo:argo"},
-		},
-	})
-	return b
+	return coreReviewOf("f-3", "Event", "events", op, object)
 }
 
 // checkAnswer says what is wrong with the guard's HTTP answer to body, if anything.

@@ -19,16 +19,15 @@ import (
 
 	admissionv1 "k8s.io/api/admission/v1"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
-	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/util/rand"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/exit-guard/exit-guard/completionstore"
 	"github.com/exit-guard/exit-guard/internal/argo"
 	"github.com/exit-guard/exit-guard/test/support/fixture"
+	"github.com/exit-guard/exit-guard/test/support/testenv"
 )
 
 // post sends body to the guard's path over TLS, trusting the test CA.
@@ -204,16 +203,14 @@ func TestHandlerFailuresReachTheAPIServerAsHTTPErrors(t *testing.T) {
 	h := startGuard(t, Options{}, harnessOptions{noWatch: true, reader: faultyReader(t, bug, bug)})
 	// A namespace the test webhooks (failurePolicy Fail) do not see; one webhook that fails
 	// open is registered for it alone.
-	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "t-" + rand.String(8), Labels: map[string]string{"exit-guard-fail-open": "true"}}}
-	if err := env.Client.Create(t.Context(), ns); err != nil {
-		t.Fatal(err)
-	}
-	wf := createWorkflow(t, ns.Name, "done", argo.PhaseSucceeded)
+	failOpen := map[string]string{"exit-guard-fail-open": "true"}
+	ns := testenv.Namespace(t, env.Client, "t-", failOpen)
+	wf := createWorkflow(t, ns, "done", argo.PhaseSucceeded)
 
 	raw, _ := json.Marshal(fixture.ExitPod(wf))
 	code, rev, body := post(t, ValidatePath, "application/json", reviewBody(admissionv1.AdmissionRequest{
 		UID: "panic-1", Resource: metav1.GroupVersionResource{Version: "v1", Resource: "pods"}, Operation: admissionv1.Create,
-		Namespace: ns.Name, Object: runtime.RawExtension{Raw: raw}}))
+		Namespace: ns, Object: runtime.RawExtension{Raw: raw}}))
 	if code != http.StatusInternalServerError {
 		t.Errorf("HTTP status %d for a handler that panicked, want 500: %s", code, body)
 	}
@@ -228,12 +225,12 @@ func TestHandlerFailuresReachTheAPIServerAsHTTPErrors(t *testing.T) {
 	none := admissionregistrationv1.SideEffectClassNone
 	url := fmt.Sprintf("https://%s:%d%s", env.WebhookHost, env.WebhookPort, ValidatePath)
 	vwc := &admissionregistrationv1.ValidatingWebhookConfiguration{
-		ObjectMeta: metav1.ObjectMeta{Name: "exit-guard-fail-open-" + ns.Name},
+		ObjectMeta: metav1.ObjectMeta{Name: "exit-guard-fail-open-" + ns},
 		Webhooks: []admissionregistrationv1.ValidatingWebhook{{
 			Name:                    "validate.exit-guard.io",
 			ClientConfig:            admissionregistrationv1.WebhookClientConfig{URL: &url, CABundle: env.WebhookCAData},
 			Rules:                   []admissionregistrationv1.RuleWithOperations{{Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Create}, Rule: admissionregistrationv1.Rule{APIGroups: []string{""}, APIVersions: []string{"v1"}, Resources: []string{"pods"}}}},
-			NamespaceSelector:       &metav1.LabelSelector{MatchLabels: ns.Labels},
+			NamespaceSelector:       &metav1.LabelSelector{MatchLabels: failOpen},
 			ObjectSelector:          &metav1.LabelSelector{MatchLabels: map[string]string{argo.LabelWorkflow: wf.GetName()}},
 			FailurePolicy:           &ignore,
 			SideEffects:             &none,

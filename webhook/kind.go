@@ -3,9 +3,9 @@ package webhook
 import (
 	"context"
 
-	"github.com/exit-guard/exit-guard/contract"
 	"gomodules.xyz/jsonpatch/v2"
-	admissionv1 "k8s.io/api/admission/v1"
+
+	"github.com/exit-guard/exit-guard/contract"
 )
 
 // object is the object of a request as the reader of its kind saw it: what the answer and the
@@ -17,23 +17,25 @@ type object interface {
 	spec() *kindSpec
 	// refused names it in a refusal: "exit-handler pod p for node n".
 	refused() string
-	// eventAction is the action of the guard's Event about it: "CreatePod".
-	eventAction(op admissionv1.Operation) string
 	// eventRefused begins the note of that Event: "exit-handler pod p (node n) refused".
 	eventRefused() string
 	// logValues are its keys and values in the guard's log lines.
 	logValues() []any
 	// annotate adds its own audit annotations.
 	annotate(a map[string]string)
-	// mark is the patch that marks it as suspect in warn and dry-run mode, on the mutating
-	// path; nil for a kind that cannot be marked, which is admitted with a warning instead.
-	mark(msg string) []jsonpatch.Operation
 	// requeuedWhenRefused says whether Argo's controller sends it again on its next pass when
 	// the guard refuses it (storeCompletionRefuses).
 	requeuedWhenRefused() bool
 	// comesAfterReRunNodes says whether a retried workflow sends it only after its re-run
 	// nodes are done (storeCompletionRefuses).
 	comesAfterReRunNodes() bool
+}
+
+// marker is an object that can be marked as suspect in warn and dry-run mode, on the mutating
+// path (a pod): mark is the patch. An object of a kind that cannot be marked is admitted with a
+// warning instead.
+type marker interface {
+	mark(msg string) []jsonpatch.Operation
 }
 
 // kindSpec is what is the same for every object of one kind: its words, its rows of
@@ -106,4 +108,16 @@ var kinds = []*kindSpec{podSpec, taskSetSpec, eventSpec}
 // logMessages are the messages of the guard's log lines about one kind of object.
 type logMessages struct {
 	refused, unverified, unconfirmed, admitted string
+}
+
+// logsOf are the log messages of a kind whose judged objects are subject ("pod", "failure
+// Event"), whose objects are admitted as noun, and whose workflow the store alone can say has
+// ended ("completed").
+func logsOf(subject, noun, ended string) logMessages {
+	return logMessages{
+		refused:     "stale workflow " + subject + " refused",
+		unverified:  subject + " admitted unverified: the live read failed and the store knows nothing of its workflow",
+		unconfirmed: subject + " admitted unverified: the live read failed and only the store says its workflow " + ended,
+		admitted:    noun + " admitted",
+	}
 }

@@ -14,13 +14,11 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
-	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/util/rand"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/clock"
@@ -236,13 +234,7 @@ func startGuard(t *testing.T, opts Options, ho harnessOptions) *harness {
 
 // newNamespace makes a namespace whose pods the test webhooks see.
 func newNamespace(t testing.TB) string {
-	t.Helper()
-	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{
-		Name: "t-" + rand.String(8), Labels: map[string]string{"exit-guard-test": "true"}}}
-	if err := env.Client.Create(t.Context(), ns); err != nil {
-		t.Fatal(err)
-	}
-	return ns.Name
+	return testenv.Namespace(t, env.Client, "t-", map[string]string{"exit-guard-test": "true"})
 }
 
 // userClient is a client that acts as user (impersonated), who may create, get and patch the
@@ -281,28 +273,10 @@ func setPhase(t testing.TB, wf *unstructured.Unstructured, phase argo.Phase) {
 	testenv.SetPhase(t, env.Client, wf, phase)
 }
 
-// waitEvent polls for a guard Event about the workflow with uid and returns it.
+// waitEvent polls for a guard Event of reason about the workflow wf in namespace.
 func waitEvent(t *testing.T, namespace string, wf client.Object, reason string) eventsv1.Event {
 	t.Helper()
-	var found eventsv1.Event
-	err := wait.PollUntilContextTimeout(t.Context(), 50*time.Millisecond, 30*time.Second, true,
-		func(ctx context.Context) (bool, error) {
-			var list eventsv1.EventList
-			if err := env.Client.List(ctx, &list, client.InNamespace(namespace)); err != nil {
-				return false, err
-			}
-			for _, e := range list.Items {
-				if e.Regarding.UID == wf.GetUID() && e.Reason == reason {
-					found = e
-					return true, nil
-				}
-			}
-			return false, nil
-		})
-	if err != nil {
-		t.Fatalf("no %s Event on workflow %s: %v", reason, wf.GetName(), err)
-	}
-	return found
+	return testenv.WaitEvent(t, env.Client, testenv.EventsAbout{Namespace: namespace, Name: wf.GetName(), UID: wf.GetUID(), Reason: reason})
 }
 
 // counter reads a counter (or a histogram's count) of the guard's registry: the sum of the

@@ -21,36 +21,22 @@ type guardMetrics struct {
 
 func newGuardMetrics() *guardMetrics {
 	return &guardMetrics{
-		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "exit_guard_decisions_total",
-			Help: "Admission decisions, by verdict (allowed, denied, warned, dry-run), reason and kind of object (Pod, WorkflowTaskSet, Event).",
-		}, []string{"verdict", "reason", "kind"}),
-		unexpected: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "exit_guard_unexpected_requester_decisions_total",
-			Help: "Refusals (and, in warn and dry-run mode, would-be refusals) of requests sent for a user other than the expected workflow controller (--expected-requester), by verdict, reason and kind; they are not counted in exit_guard_decisions_total.",
-		}, []string{"verdict", "reason", "kind"}),
-		dryRuns: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "exit_guard_dry_run_decisions_total",
-			Help: "Decisions of dry-run requests (exit-guard check, helm test, kubectl --dry-run=server), which persist nothing, by verdict, reason and kind; they are not counted in exit_guard_decisions_total or exit_guard_unexpected_requester_decisions_total, so no alert or panel counts them.",
-		}, []string{"verdict", "reason", "kind"}),
-		liveRead: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name: "exit_guard_live_read_duration_seconds",
+		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "exit_guard_decisions_total",
+			Help: "Admission decisions, by verdict (allowed, denied, warned, dry-run), reason and kind of object (Pod, WorkflowTaskSet, Event)."}, []string{"verdict", "reason", "kind"}),
+		unexpected: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "exit_guard_unexpected_requester_decisions_total",
+			Help: "Refusals (and, in warn and dry-run mode, would-be refusals) of requests sent for a user other than the expected workflow controller (--expected-requester), by verdict, reason and kind; they are not counted in exit_guard_decisions_total."}, []string{"verdict", "reason", "kind"}),
+		dryRuns: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "exit_guard_dry_run_decisions_total",
+			Help: "Decisions of dry-run requests (exit-guard check, helm test, kubectl --dry-run=server), which persist nothing, by verdict, reason and kind; they are not counted in exit_guard_decisions_total or exit_guard_unexpected_requester_decisions_total, so no alert or panel counts them."}, []string{"verdict", "reason", "kind"}),
+		liveRead: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "exit_guard_live_read_duration_seconds",
 			Help: "Latency of live reads of a pod's workflow, by result (found, not-found, timeout, error).",
 			// From 1 ms to the 1 s default deadline and a little past it.
-			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5},
-		}, []string{"result"}),
-		liveReadFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "exit_guard_live_read_failures_total",
-			Help: "Live reads that failed, ran out of time or were not made, so that the store decided (or, for row T6's read of the workflow that holds a reused name, the write stayed refused), by kind (timeout, error, shed: the decision found --max-concurrent-decisions in flight).",
-		}, []string{"kind"}),
-		liveReadAttempts: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "exit_guard_live_read_retries_total",
-			Help: "Further attempts within one live read, by cause: error (the last attempt failed; retried after a pause), hedged (the last attempt had not answered within --live-read-timeout; another started beside it), get-beside-list (a GET of the workflow started beside a LIST that had not answered within --live-read-get-after), shed (not started: the process had as many further attempts in flight as it allows, or the GETs beside slow LISTs had used their share of one LIST in 20).",
-		}, []string{"cause"}),
-		panics: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "exit_guard_panics_total",
-			Help: "Panics the guard recovered, by where: admission (the request was answered HTTP 500, which the webhook's failurePolicy decides), live-read (a read that panicked after its decision had been made from another one). Each is a bug, logged with its stack.",
-		}, []string{"where"}),
+			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5}}, []string{"result"}),
+		liveReadFailures: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "exit_guard_live_read_failures_total",
+			Help: "Live reads that failed, ran out of time or were not made, so that the store decided (or, for row T6's read of the workflow that holds a reused name, the write stayed refused), by kind (timeout, error, shed: the decision found --max-concurrent-decisions in flight)."}, []string{"kind"}),
+		liveReadAttempts: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "exit_guard_live_read_retries_total",
+			Help: "Further attempts within one live read, by cause: error (the last attempt failed; retried after a pause), hedged (the last attempt had not answered within --live-read-timeout; another started beside it), get-beside-list (a GET of the workflow started beside a LIST that had not answered within --live-read-get-after), shed (not started: the process had as many further attempts in flight as it allows, or the GETs beside slow LISTs had used their share of one LIST in 20)."}, []string{"cause"}),
+		panics: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "exit_guard_panics_total",
+			Help: "Panics the guard recovered, by where: admission (the request was answered HTTP 500, which the webhook's failurePolicy decides), live-read (a read that panicked after its decision had been made from another one). Each is a bug, logged with its stack."}, []string{"where"}),
 		staleFailures: newStaleFailures(),
 	}
 }

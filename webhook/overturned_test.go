@@ -33,15 +33,12 @@ type overturnRig struct {
 
 func newOverturnRig(t *testing.T) *overturnRig {
 	t.Helper()
-	clk := clocktesting.NewFakeClock(time.Now())
-	store, err := completionstore.New(completionstore.Options{Clock: clk})
-	if err != nil {
-		t.Fatal(err)
-	}
+	store, clk := fakeClockStore(t)
 	store.Progress("5")
 	store.NoteLag(time.Millisecond)
 	r := &overturnRig{store: store, clk: clk, recorder: events.NewFakeRecorder(10), live: ptr.To(liveFails)}
 	r.observe("5", argo.PhaseSucceeded)
+	var err error
 	if r.g, err = newGuard(nil, store, Options{}); err != nil {
 		t.Fatal(err)
 	}
@@ -93,6 +90,14 @@ func (r *overturnRig) overturned(t *testing.T) float64 {
 	return value(t, r.g.overturns.counter.WithLabelValues(string(kindPod)))
 }
 
+// wantOverturned expects the refusals counted overturned so far to be want.
+func (r *overturnRig) wantOverturned(t *testing.T, want float64) {
+	t.Helper()
+	if got := r.overturned(t); got != want {
+		t.Errorf("overturned = %v, want %v", got, want)
+	}
+}
+
 // events are the Events recorded so far with reason.
 func (r *overturnRig) events(reason string) []string {
 	var out []string
@@ -125,9 +130,7 @@ func TestRefusalsFromTheStoreAloneAreCheckedAgainstWhatFollows(t *testing.T) {
 		if !r.create(t, false) {
 			t.Fatal("the exit handler of a workflow the store holds Running was refused")
 		}
-		if got := r.overturned(t); got != 1 {
-			t.Errorf("overturned = %v, want 1", got)
-		}
+		r.wantOverturned(t, 1)
 		evs := r.events(contract.EventReasonRefusalOverturned)
 		if len(evs) != 1 || !strings.Contains(evs[0], "2 time(s)") || !strings.Contains(evs[0], "resourceVersion 7") || !strings.Contains(evs[0], "3s since the first refusal") {
 			t.Errorf("Events = %q, want one that says 2 refusals, resourceVersion 7, 3s", evs)
@@ -143,9 +146,7 @@ func TestRefusalsFromTheStoreAloneAreCheckedAgainstWhatFollows(t *testing.T) {
 		r.observe("7", argo.PhaseRunning)
 		r.observe("9", argo.PhaseSucceeded)
 		r.g.sweepOverturns(t.Context())
-		if got := r.overturned(t); got != 1 {
-			t.Errorf("overturned = %v, want 1", got)
-		}
+		r.wantOverturned(t, 1)
 	})
 	t.Run("seen running by the live read of Argo's next try, the watch still behind: counted", func(t *testing.T) {
 		r := newOverturnRig(t)
@@ -154,9 +155,7 @@ func TestRefusalsFromTheStoreAloneAreCheckedAgainstWhatFollows(t *testing.T) {
 		if !r.create(t, false) {
 			t.Fatal("the exit handler of a workflow a live read finds running was refused")
 		}
-		if got := r.overturned(t); got != 1 {
-			t.Errorf("overturned = %v, want 1", got)
-		}
+		r.wantOverturned(t, 1)
 	})
 	t.Run("seen running by the sweep of the store", func(t *testing.T) {
 		r := newOverturnRig(t)
@@ -165,9 +164,7 @@ func TestRefusalsFromTheStoreAloneAreCheckedAgainstWhatFollows(t *testing.T) {
 		r.g.store = storeFor(t, tableWorkflow, storeRunning, false)
 		r.g.store.Observe(completionstore.Observation{UID: tableWorkflow.GetUID(), Namespace: tableWorkflow.GetNamespace(), Name: tableWorkflow.GetName(), ResourceVersion: "7", Phase: argo.PhaseRunning})
 		r.g.sweepOverturns(t.Context())
-		if got := r.overturned(t); got != 1 {
-			t.Errorf("overturned = %v, want 1", got)
-		}
+		r.wantOverturned(t, 1)
 	})
 	t.Run("a retry written after the refusal (a right refusal, retried later): not counted", func(t *testing.T) {
 		r := newOverturnRig(t)
@@ -175,9 +172,7 @@ func TestRefusalsFromTheStoreAloneAreCheckedAgainstWhatFollows(t *testing.T) {
 		r.clk.Step(time.Minute)
 		r.observeWritten("7", argo.PhaseRunning, r.clk.Now())
 		r.g.sweepOverturns(t.Context())
-		if got := r.overturned(t); got != 0 {
-			t.Errorf("overturned = %v, want 0", got)
-		}
+		r.wantOverturned(t, 0)
 	})
 	t.Run("a later write seen first, then the retry written before the refusal, delivered late: counted", func(t *testing.T) {
 		r := newOverturnRig(t)
@@ -190,9 +185,7 @@ func TestRefusalsFromTheStoreAloneAreCheckedAgainstWhatFollows(t *testing.T) {
 			t.Fatalf("overturned = %v by a state written after the refusal, want 0", got)
 		}
 		r.observeWritten("7", argo.PhaseRunning, refusedAt.Add(-time.Second))
-		if got := r.overturned(t); got != 1 {
-			t.Errorf("overturned = %v, want 1", got)
-		}
+		r.wantOverturned(t, 1)
 	})
 	t.Run("refused by a live read, then retried: not counted", func(t *testing.T) {
 		r := newOverturnRig(t)
@@ -224,18 +217,14 @@ func TestRefusalsFromTheStoreAloneAreCheckedAgainstWhatFollows(t *testing.T) {
 		r.create(t, true)
 		r.observe("7", argo.PhaseRunning)
 		r.create(t, false)
-		if got := r.overturned(t); got != 0 {
-			t.Errorf("overturned = %v, want 0", got)
-		}
+		r.wantOverturned(t, 0)
 	})
 	t.Run("still completed at a newer resourceVersion: not counted", func(t *testing.T) {
 		r := newOverturnRig(t)
 		r.create(t, false)
 		r.observe("7", argo.PhaseSucceeded)
 		r.g.sweepOverturns(t.Context())
-		if got := r.overturned(t); got != 0 {
-			t.Errorf("overturned = %v, want 0", got)
-		}
+		r.wantOverturned(t, 0)
 	})
 	t.Run("seen running only after the window: not counted, forgotten", func(t *testing.T) {
 		r := newOverturnRig(t)
@@ -247,9 +236,7 @@ func TestRefusalsFromTheStoreAloneAreCheckedAgainstWhatFollows(t *testing.T) {
 		}
 		r.observe("7", argo.PhaseRunning)
 		r.create(t, false)
-		if got := r.overturned(t); got != 0 {
-			t.Errorf("overturned = %v, want 0", got)
-		}
+		r.wantOverturned(t, 0)
 	})
 }
 

@@ -101,12 +101,7 @@ var _ object = (*podObject)(nil)
 
 var podSpec = &kindSpec{
 	kind: kindPod, noun: "pod", retried: "run it again",
-	logs: logMessages{
-		refused:     "stale workflow pod refused",
-		unverified:  "pod admitted unverified: the live read failed and the store knows nothing of its workflow",
-		unconfirmed: "pod admitted unverified: the live read failed and only the store says its workflow completed",
-		admitted:    "pod admitted",
-	},
+	logs:      logsOf("pod", "pod", "completed"),
 	eventType: corev1.EventTypeWarning, eventDenied: contract.EventReasonDenied, eventWarned: contract.EventReasonWarned,
 	rowNotOwned: "1", rowNotWatched: "3",
 	refusals: []contract.Reason{contract.ReasonWorkflowCompleted, contract.ReasonWorkflowDeleted, contract.ReasonWorkflowReplaced},
@@ -152,8 +147,6 @@ func (p *podObject) annotate(a map[string]string) {
 func (p *podObject) refused() string {
 	return fmt.Sprintf("%s pod %s for node %s", p.role, p.name, p.nodeText())
 }
-
-func (p *podObject) eventAction(admissionv1.Operation) string { return "CreatePod" }
 
 func (p *podObject) eventRefused() string {
 	return fmt.Sprintf("%s pod %s (node %s) refused", p.role, p.name, p.nodeText())

@@ -50,10 +50,8 @@ type repeats struct {
 
 func newRepeats(now func() time.Time) *repeats {
 	return &repeats{now: now, m: map[types.NamespacedName][]repeatAdmission{},
-		counter: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "exit_guard_repeats_after_reuse_total",
-			Help: "TaskSet creates that row T7 admitted without a read for a workflow whose name, the guard learnt afterwards, another workflow had already taken (the deleted workflow's create: the new workflow's agent may run its task); the case row T7 leaves.",
-		})}
+		counter: prometheus.NewCounter(prometheus.CounterOpts{Name: "exit_guard_repeats_after_reuse_total",
+			Help: "TaskSet creates that row T7 admitted without a read for a workflow whose name, the guard learnt afterwards, another workflow had already taken (the deleted workflow's create: the new workflow's agent may run its task); the case row T7 leaves."})}
 }
 
 // note remembers that row T7 admitted a create of taskSet for the workflow wf (namespace and

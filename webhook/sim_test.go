@@ -5,81 +5,21 @@ import (
 	"crypto/sha256"
 	"flag"
 	"fmt"
-	"maps"
 	"math/rand/v2"
 	"os"
 	"slices"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	clocktesting "k8s.io/utils/clock/testing"
 	"k8s.io/utils/ptr"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/exit-guard/exit-guard/completionstore"
 	"github.com/exit-guard/exit-guard/contract"
 	"github.com/exit-guard/exit-guard/internal/argo"
 )
-
-// simReader answers live reads from the truth at the decision's virtual moment, failing the
-// attempts its plan says.
-type simReader struct {
-	h *history
-}
-
-// List is the first read of each attempt (readWorkflow): the workflow's metadata by name, its
-// labels written as Argo's controller writes them with its phase (none for a workflow not yet
-// reconciled, whose phase only Get tells).
-func (s *simReader) List(ctx context.Context, list client.ObjectList, opts ...client.ListOption) error {
-	now, fail := nextAttemptFails(ctx)
-	if fail {
-		return apierrors.NewServiceUnavailable("simulated: the API server cannot answer")
-	}
-	var lo client.ListOptions
-	lo.ApplyOptions(opts)
-	name, _ := lo.FieldSelector.RequiresExactMatch("metadata.name")
-	l := list.(*metav1.PartialObjectMetadataList)
-	l.Items = nil
-	if _, _, holder := s.h.truth("", now); holder.uid != "" {
-		item := metav1.PartialObjectMetadata{ObjectMeta: metav1.ObjectMeta{Namespace: lo.Namespace, Name: name, UID: holder.uid,
-			ResourceVersion: strconv.FormatInt(holder.rv, 10)}}
-		if holder.phase != argo.PhaseUnknown {
-			item.Labels = map[string]string{argo.LabelPhase: string(holder.phase), argo.LabelCompleted: strconv.FormatBool(holder.phase.Terminal())}
-		}
-		l.Items = append(l.Items, item)
-	}
-	return nil
-}
-
-// Get is the second read of an attempt whose labels did not settle the phase, at the same
-// moment.
-func (s *simReader) Get(ctx context.Context, key client.ObjectKey, obj client.Object, _ ...client.GetOption) error {
-	_, _, holder := s.h.truth("", decisionMoment(ctx))
-	if holder.uid == "" {
-		return apierrors.NewNotFound(schema.GroupResource{Group: argo.Group, Resource: argo.Resource}, key.Name)
-	}
-	if wf, ok := obj.(*argo.WorkflowNodes); ok {
-		// The whole read of row T6: the holder's node of the task, once it has written it.
-		p, _ := ctx.Value(planKey{}).(*decisionPlan)
-		wf.Namespace, wf.Name, wf.UID = key.Namespace, key.Name, holder.uid
-		wf.Status.Phase = holder.phase
-		wf.Status.Nodes = map[string]argo.Node{}
-		if p != nil && p.nodeWritten {
-			wf.Status.Nodes[p.task] = argo.Node{Name: p.node, Type: argo.NodeTypeHTTP, Phase: "Pending"}
-		}
-		return nil
-	}
-	wf := obj.(*argo.Workflow)
-	wf.Namespace, wf.Name, wf.UID = key.Namespace, key.Name, holder.uid
-	wf.ResourceVersion = strconv.FormatInt(holder.rv, 10)
-	wf.Status.Phase = holder.phase
-	return nil
-}
 
 // setting is a policy the simulation measures.
 type setting struct {
@@ -97,57 +37,6 @@ var simSettings = []setting{
 	{"--strict", Options{Strict: true}},
 	{"--cover-hooks", Options{Hooks: true}},
 	{"--deny-phases=Succeeded,Failed,Error", Options{DenyPhases: []argo.Phase{argo.PhaseSucceeded, argo.PhaseFailed, argo.PhaseError}}},
-}
-
-// tallies are what one setting did over every history.
-type tallies struct {
-	legit, stale int
-	// legitDenied counts the refusals of the real controller's pods and writes, by reason
-	// (every pass); legitDeniedWrongly those that are neither a store fallback's refusal of
-	// a completion (the price: the object waits for Argo's next pass) nor refused by design
-	// (goal 0).
-	legitDenied        map[string]int
-	legitDeniedWrongly int
-	// delayed are the legitimate pods and writes refused at least once and admitted later,
-	// and delays how long each waited from its first try; lost those never admitted (an
-	// agent pod on v3.4, or past simHorizon), by kind and line (goal 0).
-	delayed    int
-	delays     []time.Duration
-	lost       map[string]int
-	priceSeeds []uint64 // the seeds of the histories where one was delayed or lost
-	// byDesign are the TaskSet writes of a workflow that reused the name, refused while the
-	// deleted workflow's TaskSet waited for the garbage collector (taskset-owner-gone), and
-	// byDesignDelay the time they waited in all.
-	byDesign      int
-	byDesignDelay time.Duration
-	// byDesignStalled are such writes refused on a later pass too (the node already in the
-	// status, no live answer): Argo writes again only when something wakes the workflow.
-	byDesignStalled int
-	// byDesignStalledSteps: those of a step's task (row T6 admits them from the status).
-	byDesignStalledSteps int
-	// staleStopped: stale pods and writes due a refusal refused on every pass their copy made;
-	// staleRefusals the refusals of stale ones in all (every pass), staleRepeats those past a
-	// copy's first pass. staleMissedKnown is the goal-0 count: a due stale one admitted
-	// although the live read answered.
-	staleStopped, staleRefusals, staleRepeats int
-	staleMissedKnown                          map[string]int
-	// windows are the due stale ones admitted without a live answer, by reason (on any pass).
-	windows map[string]int
-	// notCovered are stale pods the policy does not concern (kind or phase), admitted.
-	notCovered map[string]int
-	// deniedNotDue are stale pods refused although the truth at that moment did not call for
-	// it (a retried workflow running again): harmless to the stale copy, counted apart.
-	deniedNotDue int
-	// Of the events above, the WorkflowTaskSet writes: legitimate (and refused), stale (and
-	// stopped).
-	taskSetLegit, taskSetLegitDenied, taskSetStale, taskSetStopped int
-	// failures are the seeds of the histories that broke a goal.
-	failures []uint64
-}
-
-func newTallies() *tallies {
-	return &tallies{legitDenied: map[string]int{}, lost: map[string]int{}, staleMissedKnown: map[string]int{},
-		windows: map[string]int{}, notCovered: map[string]int{}}
 }
 
 // try is one pass of a pod or write: the first, or Argo's next pass after a refusal.
@@ -337,57 +226,6 @@ func simulate(h *history, s setting, t *tallies, log func(string, ...any)) error
 	return nil
 }
 
-// tallyFinal counts a pod or write at its last pass, with that pass's decision d.
-func tallyFinal(t *tallies, s setting, h *history, p podEvent, d decision, due bool, state wfState, what *string, broke *bool) {
-	if p.kind == roleTaskWrite {
-		if p.stale {
-			t.taskSetStale++
-			if d.deny {
-				t.taskSetStopped++
-			}
-		} else {
-			t.taskSetLegit++
-			if d.deny {
-				t.taskSetLegitDenied++
-			}
-		}
-	}
-	switch {
-	case !p.stale:
-		t.legit++
-	case !oracleCovers(s.opts, p.kind):
-		t.stale++
-		t.notCovered[string(p.kind)+" pods not covered"]++
-		*what = "stale, not covered"
-	case !due:
-		t.stale++
-		if d.deny {
-			t.deniedNotDue++
-		} else {
-			t.notCovered["workflow "+phaseName(state)+" at that moment"]++
-		}
-		*what = "stale, not due"
-	default:
-		t.stale++
-		switch {
-		case d.deny:
-			t.staleStopped++
-			*what = "stale, stopped"
-		case d.source == sourceLive:
-			t.staleMissedKnown[string(d.reason)]++
-			*what, *broke = "STALE ADMITTED ON A LIVE ANSWER", true
-		case d.source != sourceStore && d.reason != contract.ReasonUnverifiedFailOpen:
-			// Not a window: the guard did not even try (the policy, as the code has it,
-			// disagrees with the oracle's).
-			t.staleMissedKnown[string(d.reason)]++
-			*what, *broke = "STALE ADMITTED WITHOUT A LOOK", true
-		default:
-			t.windows[windowName(d, h.load)]++
-			*what = "stale, admitted: " + windowName(d, h.load)
-		}
-	}
-}
-
 // decideSim judges pass pass of pod event p (index pi) with the guard g.
 func decideSim(ctx context.Context, g *guard, dp *decisionPlan, p podEvent, pi, pass int) decision {
 	meta := &metav1.ObjectMeta{Namespace: simNamespace, Name: fmt.Sprintf("pod-%d", pi),
@@ -474,26 +312,6 @@ func phaseName(s wfState) string {
 	return string(s.phase)
 }
 
-// windowName names the window through which a stale pod passed.
-func windowName(d decision, l loadLevel) string {
-	var w string
-	switch d.reason {
-	case contract.ReasonUnverifiedFailOpen:
-		w = "no live answer; the store had not seen the workflow (watch lag, restart or TTL)"
-	case contract.ReasonUnconfirmedCompletion:
-		w = "no live answer; only the store saw the completion, which the fallback may not refuse (tombstone, or the watch quiet past --store-fresh-for)"
-	case contract.ReasonNotSeenCompleted:
-		w = "store-first: the store had not seen the completion (watch lag)"
-	case contract.ReasonWorkflowNotTerminal:
-		w = "no live answer, or store-first; the store still held a running state (watch lag)"
-	case contract.ReasonPhaseNotDenied:
-		w = "no live answer, or store-first; the store still held an earlier run's phase that is not denied (watch lag)"
-	default:
-		w = string(d.reason)
-	}
-	return w + " [" + l.name + "]"
-}
-
 func TestSimulation(t *testing.T) {
 	if *simReplay >= 0 {
 		h := generate(uint64(*simReplay))
@@ -577,138 +395,6 @@ func TestSimulation(t *testing.T) {
 			t.Errorf("level %q: no stale pod stopped by the default: the level makes nothing to judge", l)
 		}
 	}
-}
-
-// total sums one setting's tallies over the load levels.
-func total(per []*tallies) *tallies {
-	out := newTallies()
-	add := func(dst, src map[string]int) {
-		for k, v := range src {
-			dst[k] += v
-		}
-	}
-	for _, r := range per {
-		out.legit += r.legit
-		out.stale += r.stale
-		add(out.legitDenied, r.legitDenied)
-		out.legitDeniedWrongly += r.legitDeniedWrongly
-		out.delayed += r.delayed
-		out.delays = append(out.delays, r.delays...)
-		add(out.lost, r.lost)
-		out.priceSeeds = append(out.priceSeeds, r.priceSeeds...)
-		out.byDesign += r.byDesign
-		out.byDesignDelay += r.byDesignDelay
-		out.byDesignStalled += r.byDesignStalled
-		out.staleStopped += r.staleStopped
-		out.staleRefusals += r.staleRefusals
-		out.staleRepeats += r.staleRepeats
-		add(out.staleMissedKnown, r.staleMissedKnown)
-		add(out.windows, r.windows)
-		add(out.notCovered, r.notCovered)
-		out.deniedNotDue += r.deniedNotDue
-		out.taskSetLegit += r.taskSetLegit
-		out.taskSetLegitDenied += r.taskSetLegitDenied
-		out.taskSetStale += r.taskSetStale
-		out.taskSetStopped += r.taskSetStopped
-		out.failures = append(out.failures, r.failures...)
-	}
-	return out
-}
-
-func sum(m map[string]int) int {
-	s := 0
-	for _, v := range m {
-		s += v
-	}
-	return s
-}
-
-func pct(n, of int) string { return fmt.Sprintf("%.3f%%", 100*float64(n)/float64(max(of, 1))) }
-
-func simulationReport(n int, seed uint64, loads map[string]int, results [][]*tallies, took time.Duration) string {
-	var b strings.Builder
-	levels := loadLevelNames()
-	b.WriteString("# The simulation at length\n\nWritten by `make soak` (`go test ./webhook -run TestSimulation -args -sim.histories=N -sim.report=FILE`);\n" +
-		"docs/evidence/reliability.md says what it models and what the figures mean.\n\n")
-	fmt.Fprintf(&b, "%d histories from seed %d, %s; Argo's requeue %s; Succeeded runs retried (--restart-successful, 3.6+): %.1f%%. Load levels:",
-		n, seed, took.Round(time.Second), *simRequeue, 100**simSucceededRetries)
-	for i, l := range levels {
-		sep := ","
-		if i == len(levels)-1 {
-			sep = "."
-		}
-		fmt.Fprintf(&b, " %s %d%s", l, loads[l], sep)
-	}
-	b.WriteString("\n\nPods and WorkflowTaskSet writes that add a task are counted together, once each however many passes tried them; each setting's lines below give the TaskSet writes apart. " +
-		"\"Due\" stale ones are those the setting covers, of a workflow completed in a deny phase (or deleted) at that moment; \"stopped\" ones were refused on every pass their copy made. " +
-		"Delays run from a legitimate one's first try to the pass that was admitted; lost ones were never admitted.\n\n")
-	b.WriteString("| setting | legitimate | delayed | delay p50 / p99 / max | lost (goal 0) | refused with a live answer (goal 0) | refused by design (T5): first pass, later pass | stale | due | stopped | refusals of stale ones: all, past a copy's first pass | admitted on a live answer (goal 0) | admitted in a window |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
-	for i, s := range simSettings {
-		r := total(results[i])
-		due := r.staleStopped + sum(r.windows) + sum(r.staleMissedKnown)
-		fmt.Fprintf(&b, "| `%s` | %d | %d | %s | %d | %d | %d, %d | %d | %d | %d | %d, %d | %d | %d (%s) |\n", s.name, r.legit, r.delayed, delayFigures(r.delays), sum(r.lost),
-			r.legitDeniedWrongly, r.byDesign, r.byDesignStalled, r.stale, due, r.staleStopped, r.staleRefusals, r.staleRepeats, sum(r.staleMissedKnown), sum(r.windows), pct(sum(r.windows), due))
-	}
-	b.WriteString("\n## Per load level\n\nStale ones admitted in a window, of those due; legitimate ones delayed (and lost), of the legitimate.\n\n| setting |")
-	for _, l := range levels {
-		fmt.Fprintf(&b, " %s: windows | %s: delayed (lost) |", l, l)
-	}
-	b.WriteString("\n|---|" + strings.Repeat("---|---|", len(levels)) + "\n")
-	for i, s := range simSettings {
-		fmt.Fprintf(&b, "| `%s` |", s.name)
-		for li := range levels {
-			r := results[i][li]
-			due := r.staleStopped + sum(r.windows) + sum(r.staleMissedKnown)
-			fmt.Fprintf(&b, " %d of %d (%s) | %d (%d) of %d |", sum(r.windows), due, pct(sum(r.windows), due), r.delayed, sum(r.lost), r.legit)
-		}
-		b.WriteString("\n")
-	}
-	for i, s := range simSettings {
-		r := total(results[i])
-		fmt.Fprintf(&b, "\n`%s`:\n", s.name)
-		fmt.Fprintf(&b, "- WorkflowTaskSet writes: %d legitimate (%d refused, %d of them by design), %d stale (%d stopped)\n",
-			r.taskSetLegit, r.taskSetLegitDenied, r.byDesign, r.taskSetStale, r.taskSetStopped)
-		if r.byDesign > 0 {
-			fmt.Fprintf(&b, "- refused by design: %d first-pass writes of a workflow that reused the name, judged without their create, written again %s later on average (the next pass, or the collector's deletion where the workflow completed first); %d refused on a later pass too (another replica's create and an exit handler's task, or no live answer), waiting for a wake-up\n",
-				r.byDesign, (r.byDesignDelay / time.Duration(r.byDesign)).Round(100*time.Millisecond), r.byDesignStalled)
-		}
-		due := r.staleStopped + sum(r.windows) + sum(r.staleMissedKnown)
-		for _, k := range sortedKeys(r.windows) {
-			fmt.Fprintf(&b, "- window: %s: %d stale pods or writes (%s of the %d the setting should stop)\n", k, r.windows[k], pct(r.windows[k], due), due)
-		}
-		for _, k := range sortedKeys(r.legitDenied) {
-			fmt.Fprintf(&b, "- refusals of legitimate pods and writes (every pass): %s: %d\n", k, r.legitDenied[k])
-		}
-		for _, k := range sortedKeys(r.lost) {
-			fmt.Fprintf(&b, "- lost: %s pods or writes: %d\n", k, r.lost[k])
-		}
-		if len(r.priceSeeds) > 0 {
-			slices.Sort(r.priceSeeds)
-			seeds := slices.Compact(r.priceSeeds)
-			fmt.Fprintf(&b, "- delays and losses came in the histories of seeds %v (`-sim.replay=N`)\n", seeds[:min(len(seeds), 10)])
-		}
-		for _, k := range sortedKeys(r.notCovered) {
-			fmt.Fprintf(&b, "- admitted by policy: %s: %d\n", k, r.notCovered[k])
-		}
-		if r.deniedNotDue > 0 {
-			fmt.Fprintf(&b, "- stale pods denied while their workflow ran again (harmless): %d\n", r.deniedNotDue)
-		}
-	}
-	return b.String()
-}
-
-func sortedKeys(m map[string]int) []string { return slices.Sorted(maps.Keys(m)) }
-
-// delayFigures is "p50 / p99 / max" of ds, or "-" when there are none.
-func delayFigures(ds []time.Duration) string {
-	if len(ds) == 0 {
-		return "-"
-	}
-	ds = slices.Sorted(slices.Values(ds))
-	q := func(f float64) time.Duration {
-		return ds[min(len(ds)-1, int(f*float64(len(ds))))].Round(100 * time.Millisecond)
-	}
-	return fmt.Sprintf("%s / %s / %s", q(.5), q(.99), ds[len(ds)-1].Round(100*time.Millisecond))
 }
 
 // flagSet says whether the flag name was set on the command line.

@@ -2,18 +2,14 @@ package webhook
 
 import (
 	"cmp"
-	"context"
 	"flag"
 	"fmt"
 	"math/rand/v2"
 	"slices"
-	"strconv"
-	"sync"
 	"time"
 
 	"k8s.io/apimachinery/pkg/types"
 
-	"github.com/exit-guard/exit-guard/completionstore"
 	"github.com/exit-guard/exit-guard/internal/argo"
 )
 
@@ -154,25 +150,6 @@ func loadLevelNames() []string {
 	}
 	return out
 }
-
-// watchAction is something the guard's watch does to its store at a moment.
-type watchAction struct {
-	at time.Duration
-	// obs is an observation to feed (an event, a replayed event, a relist's state or its
-	// DeletedFinalStateUnknown); restart replaces the store with an empty one first.
-	obs      *completionstore.Observation
-	restart  bool
-	bookmark int64 // a bookmark's resourceVersion, when set
-	// lag, when sampled: how long after its write (to the second, as managed fields tell it)
-	// the change arrived: the store's lag sample.
-	lag     time.Duration
-	sampled bool
-	what    string
-}
-
-// measuredLag is the lag the guard measures for a write at w delivered at at: managed fields
-// tell a write's time to the second.
-func measuredLag(w, at time.Duration) time.Duration { return at - w.Truncate(time.Second) }
 
 // history is one generated world: the truth, the pods, and what the guard's watch delivers.
 type history struct {
@@ -437,162 +414,6 @@ func generate(seed uint64) *history {
 	return h
 }
 
-// rvStep is the spacing of a history's resourceVersions: the events of other workflows fall
-// between them.
-const rvStep = 1000
-
-// generateWatch makes what the guard's watch delivers: every write, late by a random lag, in
-// order; bookmarks, and on busy levels other workflows' events; perhaps a stall or the guard
-// cut off, a replayed older event, a relist, a restart of the guard.
-func (h *history) generateWatch(r *rand.Rand) []watchAction {
-	var out []watchAction
-	lag := func() time.Duration {
-		return time.Duration(r.ExpFloat64() * float64(h.load.lagMean))
-	}
-	last := h.writes[len(h.writes)-1].at
-	var stallFrom, stallTo time.Duration = -1, -1
-	switch {
-	case h.cutTo > 0:
-		stallFrom, stallTo = h.cutFrom, h.cutTo
-	case r.Float64() < h.load.stallProb:
-		stallFrom = dur(r, 0, last)
-		stallTo = stallFrom + h.load.stall
-	}
-	obsOf := func(s wfState) *completionstore.Observation {
-		return &completionstore.Observation{UID: s.uid, Namespace: simNamespace, Name: simName,
-			ResourceVersion: strconv.FormatInt(s.rv, 10), Phase: s.phase, Deleted: s.deleted}
-	}
-	var prev time.Duration
-	for _, w := range h.writes {
-		at := max(prev, w.at+lag())
-		if at >= stallFrom && at < stallTo {
-			at = stallTo
-		}
-		prev = at
-		out = append(out, watchAction{at: at, obs: obsOf(w.state), lag: measuredLag(w.at, at), sampled: true, what: "event"})
-	}
-	if h.load.busy {
-		// Other workflows' events: the watch advances past this history's last delivered
-		// write, between its resourceVersions.
-		events := slices.Clone(out)
-		var rv, k int64
-		ei := 0
-		for t := dur(r, 0, 2*time.Second); t < last+15*time.Minute; t += dur(r, 200*time.Millisecond, 2*time.Second) {
-			for ; ei < len(events) && events[ei].at <= t; ei++ {
-				if n, _ := strconv.ParseInt(events[ei].obs.ResourceVersion, 10, 64); n > rv {
-					rv, k = n, 0
-				}
-			}
-			if (t >= stallFrom && t < stallTo) || k >= rvStep-1 {
-				continue
-			}
-			k++
-			// Its write happened lag() before, at a moment of its own within the second.
-			written := t - lag()
-			out = append(out, watchAction{at: t, bookmark: max(rv, rvStep) + k, lag: measuredLag(written, t), sampled: true, what: "another workflow's event"})
-		}
-	}
-	// Bookmarks about every minute while the watch is not stalled.
-	for b := time.Minute; b < last+15*time.Minute; b += time.Minute {
-		if b >= stallFrom && b < stallTo {
-			continue
-		}
-		var rv int64
-		for _, w := range h.writes {
-			if w.at <= b-lag() {
-				rv = w.state.rv
-			}
-		}
-		if rv > 0 {
-			out = append(out, watchAction{at: b, bookmark: rv, what: "bookmark"})
-		}
-	}
-	// truthAt is every UID's state at t, as a list would return it.
-	truthAt := func(t time.Duration) map[types.UID]wfState {
-		m := map[types.UID]wfState{}
-		for _, w := range h.writes {
-			if w.at <= t {
-				m[w.state.uid] = w.state
-			}
-		}
-		return m
-	}
-	// deliveredAt is what the informer last had of each UID at t.
-	deliveredAt := func(acts []watchAction, t time.Duration) map[types.UID]completionstore.Observation {
-		m := map[types.UID]completionstore.Observation{}
-		for _, a := range acts {
-			if a.obs != nil && a.at <= t && !a.restart {
-				m[a.obs.UID] = *a.obs
-			}
-		}
-		return m
-	}
-	if r.Float64() < 0.2 && len(h.writes) > 1 {
-		// A replayed older event (an informer that went back): the store must ignore it.
-		w := h.writes[r.IntN(len(h.writes)-1)]
-		o := obsOf(w.state)
-		o.Deleted = false
-		at := dur(r, w.at, last+time.Minute)
-		out = append(out, watchAction{at: at, obs: o, lag: measuredLag(w.at, at), sampled: true, what: "replayed older event"})
-	}
-	if r.Float64() < 0.2 {
-		// A relist (410 Gone, or a broken watch): the current state of every workflow, and a
-		// DeletedFinalStateUnknown, with the informer's last copy, for those gone meanwhile.
-		t := dur(r, 0, last+time.Minute)
-		had := deliveredAt(out, t)
-		now := truthAt(t - lag())
-		writtenAt := map[int64]time.Duration{}
-		for _, w := range h.writes {
-			writtenAt[w.state.rv] = w.at
-		}
-		for uid, s := range now {
-			if !s.deleted {
-				// A state the informer did not have comes as an update: a lag sample of it.
-				a := watchAction{at: t, obs: obsOf(s), what: "relist"}
-				if o, ok := had[uid]; !ok || o.ResourceVersion != a.obs.ResourceVersion {
-					a.lag, a.sampled = measuredLag(writtenAt[s.rv], t), true
-				}
-				out = append(out, a)
-			} else if o, ok := had[uid]; ok && !o.Deleted {
-				o.Deleted = true
-				out = append(out, watchAction{at: t, obs: &o, what: "relist: DeletedFinalStateUnknown"})
-			}
-		}
-	}
-	if r.Float64() < 0.1 {
-		// The guard restarts: an empty store, then the initial list once synced. Events that
-		// arrive meanwhile are lost with the old process; the list brings the state.
-		t := dur(r, 0, last)
-		synced := t + dur(r, 100*time.Millisecond, 30*time.Second)
-		var kept []watchAction
-		for _, a := range out {
-			if a.at <= t || a.at > synced {
-				kept = append(kept, a)
-			}
-		}
-		out = append(kept, watchAction{at: t, restart: true, what: "guard restart"})
-		for _, s := range truthAt(synced - lag()) {
-			if !s.deleted {
-				out = append(out, watchAction{at: synced, obs: obsOf(s), what: "initial list"})
-			}
-		}
-	}
-	slices.SortStableFunc(out, func(a, b watchAction) int {
-		if c := cmp.Compare(a.at, b.at); c != 0 {
-			return c
-		}
-		// A restart comes before what else happens at its moment.
-		switch {
-		case a.restart && !b.restart:
-			return -1
-		case b.restart && !a.restart:
-			return 1
-		}
-		return 0
-	})
-	return out
-}
-
 // truth is the state of uid at t, and the UID that holds the name then (empty when none).
 func (h *history) truth(uid types.UID, t time.Duration) (state wfState, seen bool, holder wfState) {
 	for _, w := range h.writes {
@@ -611,52 +432,6 @@ func (h *history) truth(uid types.UID, t time.Duration) (state wfState, seen boo
 		}
 	}
 	return state, seen, holder
-}
-
-// decisionPlan is one decision's live-read plan: which attempts fail, and the moment. It
-// travels in the decision's context (the live read keeps its values), so that an attempt that
-// starts late still belongs to its own decision.
-type decisionPlan struct {
-	mu  sync.Mutex
-	now time.Duration
-	// truthAt is the moment whose truth the live read answers: now, but for a legitimate
-	// pod tried again after its workflow, in the generated history, moved on to a completion,
-	// the moment of its first try. The history is fixed in advance, and in it the workflow
-	// completes on time; on a real controller a node left Pending by a refusal holds the
-	// workflow back until its pod is created, so the read would find it as it was.
-	truthAt time.Duration
-	plan    []bool
-	called  int
-	// task is the task a TaskSet write adds, and nodeWritten says whether its node is in
-	// the writer's status (a later pass than the one that created it).
-	task, node  string
-	nodeWritten bool
-}
-
-type planKey struct{}
-
-// next says whether the next attempt of the decision in ctx fails.
-func nextAttemptFails(ctx context.Context) (now time.Duration, fail bool) {
-	p, ok := ctx.Value(planKey{}).(*decisionPlan)
-	if !ok {
-		return 0, true
-	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	k := p.called
-	p.called++
-	return p.truthAt, k >= len(p.plan) || p.plan[k]
-}
-
-// decisionMoment is the virtual moment whose truth the decision in ctx reads.
-func decisionMoment(ctx context.Context) time.Duration {
-	p, ok := ctx.Value(planKey{}).(*decisionPlan)
-	if !ok {
-		return 0
-	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.truthAt
 }
 
 // movedOn says whether workflow uid completed or was deleted after from, up to to.

@@ -26,6 +26,30 @@ func exitPodRequest(user string) admissionv1.AdmissionRequest {
 	}
 }
 
+// holdFirstReads makes g's live reads answer Succeeded, the first n of them only once release
+// is closed, each saying on started that it waits; reads counts the reads made.
+func holdFirstReads(g *guard, n int) (started, release chan struct{}, reads func() int) {
+	var mu sync.Mutex
+	made := 0
+	started, release = make(chan struct{}), make(chan struct{})
+	g.readLive = func(_ context.Context, namespace, name string, _ readPolicy) (*argo.Workflow, error) {
+		mu.Lock()
+		made++
+		held := made <= n
+		mu.Unlock()
+		if held {
+			started <- struct{}{}
+			<-release
+		}
+		return cannedRead(liveSucceeded, new(int))(context.Background(), namespace, name, readPolicy{})
+	}
+	return started, release, func() int {
+		mu.Lock()
+		defer mu.Unlock()
+		return made
+	}
+}
+
 // TestDecisionsPastTheCapAreShed: with MaxConcurrentDecisions decisions waiting on their live
 // reads, the next one reads nothing: the store decides it at once (here it knows nothing, so
 // unverified-fail-open), counted as a live-read failure of kind shed. Once a slot is free, a
@@ -35,20 +59,7 @@ func TestDecisionsPastTheCapAreShed(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var mu sync.Mutex
-	reads := 0
-	started, release := make(chan struct{}), make(chan struct{})
-	g.readLive = func(_ context.Context, namespace, name string, _ readPolicy) (*argo.Workflow, error) {
-		mu.Lock()
-		reads++
-		held := reads <= 2
-		mu.Unlock()
-		if held { // the two decisions that hold the slots wait
-			started <- struct{}{}
-			<-release
-		}
-		return cannedRead(liveSucceeded, new(int))(context.Background(), namespace, name, readPolicy{})
-	}
+	started, release, reads := holdFirstReads(g, 2) // the two decisions that hold the slots wait
 	h := g.path(ValidatePath, readPodReview)
 	var wg sync.WaitGroup
 	for range 2 {
@@ -66,8 +77,8 @@ func TestDecisionsPastTheCapAreShed(t *testing.T) {
 	if got := value(t, g.metrics.liveReadFailures.WithLabelValues("shed")); got != 1 {
 		t.Errorf("live-read failures of kind shed = %v, want 1", got)
 	}
-	if reads != 2 {
-		t.Errorf("%d live reads, want 2: the shed decision must read nothing", reads)
+	if n := reads(); n != 2 {
+		t.Errorf("%d live reads, want 2: the shed decision must read nothing", n)
 	}
 	close(release)
 	wg.Wait()
@@ -149,20 +160,7 @@ func TestUnexpectedRequestersHaveSlotsOfTheirOwn(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var mu sync.Mutex
-	reads := 0
-	started, release := make(chan struct{}), make(chan struct{})
-	g.readLive = func(_ context.Context, namespace, name string, _ readPolicy) (*argo.Workflow, error) {
-		mu.Lock()
-		reads++
-		first := reads == 1
-		mu.Unlock()
-		if first { // the first unexpected decision holds its pool's only slot
-			started <- struct{}{}
-			<-release
-		}
-		return cannedRead(liveSucceeded, new(int))(context.Background(), namespace, name, readPolicy{})
-	}
+	started, release, reads := holdFirstReads(g, 1) // the first unexpected decision holds its pool's only slot
 	h := g.path(ValidatePath, readPodReview)
 	var wg sync.WaitGroup
 	wg.Go(func() { answerOf(t, h, exitPodRequest("someone")) })
@@ -175,7 +173,7 @@ func TestUnexpectedRequestersHaveSlotsOfTheirOwn(t *testing.T) {
 	}
 	close(release)
 	wg.Wait()
-	if reads != 2 {
-		t.Errorf("%d live reads, want 2 (the held unexpected one and the controller's)", reads)
+	if n := reads(); n != 2 {
+		t.Errorf("%d live reads, want 2 (the held unexpected one and the controller's)", n)
 	}
 }

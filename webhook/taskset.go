@@ -11,7 +11,6 @@ import (
 	"slices"
 	"strings"
 
-	"gomodules.xyz/jsonpatch/v2"
 	admissionv1 "k8s.io/api/admission/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -197,12 +196,7 @@ func (ts *taskSetObject) key() types.NamespacedName {
 
 var taskSetSpec = &kindSpec{
 	kind: kindTaskSet, noun: "write", retried: "run its HTTP or plugin tasks again",
-	logs: logMessages{
-		refused:     "stale workflow WorkflowTaskSet write refused",
-		unverified:  "WorkflowTaskSet write admitted unverified: the live read failed and the store knows nothing of its workflow",
-		unconfirmed: "WorkflowTaskSet write admitted unverified: the live read failed and only the store says its workflow completed",
-		admitted:    "WorkflowTaskSet write admitted",
-	},
+	logs:      logsOf("WorkflowTaskSet write", "WorkflowTaskSet write", "completed"),
 	eventType: corev1.EventTypeWarning, eventDenied: contract.EventReasonDenied, eventWarned: contract.EventReasonWarned,
 	rowNotOwned: "T1", rowNotWatched: "T2", rowIdle: "T3", idleReason: contract.ReasonNoNewTask,
 	refusals: []contract.Reason{contract.ReasonWorkflowCompleted, contract.ReasonWorkflowDeleted, contract.ReasonWorkflowReplaced, contract.ReasonTaskSetOwnerGone},
@@ -246,18 +240,8 @@ func (ts *taskSetObject) requeuedWhenRefused() bool { return false }
 // writes of other nodes come at once.
 func (ts *taskSetObject) comesAfterReRunNodes() bool { return ts.onlyExitHandlerTask() }
 
-// mark: there is nothing to mark on a TaskSet; the warning reaches Argo's controller log.
-func (ts *taskSetObject) mark(string) []jsonpatch.Operation { return nil }
-
 func (ts *taskSetObject) refused() string {
 	return fmt.Sprintf("a write to WorkflowTaskSet %s/%s that adds %s", ts.namespace, ts.name, ts.tasksText())
-}
-
-func (ts *taskSetObject) eventAction(op admissionv1.Operation) string {
-	if op == admissionv1.Create {
-		return "CreateWorkflowTaskSet"
-	}
-	return "UpdateWorkflowTaskSet"
 }
 
 func (ts *taskSetObject) eventRefused() string {

@@ -6,7 +6,6 @@ import (
 	"context"
 	"fmt"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -15,7 +14,6 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
-	"k8s.io/client-go/rest"
 	clientretry "k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -25,69 +23,24 @@ import (
 	"github.com/exit-guard/exit-guard/test/support/fixture"
 )
 
-// warnings collects the admission warnings a client receives.
-type warnings struct {
-	mu   sync.Mutex
-	seen []string
-}
-
-func (w *warnings) HandleWarningHeader(_ int, _ string, text string) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	w.seen = append(w.seen, text)
-}
-
-func (w *warnings) all() string {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return strings.Join(w.seen, "\n")
-}
-
-// warningClient is a client whose admission warnings w collects.
-func warningClient(t *testing.T, w *warnings) client.Client {
+// patchStaleInMode starts a guard in mode and has the stale copy of a completed workflow named
+// name patch its TaskSet with the exit handler's task: the mode admits it, with exit-guard's
+// warning.
+func patchStaleInMode(t *testing.T, mode Mode, name string) (h *harness, ns string, wf *unstructured.Unstructured) {
 	t.Helper()
-	cfg := rest.CopyConfig(env.Config)
-	cfg.WarningHandler = w
-	c, err := client.New(cfg, client.Options{Scheme: testScheme(t)})
-	if err != nil {
-		t.Fatal(err)
+	h = startGuard(t, Options{Mode: mode}, harnessOptions{})
+	ns = newNamespace(t)
+	wf, ts, step := runningTaskSet(t, ns, name)
+	complete(t, wf, ts, step)
+	w := &warnings{}
+	key, tmpl := fixture.OnExitTask(wf)
+	if err := warningClient(t, w).Patch(t.Context(), ts, fixture.TaskSetPatch(false, map[string]any{key: tmpl})); err != nil {
+		t.Fatalf("%s mode refused the stale patch: %v", mode, err)
 	}
-	return c
-}
-
-// runningTaskSet creates a running workflow and its TaskSet with one HTTP step, and lets the
-// agent report it done, as Argo does while a workflow runs.
-func runningTaskSet(t *testing.T, ns, name string) (*unstructured.Unstructured, *unstructured.Unstructured, string) {
-	t.Helper()
-	wf := createWorkflow(t, ns, name, argo.PhaseRunning)
-	step := argo.NodeID(name, name+"[0].call")
-	ts := fixture.TaskSet(wf, map[string]any{step: fixture.HTTPTask("call")})
-	if err := env.Client.Create(t.Context(), ts); err != nil {
-		t.Fatalf("creating the TaskSet of a running workflow: %v", err)
+	if !strings.Contains(w.all(), "exit-guard ("+string(mode)+" mode) would refuse this write") {
+		t.Errorf("warnings %q, want exit-guard's", w.all())
 	}
-	agentReports(t, ts, step)
-	return wf, ts, step
-}
-
-// agentReports writes a task's result through the status subresource, as the agent does.
-func agentReports(t *testing.T, ts *unstructured.Unstructured, node string) {
-	t.Helper()
-	if err := env.Client.Status().Patch(t.Context(), ts, fixture.TaskSetResult(node)); err != nil {
-		t.Fatalf("the agent's status write: %v", err)
-	}
-}
-
-// complete marks wf Succeeded and cleans its TaskSet up, as the controller does.
-func complete(t *testing.T, wf, ts *unstructured.Unstructured, done ...string) {
-	t.Helper()
-	setPhase(t, wf, argo.PhaseSucceeded)
-	removed := map[string]any{}
-	for _, k := range done {
-		removed[k] = nil
-	}
-	if err := env.Client.Patch(t.Context(), ts, fixture.TaskSetPatch(true, removed)); err != nil {
-		t.Fatalf("cleanup of the TaskSet of a succeeded workflow: %v, want it admitted", err)
-	}
+	return h, ns, wf
 }
 
 // The stale copy's write, as on an exposed controller: the exit handler's task added and the
@@ -285,13 +238,8 @@ func TestTaskSetWrites(t *testing.T) {
 	t.Run("name reused while the old TaskSet waits for the garbage collector: a patch alone refused as taskset-owner-gone, admitted once the status holds the node, or after the new workflow's create of the same template", func(t *testing.T) {
 		h := startGuard(t, Options{}, harnessOptions{})
 		ns := newNamespace(t)
-		old, ts, step := runningTaskSet(t, ns, "reused")
-		complete(t, old, ts, step)
-		if err := env.Client.Delete(t.Context(), old); err != nil {
-			t.Fatal(err)
-		}
 		// No garbage collector runs here: the old TaskSet stays, owned by the deleted UID.
-		wf := createWorkflow(t, ns, "reused", argo.PhaseRunning)
+		old, ts, wf := reuseName(t, ns, "reused")
 		key := argo.NodeID(wf.GetName(), wf.GetName()+"[0].call")
 		tmpl := fixture.HTTPTask(key)
 		// Argo creates first (the create names the new workflow: admitted, then AlreadyExists),
@@ -456,13 +404,8 @@ func TestTaskSetWrites(t *testing.T) {
 	t.Run("a create another user sends vouches for nothing Argo sends: its patch of a deleted workflow's TaskSet stays refused", func(t *testing.T) {
 		h := startGuard(t, Options{}, harnessOptions{})
 		ns := newNamespace(t)
-		old, ts, step := runningTaskSet(t, ns, "planted")
-		complete(t, old, ts, step)
-		if err := env.Client.Delete(t.Context(), old); err != nil {
-			t.Fatal(err)
-		}
 		// The name is reused; the old TaskSet waits for the garbage collector.
-		wf := createWorkflow(t, ns, "planted", argo.PhaseRunning)
+		_, ts, wf := reuseName(t, ns, "planted")
 		key, tmpl := fixture.OnExitTask(wf)
 		// Another tenant of the namespace, who may create TaskSets, sends a create that names
 		// the running workflow with the exit handler's task: the guard admits it (the
@@ -482,18 +425,7 @@ func TestTaskSetWrites(t *testing.T) {
 	})
 
 	t.Run("warn mode: admitted with a warning and an Event", func(t *testing.T) {
-		h := startGuard(t, Options{Mode: ModeWarn}, harnessOptions{})
-		ns := newNamespace(t)
-		wf, ts, step := runningTaskSet(t, ns, "warned")
-		complete(t, wf, ts, step)
-		w := &warnings{}
-		key, tmpl := fixture.OnExitTask(wf)
-		if err := warningClient(t, w).Patch(t.Context(), ts, fixture.TaskSetPatch(false, map[string]any{key: tmpl})); err != nil {
-			t.Fatalf("warn mode refused the stale patch: %v", err)
-		}
-		if !strings.Contains(w.all(), "exit-guard (warn mode) would refuse this write") {
-			t.Errorf("warnings %q, want exit-guard's", w.all())
-		}
+		h, ns, wf := patchStaleInMode(t, ModeWarn, "warned")
 		waitEvent(t, ns, wf, contract.EventReasonWarned)
 		if got := h.counter(t, "exit_guard_decisions_total", map[string]string{"verdict": "warned", "kind": argo.TaskSetKind}); got != 1 {
 			t.Errorf("warned TaskSet decisions = %v, want 1", got)
@@ -501,24 +433,11 @@ func TestTaskSetWrites(t *testing.T) {
 	})
 
 	t.Run("dry-run mode: admitted with a warning, no Event", func(t *testing.T) {
-		h := startGuard(t, Options{Mode: ModeDryRun}, harnessOptions{})
-		ns := newNamespace(t)
-		wf, ts, step := runningTaskSet(t, ns, "dry")
-		complete(t, wf, ts, step)
-		w := &warnings{}
-		key, tmpl := fixture.OnExitTask(wf)
-		if err := warningClient(t, w).Patch(t.Context(), ts, fixture.TaskSetPatch(false, map[string]any{key: tmpl})); err != nil {
-			t.Fatalf("dry-run mode refused the stale patch: %v", err)
-		}
-		if !strings.Contains(w.all(), "exit-guard (dry-run mode) would refuse this write") {
-			t.Errorf("warnings %q, want exit-guard's", w.all())
-		}
+		h, ns, wf := patchStaleInMode(t, ModeDryRun, "dry")
 		if got := h.counter(t, "exit_guard_decisions_total", map[string]string{"verdict": "dry-run", "kind": argo.TaskSetKind}); got != 1 {
 			t.Errorf("dry-run TaskSet decisions = %v, want 1", got)
 		}
-		err := wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, 3*time.Second, true,
-			func(context.Context) (bool, error) { return countEvents(t, ns, wf) > 0, nil })
-		if err == nil {
+		if !eventsStayAtMost(t, ns, wf, 0) {
 			t.Error("dry-run mode recorded an Event on the workflow")
 		}
 	})

@@ -65,14 +65,10 @@ type Metrics struct {
 // NewMetrics makes the metrics and registers them with reg.
 func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	m := &Metrics{
-		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "exit_guard_webhook_clients_refused_total",
-			Help: "TLS handshakes on the webhook port refused for want of a client certificate signed by the --webhook-client-ca-file CA, by reason (no-certificate, untrusted).",
-		}, []string{"reason"}),
-		reloadFailure: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "exit_guard_webhook_client_ca_reload_failures_total",
-			Help: "Changes of the --webhook-client-ca-file that could not be read as PEM certificates; the CA read before stays in use.",
-		}),
+		refused: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "exit_guard_webhook_clients_refused_total",
+			Help: "TLS handshakes on the webhook port refused for want of a client certificate signed by the --webhook-client-ca-file CA, by reason (no-certificate, untrusted)."}, []string{"reason"}),
+		reloadFailure: prometheus.NewCounter(prometheus.CounterOpts{Name: "exit_guard_webhook_client_ca_reload_failures_total",
+			Help: "Changes of the --webhook-client-ca-file that could not be read as PEM certificates; the CA read before stays in use."}),
 	}
 	for _, r := range []string{ReasonNoCertificate, ReasonUntrusted} {
 		m.refused.WithLabelValues(r)

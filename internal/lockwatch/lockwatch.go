@@ -106,10 +106,8 @@ func New(reader client.Reader, opts Options) (*Watcher, error) {
 		return nil, fmt.Errorf("lockwatch: a Registerer is required")
 	}
 	w := &Watcher{reader: reader, opts: opts, now: time.Now, page: listPage,
-		stuck: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "exit_guard_sync_stuck_workflows",
-			Help: "Workflows waiting on an Argo synchronization lock that Argo's controller keeps for a completed workflow (cause free-not-granted: the lock has a free slot but a completed workflow's entry heads its queue; held-by-completed: a completed workflow holds it), by the waiters' namespace, the lock and the cause. Restart the workflow controller to free it.",
-		}, []string{"workflow_namespace", "lock", "cause"}),
+		stuck: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "exit_guard_sync_stuck_workflows",
+			Help: "Workflows waiting on an Argo synchronization lock that Argo's controller keeps for a completed workflow (cause free-not-granted: the lock has a free slot but a completed workflow's entry heads its queue; held-by-completed: a completed workflow holds it), by the waiters' namespace, the lock and the cause. Restart the workflow controller to free it."}, []string{"workflow_namespace", "lock", "cause"}),
 		suspect: map[waitKey]time.Time{}, waiters: map[string]map[types.UID]bool{},
 		served: map[string]time.Time{}, reported: map[waitKey]bool{}}
 	if err := opts.Registerer.Register(w.stuck); err != nil {

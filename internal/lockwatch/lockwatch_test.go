@@ -131,20 +131,7 @@ func TestStuckWaitersAreFoundAndOthersAreNot(t *testing.T) {
 	w.page = 2
 	stuck := func() map[string]float64 {
 		t.Helper()
-		if err := w.Scan(t.Context()); err != nil {
-			t.Fatal(err)
-		}
-		mfs, err := reg.Gather()
-		if err != nil {
-			t.Fatal(err)
-		}
-		got := map[string]float64{}
-		for _, mf := range mfs {
-			for _, m := range mf.GetMetric() {
-				got[labels(m)] = m.GetGauge().GetValue()
-			}
-		}
-		return got
+		return scan(t, w, reg, "")
 	}
 
 	if got := stuck(); len(got) != 0 {
@@ -214,32 +201,34 @@ func scanner(t *testing.T, ns string) (w *Watcher, advance func(time.Duration), 
 	w.now = func() time.Time { return now }
 	return w, func(d time.Duration) { now = now.Add(d) }, func() map[string]float64 {
 		t.Helper()
-		if err := w.Scan(t.Context()); err != nil {
-			t.Fatal(err)
-		}
-		mfs, err := reg.Gather()
-		if err != nil {
-			t.Fatal(err)
-		}
-		got := map[string]float64{}
-		for _, mf := range mfs {
-			for _, m := range mf.GetMetric() {
-				if ls := labels(m); strings.Contains(ls, "workflow_namespace="+ns) {
-					got[ls] = m.GetGauge().GetValue()
-				}
-			}
-		}
-		return got
+		return scan(t, w, reg, "workflow_namespace="+ns)
 	}
 }
 
-func namespace(t *testing.T) string {
+// scan runs one scan of w and returns the stuck gauges reg holds, by their labels, those whose
+// labels contain filter.
+func scan(t *testing.T, w *Watcher, reg *prometheus.Registry, filter string) map[string]float64 {
 	t.Helper()
-	ns := "t-" + rand.String(8)
-	if err := env.Client.Create(t.Context(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
+	if err := w.Scan(t.Context()); err != nil {
 		t.Fatal(err)
 	}
-	return ns
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]float64{}
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			if ls := labels(m); strings.Contains(ls, filter) {
+				got[ls] = m.GetGauge().GetValue()
+			}
+		}
+	}
+	return got
+}
+
+func namespace(t *testing.T) string {
+	return testenv.Namespace(t, env.Client, "t-", nil)
 }
 
 // Ordinary waits whose status is old news, or whose lock lives elsewhere, are never stuck.

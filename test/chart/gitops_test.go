@@ -95,14 +95,8 @@ type application struct {
 
 func readApplication(t *testing.T) application {
 	t.Helper()
-	raw, err := os.ReadFile(filepath.Join(testenv.RepoRoot(), "examples", "argocd-application.yaml"))
-	if err != nil {
-		t.Fatal(err)
-	}
 	var app application
-	if err := yaml.Unmarshal(raw, &app); err != nil {
-		t.Fatalf("examples/argocd-application.yaml: %v", err)
-	}
+	readExample(t, "argocd-application.yaml", &app, func(raw []byte, v any) error { return yaml.Unmarshal(raw, v) })
 	// The released chart: the registry the release workflow pushes to, at the chart's version.
 	src := app.Spec.Source
 	if src.RepoURL != releasedChart || src.Path != "." || src.TargetRevision != chartVersion(t) || src.Helm.ReleaseName == "" {

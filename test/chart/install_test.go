@@ -140,21 +140,7 @@ func createWorkflow(t *testing.T, ns string, phase argo.Phase) *unstructured.Uns
 
 func waitDeniedEvent(t *testing.T, wf *unstructured.Unstructured) {
 	t.Helper()
-	err := wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
-		var list eventsv1.EventList
-		if err := env.Client.List(ctx, &list, client.InNamespace(wf.GetNamespace())); err != nil {
-			return false, err
-		}
-		for _, e := range list.Items {
-			if e.Regarding.UID == wf.GetUID() && e.Reason == "ExitHandlerDenied" {
-				return true, nil
-			}
-		}
-		return false, nil
-	})
-	if err != nil {
-		t.Fatalf("no ExitHandlerDenied Event on %s: %v", wf.GetName(), err)
-	}
+	testenv.WaitEvent(t, env.Client, testenv.About(wf, contract.EventReasonDenied))
 }
 
 // TestGuardDoesItsJobWithTheChartsPermissions installs the default profile, runs the guard as
@@ -425,14 +411,8 @@ func checkPermissions(t *testing.T, ns, sa string, out *testenv.Output) {
 		{authorizationv1.ResourceAttributes{Group: "coordination.k8s.io", Resource: "leases", Verb: "create", Namespace: ns}, false},
 	} {
 		name := fmt.Sprintf("%s %s.%s in %q", tc.attrs.Verb, tc.attrs.Resource, tc.attrs.Group, tc.attrs.Namespace)
-		sar := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
-			User: user, Groups: []string{"system:serviceaccounts", "system:serviceaccounts:" + ns, "system:authenticated"},
-			ResourceAttributes: &tc.attrs}}
-		if err := env.Client.Create(t.Context(), sar); err != nil {
-			t.Fatal(err)
-		}
-		if sar.Status.Allowed != tc.want {
-			t.Errorf("%s: allowed = %v, want %v", name, sar.Status.Allowed, tc.want)
+		if allowed := serviceAccountMay(t, user, ns, tc.attrs); allowed != tc.want {
+			t.Errorf("%s: allowed = %v, want %v", name, allowed, tc.want)
 		}
 	}
 }

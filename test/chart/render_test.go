@@ -15,6 +15,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
+	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -169,12 +170,7 @@ func TestRenderedManifestsAreAcceptedByTheAPIServer(t *testing.T) {
 }
 
 func newNamespace(t *testing.T, labels map[string]string) string {
-	t.Helper()
-	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "chart-" + rand.String(6), Labels: labels}}
-	if err := env.Client.Create(t.Context(), ns); err != nil {
-		t.Fatal(err)
-	}
-	return ns.Name
+	return testenv.Namespace(t, env.Client, "chart-", labels)
 }
 
 // TestChartMatchesTheGeneratedManifests checks the chart's webhooks and RBAC against config/,
@@ -380,4 +376,30 @@ func TestGoMemoryLimitFollowsTheContainers(t *testing.T) {
 			}
 		})
 	}
+}
+
+// readExample decodes the file name of examples/ into v with unmarshal, failing t when it
+// cannot.
+func readExample(t *testing.T, name string, v any, unmarshal func([]byte, any) error) {
+	t.Helper()
+	raw, err := os.ReadFile(filepath.Join(testenv.RepoRoot(), "examples", name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := unmarshal(raw, v); err != nil {
+		t.Fatalf("examples/%s: %v", name, err)
+	}
+}
+
+// serviceAccountMay says whether the API server lets user, a ServiceAccount of namespace ns, do
+// what attrs names (a SubjectAccessReview).
+func serviceAccountMay(t *testing.T, user, ns string, attrs authorizationv1.ResourceAttributes) bool {
+	t.Helper()
+	sar := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
+		User: user, Groups: []string{"system:serviceaccounts", "system:serviceaccounts:" + ns, "system:authenticated"},
+		ResourceAttributes: &attrs}}
+	if err := env.Client.Create(t.Context(), sar); err != nil {
+		t.Fatal(err)
+	}
+	return sar.Status.Allowed
 }

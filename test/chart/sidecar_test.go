@@ -6,8 +6,6 @@ import (
 	"context"
 	"fmt"
 	"net/http"
-	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -38,14 +36,8 @@ type sidecarValues struct {
 
 func readSidecarValues(t *testing.T) (corev1.Container, []corev1.Volume) {
 	t.Helper()
-	raw, err := os.ReadFile(filepath.Join(testenv.RepoRoot(), "examples", "sidecar-values.yaml"))
-	if err != nil {
-		t.Fatal(err)
-	}
 	var v sidecarValues
-	if err := yaml.UnmarshalStrict(raw, &v); err != nil {
-		t.Fatalf("examples/sidecar-values.yaml: %v", err)
-	}
+	readExample(t, "sidecar-values.yaml", &v, func(raw []byte, v any) error { return yaml.UnmarshalStrict(raw, v) })
 	if len(v.Controller.ExtraContainers) != 1 || len(v.Controller.Volumes) != 1 {
 		t.Fatalf("examples/sidecar-values.yaml has %d containers and %d volumes, want 1 and 1", len(v.Controller.ExtraContainers), len(v.Controller.Volumes))
 	}

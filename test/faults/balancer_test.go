@@ -4,13 +4,14 @@ package faults
 
 import (
 	"context"
-	"io"
 	"net"
 	"net/http"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/exit-guard/exit-guard/test/support/testenv"
 )
 
 // balancer stands in for a Service in front of the guard's replicas: the API server calls the
@@ -120,10 +121,7 @@ func (b *balancer) serve() {
 				return
 			}
 			defer func() { _ = up.Close() }()
-			done := make(chan struct{}, 2)
-			go func() { _, _ = io.Copy(up, c); done <- struct{}{} }()
-			go func() { _, _ = io.Copy(c, up); done <- struct{}{} }()
-			<-done
+			testenv.Splice(c, up)
 		}()
 	}
 }

@@ -108,12 +108,8 @@ plugins:
 	t.Cleanup(func() { _ = e.Stop() })
 	c := e.Client
 
-	addr, err := testenv.FreeAddr()
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, portStr, _ := net.SplitHostPort(addr)
-	port, _ := strconv.Atoi(portStr)
+	port := testenv.TestPort(t)
+	portStr := strconv.Itoa(port)
 	out := &testenv.Output{}
 	g, err := testenv.StartGuard(t.Context(), guardBin, e.KubeConfig(), []string{"--webhook-port=" + portStr,
 		"--webhook-cert-path=" + certDir, "--webhook-client-ca-file=" + clientCAFile, "--shutdown-delay=0s"}, out)
@@ -249,20 +245,9 @@ plugins:
 	})
 }
 
-// countEvents counts the guard's Events of reason about wf.
 func countEvents(t *testing.T, c client.Client, wf client.Object, reason string) int {
 	t.Helper()
-	var list corev1.EventList
-	if err := c.List(t.Context(), &list, client.InNamespace(wf.GetNamespace())); err != nil {
-		t.Fatal(err)
-	}
-	n := 0
-	for _, ev := range list.Items {
-		if ev.Reason == reason && ev.InvolvedObject.UID == wf.GetUID() {
-			n++
-		}
-	}
-	return n
+	return testenv.CountEvents(t.Context(), t, c, testenv.About(wf, reason))
 }
 
 // forgedReview is the AdmissionReview of pod's create, as a client that reaches the webhook
@@ -282,11 +267,7 @@ func forgedReview(pod *corev1.Pod, uid string) []byte {
 func TestForgedReviewsDoBoundedWork(t *testing.T) {
 	const slots, burst = 4, 60
 	p := testenv.StartAPIProxy(t, env.Config)
-	addr, err := testenv.FreeAddr()
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, port, _ := net.SplitHostPort(addr)
+	port := strconv.Itoa(testenv.TestPort(t))
 	out := &testenv.Output{}
 	g, err := testenv.StartGuard(t.Context(), guardBin, p.KubeConfig(t), []string{"--webhook-port=" + port, "--webhook-cert-path=" + env.WebhookCertDir,
 		"--shutdown-delay=0s", "--max-concurrent-decisions=" + strconv.Itoa(slots), "--live-read-timeout=300ms", "--live-read-budget=2s"}, out)

@@ -12,11 +12,9 @@ import (
 	"time"
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
-	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/util/rand"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/exit-guard/exit-guard/contract"
@@ -358,27 +356,25 @@ func TestReplicaKilledUnderLoad(t *testing.T) {
 // not see, and registers the guard's webhook for it alone with failurePolicy Ignore.
 func failOpenNamespace(t *testing.T) string {
 	t.Helper()
-	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "faults-open-" + rand.String(6), Labels: map[string]string{"exit-guard-faults-open": "true"}}}
-	if err := env.Client.Create(t.Context(), ns); err != nil {
-		t.Fatal(err)
-	}
+	labels := map[string]string{"exit-guard-faults-open": "true"}
+	ns := testenv.Namespace(t, env.Client, "faults-open-", labels)
 	vwc, err := testenv.GuardWebhook()
 	if err != nil {
 		t.Fatal(err)
 	}
-	vwc.Name = ns.Name
+	vwc.Name = ns
 	ignore := admissionregistrationv1.Ignore
 	url := "https://" + hostPort() + "/validate-pod"
 	for i := range vwc.Webhooks {
 		vwc.Webhooks[i].FailurePolicy = &ignore
-		vwc.Webhooks[i].NamespaceSelector = &metav1.LabelSelector{MatchLabels: ns.Labels}
+		vwc.Webhooks[i].NamespaceSelector = &metav1.LabelSelector{MatchLabels: labels}
 		vwc.Webhooks[i].ClientConfig = admissionregistrationv1.WebhookClientConfig{URL: &url, CABundle: env.WebhookCAData}
 	}
 	if err := env.Client.Create(t.Context(), vwc); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = env.Client.Delete(context.Background(), vwc) })
-	return ns.Name
+	return ns
 }
 
 // TestAPIServerRestartsUnderLoad stops kube-apiserver while admissions flow, starts it again,

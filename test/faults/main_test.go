@@ -20,10 +20,8 @@ import (
 	"time"
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
-	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/util/rand"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/exit-guard/exit-guard/contract"
@@ -95,11 +93,7 @@ func startReplica(t *testing.T, b *balancer, name string, args ...string) *repli
 // startReplicaWith is startReplica with the guard reaching the API server through kubeconfig.
 func startReplicaWith(t *testing.T, b *balancer, name string, kubeconfig []byte, args ...string) *replica {
 	t.Helper()
-	addr, err := testenv.FreeAddr()
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, port, _ := net.SplitHostPort(addr)
+	port := strconv.Itoa(testenv.TestPort(t))
 	out := &testenv.Output{}
 	args = append([]string{"--webhook-port=" + port, "--webhook-cert-path=" + env.WebhookCertDir}, args...)
 	g, err := testenv.StartGuard(t.Context(), guardBin, kubeconfig, args, out)
@@ -138,12 +132,7 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 }
 
 func newNamespace(t *testing.T) string {
-	t.Helper()
-	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "faults-" + rand.String(6), Labels: map[string]string{"exit-guard-faults": "true"}}}
-	if err := env.Client.Create(t.Context(), ns); err != nil {
-		t.Fatal(err)
-	}
-	return ns.Name
+	return testenv.Namespace(t, env.Client, "faults-", map[string]string{"exit-guard-faults": "true"})
 }
 
 func createWorkflow(t *testing.T, ns, name string, phase argo.Phase) *unstructured.Unstructured {

@@ -27,11 +27,7 @@ import (
 // startGuard runs a guard on a free webhook port with args; it is not behind the balancer.
 func startGuard(t *testing.T, args ...string) (*testenv.Guard, string) {
 	t.Helper()
-	addr, err := testenv.FreeAddr()
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, port, _ := net.SplitHostPort(addr)
+	port := strconv.Itoa(testenv.TestPort(t))
 	out := &testenv.Output{}
 	g, err := testenv.StartGuard(t.Context(), guardBin, env.KubeConfig(),
 		append([]string{"--webhook-port=" + port, "--webhook-cert-path=" + env.WebhookCertDir, "--shutdown-delay=0s"}, args...), out)

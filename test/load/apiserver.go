@@ -121,7 +121,7 @@ func runAPIServer(args []string) error {
 	procOf := map[string]*process{}
 	// The guard's two processes first: procs[:2] are waited for at each step.
 	for _, col := range []string{colGuard, colStoreFirst, colLiveGet, colFloorHTTP, colFloorRuntime} {
-		port, err := freePort()
+		port, err := testenv.FreePort()
 		if err != nil {
 			return err
 		}

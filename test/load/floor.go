@@ -11,10 +11,8 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/signal"
 	"path/filepath"
 	"strconv"
-	"syscall"
 	"time"
 
 	crwebhook "sigs.k8s.io/controller-runtime/pkg/webhook"
@@ -53,10 +51,10 @@ func runFloor(args []string) error {
 	addr := fs.String("addr", "127.0.0.1:9443", "Where to serve, over TLS.")
 	certDir := fs.String("cert-dir", "", "The folder of tls.crt and tls.key.")
 	probe := fs.String("probe", "127.0.0.1:0", "The address of /readyz.")
-	if err := fs.Parse(args); err != nil {
+	ctx, stop, err := startChild(fs, args)
+	if err != nil {
 		return err
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	host, portText, err := net.SplitHostPort(*addr)
 	if err != nil {

@@ -1,23 +1,19 @@
 package main
 
 import (
-	"context"
 	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"net/http"
-	"os/signal"
 	"path/filepath"
-	"syscall"
 	"time"
 
 	admissionv1 "k8s.io/api/admission/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/exit-guard/exit-guard/internal/argo"
@@ -33,16 +29,15 @@ func runLiveGet(args []string) error {
 	addr := fs.String("addr", "127.0.0.1:9443", "Where to serve, over TLS.")
 	certDir := fs.String("cert-dir", "", "The folder of tls.crt and tls.key.")
 	probe := fs.String("probe", "127.0.0.1:0", "The address of /readyz.")
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
-	defer stop()
-	cfg, err := ctrl.GetConfig()
+	ctx, stop, err := startChild(fs, args)
 	if err != nil {
 		return err
 	}
-	cfg.QPS, cfg.Burst = -1, 0
+	defer stop()
+	cfg, err := unthrottledConfig()
+	if err != nil {
+		return err
+	}
 	c, err := client.New(cfg, client.Options{})
 	if err != nil {
 		return err

@@ -5,12 +5,13 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -19,6 +20,8 @@ import (
 
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
+	"k8s.io/client-go/rest"
+	ctrl "sigs.k8s.io/controller-runtime"
 
 	"github.com/exit-guard/exit-guard/test/support/testenv"
 )
@@ -26,18 +29,15 @@ import (
 // process is a watcher under measurement: the exit-guard binary, or this tool's own watcher of
 // whole objects (runWatcher) in a child process, so that its memory and CPU are its own.
 type process struct {
+	*testenv.Process
 	name      string
-	cmd       *exec.Cmd
 	probeAddr string // serves /readyz
 	// metricsAddr serves the guard's metrics.
 	metricsAddr string
 	// rv reads how far its watch has got (a resourceVersion).
-	rv      func(ctx context.Context) (uint64, error)
-	started time.Time
-	exited  chan struct{}
-	exitErr error
-	out     *testenv.Output
-	dir     string
+	rv  func(ctx context.Context) (uint64, error)
+	out *testenv.Output
+	dir string
 }
 
 // shapes of watcher measured beside the guard.
@@ -117,33 +117,26 @@ func newProcess(name string, kubeconfig []byte) (*process, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &process{name: name, probeAddr: addr, exited: make(chan struct{}), out: &testenv.Output{}, dir: dir}, nil
+	return &process{name: name, probeAddr: addr, out: &testenv.Output{}, dir: dir}, nil
 }
 
-func (p *process) start(bin string, args ...string) error {
-	p.cmd = exec.Command(bin, args...) //nolint:gosec // G204: the guard this repository built, or this tool itself
-	p.cmd.Env = append(os.Environ(), "KUBECONFIG="+filepath.Join(p.dir, "kubeconfig"))
-	p.cmd.Stdout, p.cmd.Stderr = p.out, p.out
-	p.started = time.Now()
-	if err := p.cmd.Start(); err != nil {
-		return err
-	}
-	go func() { p.exitErr = p.cmd.Wait(); close(p.exited) }()
-	return nil
+func (p *process) start(bin string, args ...string) (err error) {
+	p.Process, err = testenv.Launch(bin, args, append(os.Environ(), "KUBECONFIG="+filepath.Join(p.dir, "kubeconfig")), p.out)
+	return err
 }
 
 // waitReady polls /readyz every 10 ms and returns how long after the start it first passed.
 func (p *process) waitReady(ctx context.Context) (time.Duration, error) {
 	for {
 		select {
-		case <-p.exited:
-			return 0, fmt.Errorf("%s exited before it was ready: %w\n%s", p.name, p.exitErr, p.out)
+		case <-p.Done():
+			return 0, fmt.Errorf("%s was never ready: %w\n%s", p.name, p.Exited(), p.out)
 		case <-ctx.Done():
 			return 0, fmt.Errorf("%s never became ready: %w", p.name, errTimeout)
 		default:
 		}
 		if _, err := get(ctx, "http://"+p.probeAddr+"/readyz"); err == nil {
-			return time.Since(p.started), nil
+			return time.Since(p.Started()), nil
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
@@ -164,8 +157,8 @@ func (p *process) waitRVEvery(ctx context.Context, rv uint64, interval time.Dura
 			return asked, nil
 		}
 		select {
-		case <-p.exited:
-			return asked, fmt.Errorf("%s exited: %w\n%s", p.name, p.exitErr, p.out)
+		case <-p.Done():
+			return asked, fmt.Errorf("%w\n%s", p.Exited(), p.out)
 		case <-ctx.Done():
 			return asked, fmt.Errorf("%s's watch never reached resourceVersion %d (at %d, %w): %w", p.name, rv, got, err, errTimeout)
 		case <-time.After(interval):
@@ -177,7 +170,7 @@ func (p *process) waitRVEvery(ctx context.Context, rv uint64, interval time.Dura
 type memory struct{ rss, peak int64 }
 
 func (p *process) memory() (memory, error) {
-	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", p.cmd.Process.Pid))
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", p.Pid()))
 	if err != nil {
 		return memory{}, err
 	}
@@ -201,7 +194,7 @@ func (p *process) memory() (memory, error) {
 
 // cpu is the CPU time the process has used, user and system.
 func (p *process) cpu() (time.Duration, error) {
-	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p.cmd.Process.Pid))
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p.Pid()))
 	if err != nil {
 		return 0, err
 	}
@@ -218,15 +211,8 @@ func (p *process) cpu() (time.Duration, error) {
 }
 
 func (p *process) stop() {
-	if p.cmd == nil || p.cmd.Process == nil {
-		return
-	}
-	_ = p.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-p.exited:
-	case <-time.After(30 * time.Second):
-		_ = p.cmd.Process.Kill()
-		<-p.exited
+	if p.Process != nil {
+		_ = p.Stop(30 * time.Second)
 	}
 	_ = os.RemoveAll(p.dir)
 }
@@ -275,15 +261,23 @@ func scrape(ctx context.Context, url, name string) (float64, error) {
 	return m.GetCounter().GetValue(), nil
 }
 
-// freePort is a loopback port that was free a moment ago.
-func freePort() (int, error) {
-	addr, err := testenv.FreeAddr()
-	if err != nil {
-		return 0, err
+// startChild parses the flags of a child process (a watcher, a peer webhook, a floor) and
+// returns the context it runs in, which SIGTERM and SIGINT end.
+func startChild(fs *flag.FlagSet, args []string) (context.Context, context.CancelFunc, error) {
+	if err := fs.Parse(args); err != nil {
+		return nil, nil, err
 	}
-	_, port, err := net.SplitHostPort(addr)
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	return ctx, stop, nil
+}
+
+// unthrottledConfig is the config of the API server a child's KUBECONFIG names, without
+// client-side rate limits.
+func unthrottledConfig() (*rest.Config, error) {
+	cfg, err := ctrl.GetConfig()
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
-	return strconv.Atoi(port)
+	cfg.QPS, cfg.Burst = -1, 0
+	return cfg, nil
 }

@@ -1,21 +1,17 @@
 package main
 
 import (
-	"context"
 	"errors"
 	"flag"
 	"fmt"
 	"net/http"
-	"os/signal"
 	"strconv"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	toolscache "k8s.io/client-go/tools/cache"
-	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -31,16 +27,15 @@ func runWatcher(args []string) error {
 	fs := flag.NewFlagSet(watcherCommand, flag.ContinueOnError)
 	shape := fs.String("shape", shapeFull, "full-object or full-stream-typed")
 	probe := fs.String("probe", "127.0.0.1:0", "The address of /readyz and /rv.")
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
-	defer stop()
-	cfg, err := ctrl.GetConfig()
+	ctx, stop, err := startChild(fs, args)
 	if err != nil {
 		return err
 	}
-	cfg.QPS, cfg.Burst = -1, 0
+	defer stop()
+	cfg, err := unthrottledConfig()
+	if err != nil {
+		return err
+	}
 	scheme, err := argo.NewScheme()
 	if err != nil {
 		return err

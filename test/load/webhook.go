@@ -113,7 +113,7 @@ func runWebhook(args []string) error {
 		{"exit handler, --store-first", "", []string{"--store-first"}, podFor(&pods.exit, wf), rates},
 		{"exit handler, live read", "", nil, podFor(&pods.exit, wf), lrates},
 	} {
-		port, err := freePort()
+		port, err := testenv.FreePort()
 		if err != nil {
 			return err
 		}

@@ -11,9 +11,6 @@ import (
 	"testing"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/rand"
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/exit-guard/exit-guard/contract"
@@ -77,12 +74,7 @@ func (st *stack) stopGuard(t *testing.T) {
 }
 
 func newNamespace(t *testing.T) string {
-	t.Helper()
-	ns := "ops-" + rand.String(6)
-	if err := env.Client.Create(t.Context(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
-		t.Fatal(err)
-	}
-	return ns
+	return testenv.Namespace(t, env.Client, "ops-", nil)
 }
 
 // timing is one row of docs/alerts.md's table: from the cause to the delivered notification,

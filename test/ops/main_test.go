@@ -10,7 +10,6 @@ package ops
 import (
 	"context"
 	"fmt"
-	"io"
 	"net"
 	"net/url"
 	"os"
@@ -131,10 +130,7 @@ func (s *service) forward(c net.Conn) {
 		return
 	}
 	defer func() { _ = up.Close() }()
-	done := make(chan struct{}, 2)
-	go func() { _, _ = io.Copy(up, c); done <- struct{}{} }()
-	go func() { _, _ = io.Copy(c, up); done <- struct{}{} }()
-	<-done
+	testenv.Splice(c, up)
 }
 
 // route sends the service's connections to the guard whose metrics listen on addr ("" for
@@ -147,7 +143,7 @@ func (s *service) route(addr string) {
 
 // stack is a running Prometheus and Alertmanager, and the receiver Alertmanager delivers to.
 type stack struct {
-	prom, am *testenv.Process
+	prom, am *testenv.Tool
 	recv     *testenv.Receiver
 	svc      *service
 	current  *testenv.Guard // the guard running, if any

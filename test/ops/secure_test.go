@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -144,7 +145,8 @@ func TestSecureMetricsOnTheRealPrometheus(t *testing.T) {
 		return jobs
 	})
 
-	st.guard(t, "--metrics-secure", "--webhook-cert-path="+certDir, "--webhook-port="+freePort(t),
+	port := testenv.TestPort(t)
+	st.guard(t, "--metrics-secure", "--webhook-cert-path="+certDir, "--webhook-port="+strconv.Itoa(port),
 		"--lock-check-interval=1s", "--lock-stuck-after=1s")
 	waitQuery(t, st, `up{job="exit-guard-metrics"} == 1`)
 	waitQuery(t, st, `exit_guard_ready{namespace="argo",pod="exit-guard-a"} == 1`)
@@ -161,14 +163,4 @@ func TestSecureMetricsOnTheRealPrometheus(t *testing.T) {
 	_, cause := waitOnLock(t, ns, lock)
 	_, fired := st.waitNotified(t, "ExitGuardSyncLockStuck", "firing", cause, 120*time.Second, map[string]string{"lock": lock})
 	t.Logf("over HTTPS with a bearer token: ExitGuardSyncLockStuck delivered %s after its cause", fired.Round(100*time.Millisecond))
-}
-
-func freePort(t *testing.T) string {
-	t.Helper()
-	addr, err := testenv.FreeAddr()
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, port, _ := net.SplitHostPort(addr)
-	return port
 }

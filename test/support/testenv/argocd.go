@@ -57,7 +57,7 @@ func (a ArgoCD) environ() []string {
 
 // StartRepoServer runs Argo CD's repo server, plain gRPC on a free loopback port (grpcAddr;
 // Process.Addr is its metrics address).
-func (a ArgoCD) StartRepoServer(ctx context.Context, out io.Writer) (p *Process, grpcAddr string, err error) {
+func (a ArgoCD) StartRepoServer(ctx context.Context, out io.Writer) (p *Tool, grpcAddr string, err error) {
 	for _, d := range []string{"home", "tls", "ssh", "gpg"} {
 		if err := os.MkdirAll(filepath.Join(a.Work, d), 0o700); err != nil {
 			return nil, "", err
@@ -72,7 +72,7 @@ func (a ArgoCD) StartRepoServer(ctx context.Context, out io.Writer) (p *Process,
 	}
 	_, port, _ := net.SplitHostPort(grpcAddr)
 	_, mport, _ := net.SplitHostPort(metrics)
-	p, err = startProcess(ctx, filepath.Join(a.Dir, "argocd"), metrics, []string{"repo-server",
+	p, err = startTool(ctx, filepath.Join(a.Dir, "argocd"), metrics, []string{"repo-server",
 		"--address=127.0.0.1", "--port=" + port, "--metrics-address=127.0.0.1", "--metrics-port=" + mport,
 		"--redis=" + a.Redis, "--disable-tls", "--client-ca-path=", "--loglevel=info", "--logformat=text",
 	}, a.environ(), out, "/healthz")
@@ -81,13 +81,13 @@ func (a ArgoCD) StartRepoServer(ctx context.Context, out io.Writer) (p *Process,
 
 // StartApplicationController runs Argo CD's application controller on the repo server at
 // repoServer, reconciling every Application every resync.
-func (a ArgoCD) StartApplicationController(ctx context.Context, repoServer string, resync time.Duration, out io.Writer) (*Process, error) {
+func (a ArgoCD) StartApplicationController(ctx context.Context, repoServer string, resync time.Duration, out io.Writer) (*Tool, error) {
 	metrics, err := FreeAddr()
 	if err != nil {
 		return nil, err
 	}
 	_, mport, _ := net.SplitHostPort(metrics)
-	return startProcess(ctx, filepath.Join(a.Dir, "argocd"), metrics, []string{"application-controller",
+	return startTool(ctx, filepath.Join(a.Dir, "argocd"), metrics, []string{"application-controller",
 		"--kubeconfig=" + a.KubeConfig, "--repo-server=" + repoServer, "--repo-server-plaintext",
 		"--redis=" + a.Redis, "--metrics-port=" + mport, "--app-resync=" + fmt.Sprint(int(resync.Seconds())),
 		"--status-processors=2", "--operation-processors=2", "--loglevel=info", "--logformat=text",

@@ -6,18 +6,17 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
-	"syscall"
+	"testing"
 	"time"
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"sigs.k8s.io/yaml"
 )
 
@@ -34,11 +33,9 @@ func BuildGuard(dir string) (string, error) {
 
 // Guard is an exit-guard process.
 type Guard struct {
+	*Process
 	// ProbeAddr and MetricsAddr are its health and metrics endpoints on loopback.
 	ProbeAddr, MetricsAddr string
-	cmd                    *exec.Cmd
-	exited                 chan struct{} // closed when the process has ended
-	exitErr                error
 	dir                    string
 }
 
@@ -62,7 +59,7 @@ func LaunchGuard(bin string, kubeconfig []byte, args []string, out io.Writer) (*
 	if err != nil {
 		return nil, err
 	}
-	g := &Guard{exited: make(chan struct{}), dir: dir}
+	g := &Guard{dir: dir}
 	kc := filepath.Join(dir, "kubeconfig")
 	if err := os.WriteFile(kc, kubeconfig, 0o600); err != nil {
 		return nil, err
@@ -75,91 +72,36 @@ func LaunchGuard(bin string, kubeconfig []byte, args []string, out io.Writer) (*
 	}
 	args = append(append([]string{}, args...),
 		"--health-probe-bind-address="+g.ProbeAddr, "--metrics-bind-address="+g.MetricsAddr)
-	g.cmd = exec.Command(bin, args...) //nolint:gosec // G204: the binary this repository built
-	g.cmd.Env = append(os.Environ(), "KUBECONFIG="+kc)
-	g.cmd.Stdout, g.cmd.Stderr = out, out
-	if err := g.cmd.Start(); err != nil {
+	if g.Process, err = Launch(bin, args, append(os.Environ(), "KUBECONFIG="+kc), out); err != nil {
 		return nil, err
 	}
-	go func() { g.exitErr = g.cmd.Wait(); close(g.exited) }()
 	return g, nil
 }
 
 // WaitReady waits up to timeout for /readyz to answer 200; it fails at once when the process
 // ends.
 func (g *Guard) WaitReady(ctx context.Context, timeout time.Duration) error {
-	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
-		if err := g.Exited(); err != nil {
-			return false, fmt.Errorf("exit-guard exited before it was ready: %w", err)
-		}
-		code, err := g.Probe(ctx, "/readyz")
-		return err == nil && code == http.StatusOK, nil
-	})
-	if err != nil {
-		return fmt.Errorf("exit-guard never became ready: %w", err)
-	}
-	return nil
-}
-
-// Exited returns an error when the process has ended (its exit error, or one that says so),
-// nil while it runs.
-func (g *Guard) Exited() error {
-	select {
-	case <-g.exited:
-		if g.exitErr != nil {
-			return g.exitErr
-		}
-		return errors.New("exit-guard exited with status 0")
-	default:
-		return nil
-	}
+	_, err := g.Process.WaitReady(ctx, "http://"+g.ProbeAddr+"/readyz", 100*time.Millisecond, timeout)
+	return err
 }
 
 // Probe GETs path on the probe endpoint and returns the status code.
 func (g *Guard) Probe(ctx context.Context, path string) (int, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+g.ProbeAddr+path, nil)
-	if err != nil {
-		return 0, err
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return 0, err
-	}
-	_ = resp.Body.Close()
-	return resp.StatusCode, nil
+	return Get(ctx, "http://"+g.ProbeAddr+path)
 }
 
 // Stop sends SIGTERM and waits for the process to end (killing it after 30 s). It returns the
 // process's exit error, if any.
 func (g *Guard) Stop() error {
 	defer func() { _ = os.RemoveAll(g.dir) }()
-	if g.cmd.Process == nil {
-		return nil
-	}
-	_ = g.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-g.exited:
-		return g.exitErr
-	case <-time.After(30 * time.Second):
-		_ = g.cmd.Process.Kill()
-		return errors.New("exit-guard did not stop within 30 s of SIGTERM")
-	}
+	return g.Process.Stop(30 * time.Second)
 }
 
 // Kill ends the process at once (SIGKILL), as a crash or an OOM kill would, and waits for it.
 // It does nothing to a process that has ended.
 func (g *Guard) Kill() error {
 	defer func() { _ = os.RemoveAll(g.dir) }()
-	if g.cmd.Process == nil {
-		return nil
-	}
-	select {
-	case <-g.exited:
-		return nil
-	default:
-	}
-	_ = g.cmd.Process.Kill()
-	<-g.exited
+	g.Process.Kill()
 	return nil
 }
 
@@ -185,6 +127,29 @@ func FreeAddr() (string, error) {
 		}
 	}
 	return "", errors.New("no free port not handed out before, in 100 tries")
+}
+
+// FreePort is the port of FreeAddr.
+func FreePort() (int, error) {
+	addr, err := FreeAddr()
+	if err != nil {
+		return 0, err
+	}
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return 0, err
+	}
+	return strconv.Atoi(port)
+}
+
+// TestPort is FreePort for a test, which it fails when there is none.
+func TestPort(t testing.TB) int {
+	t.Helper()
+	port, err := FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return port
 }
 
 // handedOut are the addresses FreeAddr returned, in this process.

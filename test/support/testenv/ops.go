@@ -17,8 +17,6 @@ import (
 	"strings"
 	"sync"
 	"time"
-
-	"k8s.io/apimachinery/pkg/util/wait"
 )
 
 // OpsDir is the folder holding the real Prometheus and Alertmanager that hack/ops-binaries.sh
@@ -43,72 +41,42 @@ func OpsDir() (string, error) {
 	return dir, nil
 }
 
-// Process is a tool run by a test: Prometheus, Alertmanager, a part of Argo CD.
-type Process struct {
+// Tool is a tool run by a test, serving HTTP: Prometheus, Alertmanager, a part of Argo CD.
+type Tool struct {
+	*Process
 	// Addr is its HTTP address on loopback.
 	Addr string
-	cmd  *exec.Cmd
-	done chan struct{}
-	err  error
 }
 
-// startProcess runs bin with args, its output into out, and waits until GET ready on Addr
-// answers 200. With environ, the process has that environment instead of the test's.
-func startProcess(ctx context.Context, bin, addr string, args, environ []string, out io.Writer, ready string) (*Process, error) {
-	p := &Process{Addr: addr, done: make(chan struct{})}
-	p.cmd = exec.Command(bin, args...) //nolint:gosec // G204: a binary this repository built
-	p.cmd.Env = environ
-	p.cmd.Stdout, p.cmd.Stderr = out, out
-	if err := p.cmd.Start(); err != nil {
+// startTool runs bin with args, its output into out, and waits until GET ready on addr answers
+// 200. With environ, the process has that environment instead of the test's.
+func startTool(ctx context.Context, bin, addr string, args, environ []string, out io.Writer, ready string) (*Tool, error) {
+	p, err := Launch(bin, args, environ, out)
+	if err != nil {
 		return nil, err
 	}
-	go func() { p.err = p.cmd.Wait(); close(p.done) }()
-	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 60*time.Second, true, func(ctx context.Context) (bool, error) {
-		select {
-		case <-p.done:
-			return false, fmt.Errorf("%s exited before it was ready: %w", filepath.Base(bin), p.err)
-		default:
-		}
-		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+ready, nil)
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			return false, nil
-		}
-		_ = resp.Body.Close()
-		return resp.StatusCode == http.StatusOK, nil
-	})
-	if err != nil {
-		return nil, errors.Join(err, p.Stop())
+	t := &Tool{Process: p, Addr: addr}
+	if _, err := p.WaitReady(ctx, "http://"+addr+ready, 100*time.Millisecond, 60*time.Second); err != nil {
+		return nil, errors.Join(err, t.Stop())
 	}
-	return p, nil
+	return t, nil
 }
 
-// Stop ends the process and waits for it.
-func (p *Process) Stop() error {
-	select {
-	case <-p.done:
-		return nil
-	default:
-	}
-	_ = p.cmd.Process.Signal(os.Interrupt)
-	select {
-	case <-p.done:
-	case <-time.After(10 * time.Second):
-		_ = p.cmd.Process.Kill()
-		<-p.done
-	}
+// Stop ends the tool (SIGTERM, then SIGKILL after 10 s) and waits for it.
+func (t *Tool) Stop() error {
+	_ = t.Process.Stop(10 * time.Second)
 	return nil
 }
 
 // StartPrometheus runs the real Prometheus of dir (OpsDir) with the configuration file config,
 // its data in a folder of its own under work, on a free loopback port.
-func StartPrometheus(ctx context.Context, dir, work, config string, out io.Writer) (*Process, error) {
+func StartPrometheus(ctx context.Context, dir, work, config string, out io.Writer) (*Tool, error) {
 	addr, err := FreeAddr()
 	if err != nil {
 		return nil, err
 	}
 	data := filepath.Join(work, "prometheus-data")
-	return startProcess(ctx, filepath.Join(dir, "prometheus"), addr, []string{
+	return startTool(ctx, filepath.Join(dir, "prometheus"), addr, []string{
 		"--config.file=" + config, "--storage.tsdb.path=" + data, "--web.listen-address=" + addr,
 		"--web.enable-lifecycle", "--log.level=warn",
 	}, nil, out, "/-/ready")
@@ -116,12 +84,12 @@ func StartPrometheus(ctx context.Context, dir, work, config string, out io.Write
 
 // StartAlertmanager runs the real Alertmanager of dir with the configuration file config, on a
 // free loopback port, clustering off (it binds nothing else).
-func StartAlertmanager(ctx context.Context, dir, work, config string, out io.Writer) (*Process, error) {
+func StartAlertmanager(ctx context.Context, dir, work, config string, out io.Writer) (*Tool, error) {
 	addr, err := FreeAddr()
 	if err != nil {
 		return nil, err
 	}
-	return startProcess(ctx, filepath.Join(dir, "alertmanager"), addr, []string{
+	return startTool(ctx, filepath.Join(dir, "alertmanager"), addr, []string{
 		"--config.file=" + config, "--storage.path=" + filepath.Join(work, "alertmanager-data"),
 		"--web.listen-address=" + addr, "--cluster.listen-address=", "--log.level=warn",
 	}, nil, out, "/-/ready")

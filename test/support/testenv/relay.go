@@ -1,6 +1,7 @@
 package testenv
 
 import (
+	"io"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -89,4 +90,12 @@ func (r *Relay) Blackhole() {
 	for _, dead := range r.conns {
 		dead.Store(true)
 	}
+}
+
+// Splice copies between a and b, both ways, until either side ends.
+func Splice(a, b net.Conn) {
+	done := make(chan struct{}, 2)
+	go func() { _, _ = io.Copy(a, b); done <- struct{}{} }()
+	go func() { _, _ = io.Copy(b, a); done <- struct{}{} }()
+	<-done
 }
