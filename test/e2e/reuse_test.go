@@ -6,16 +6,13 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
-	eventsv1 "k8s.io/api/events/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -34,8 +31,8 @@ type collector struct {
 	bin, kubeconfig string
 	log             *os.File
 
-	mu  sync.Mutex
-	cmd *exec.Cmd
+	mu   sync.Mutex
+	proc *testenv.Process
 }
 
 func newCollector(t *testing.T, env *testenv.Env, logDir string) *collector {
@@ -65,35 +62,26 @@ func (g *collector) start(t *testing.T) {
 	t.Helper()
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if g.cmd != nil {
+	if g.proc != nil {
 		return
 	}
-	cmd := exec.Command(g.bin, "--kubeconfig="+g.kubeconfig, "--controllers=garbagecollector",
-		"--leader-elect=false", "--secure-port=0", "--v=2")
-	cmd.Stdout, cmd.Stderr = g.log, g.log
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("starting kube-controller-manager: %v", err)
+	proc, err := testenv.Launch(g.bin, []string{"--kubeconfig=" + g.kubeconfig, "--controllers=garbagecollector",
+		"--leader-elect=false", "--secure-port=0", "--v=2"}, nil, g.log)
+	if err != nil {
+		t.Fatal(err)
 	}
-	g.cmd = cmd
+	g.proc = proc
 }
 
 // stop stops the garbage collector, if it runs.
 func (g *collector) stop() {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if g.cmd == nil {
+	if g.proc == nil {
 		return
 	}
-	_ = g.cmd.Process.Signal(syscall.SIGTERM)
-	done := make(chan struct{})
-	go func() { _ = g.cmd.Wait(); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(10 * time.Second):
-		_ = g.cmd.Process.Kill()
-		<-done
-	}
-	g.cmd = nil
+	_ = g.proc.Stop(10 * time.Second)
+	g.proc = nil
 }
 
 // reuse is what became of one workflow that reused a deleted workflow's name.
@@ -228,20 +216,7 @@ func waitPhase(ctx context.Context, t *testing.T, c client.Client, wf *unstructu
 // ownerGoneEvents counts the guard's TaskSetOwnerGone Events about the workflow name.
 func ownerGoneEvents(ctx context.Context, t *testing.T, c client.Client, name string) int {
 	t.Helper()
-	var list eventsv1.EventList
-	if err := c.List(ctx, &list, client.InNamespace(namespace)); err != nil {
-		t.Fatal(err)
-	}
-	n := 0
-	for _, e := range list.Items {
-		if e.Regarding.Name == name && e.Reason == contract.EventReasonTaskSetOwnerGone {
-			n++
-			if e.Series != nil {
-				n += int(e.Series.Count) - 1
-			}
-		}
-	}
-	return n
+	return testenv.CountEvents(ctx, t, c, testenv.EventsAbout{Namespace: namespace, Name: name, Reason: contract.EventReasonTaskSetOwnerGone})
 }
 
 // nodeMessage is the phase and message of wf's node whose name ends with suffix.

@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	eventsv1 "k8s.io/api/events/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -173,15 +172,5 @@ func driveWrongRefusal(ctx context.Context, t *testing.T, r rig, cutOff time.Dur
 
 // overturnEvents counts the guard's RefusalOverturned Events about wf.
 func overturnEvents(ctx context.Context, t *testing.T, c client.Client, wf *unstructured.Unstructured) int {
-	var list eventsv1.EventList
-	if err := c.List(ctx, &list, client.InNamespace(namespace)); err != nil {
-		t.Fatal(err)
-	}
-	n := 0
-	for _, e := range list.Items {
-		if e.Regarding.UID == wf.GetUID() && e.Reason == contract.EventReasonRefusalOverturned {
-			n++
-		}
-	}
-	return n
+	return testenv.CountEvents(ctx, t, c, testenv.EventsAbout{Namespace: namespace, Name: wf.GetName(), UID: wf.GetUID(), Reason: contract.EventReasonRefusalOverturned})
 }

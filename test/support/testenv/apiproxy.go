@@ -2,6 +2,8 @@ package testenv
 
 import (
 	"context"
+	"encoding/json"
+	"io"
 	"net"
 	"net/http"
 	"net/url"
@@ -16,15 +18,19 @@ import (
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 )
 
-// APIProxy is a plain-HTTP proxy on loopback between a guard and the test API server. It
-// forwards every request with the test's credentials, and injects the faults a loaded API
-// server shows its clients: reads of single workflows (isSingleRead) that hang until the
-// client gives up, and Workflow watch streams that stall (events held back) or are cut.
+// APIProxy is a plain-HTTP proxy on loopback between a client (a guard, Argo's controller) and
+// the test API server. It forwards every request with the test's credentials, and injects the
+// faults a loaded API server shows its clients: reads of single workflows (isSingleRead) that
+// hang until the client gives up, and Workflow watch streams that stall (events held back), are
+// cut, or (APIProxyOptions.WatchDelay) deliver every event late. Nothing is made up: every event
+// and every answer it forwards is the API server's own.
 type APIProxy struct {
 	target *url.URL
 	rt     http.RoundTripper
 	srv    *http.Server
 	addr   string
+	// watchDelay is APIProxyOptions.WatchDelay.
+	watchDelay time.Duration
 
 	// HangReads holds every read of a single workflow until its client gives up.
 	HangReads atomic.Bool
@@ -42,8 +48,25 @@ type APIProxy struct {
 	nextID  int
 }
 
+// APIProxyOptions are what a proxy does from its start, beside the faults switched on and off
+// through its fields.
+type APIProxyOptions struct {
+	// WatchDelay delivers the events of every Workflow watch stream (of the collection) late by
+	// this much, one by one and in their order: the lag an informer suffers on a loaded API
+	// server. With it, requests reach the API server without the client's Accept-Encoding, so
+	// that a watch stream can be read event by event.
+	WatchDelay time.Duration
+}
+
 // StartAPIProxy starts a proxy to the API server of cfg, stopped when t ends.
 func StartAPIProxy(t *testing.T, cfg *rest.Config) *APIProxy {
+	t.Helper()
+	return StartAPIProxyWith(t, cfg, APIProxyOptions{})
+}
+
+// StartAPIProxyWith starts a proxy to the API server of cfg with opts, stopped when t ends (or
+// by Close before).
+func StartAPIProxyWith(t *testing.T, cfg *rest.Config, opts APIProxyOptions) *APIProxy {
 	t.Helper()
 	target, err := url.Parse(cfg.Host)
 	if err != nil {
@@ -57,12 +80,15 @@ func StartAPIProxy(t *testing.T, cfg *rest.Config) *APIProxy {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &APIProxy{target: target, rt: rt, addr: ln.Addr().String(), watches: map[int]context.CancelFunc{}}
+	p := &APIProxy{target: target, rt: rt, addr: ln.Addr().String(), watchDelay: opts.WatchDelay, watches: map[int]context.CancelFunc{}}
 	p.srv = &http.Server{Handler: p, ReadHeaderTimeout: 10 * time.Second}
 	go func() { _ = p.srv.Serve(ln) }()
-	t.Cleanup(func() { _ = p.srv.Close() })
+	t.Cleanup(func() { _ = p.Close() })
 	return p
 }
+
+// Close stops the proxy and ends every request in flight.
+func (p *APIProxy) Close() error { return p.srv.Close() }
 
 // KubeConfig reaches the proxy over plain HTTP with no credentials (the proxy adds them).
 func (p *APIProxy) KubeConfig(t *testing.T) []byte {
@@ -146,6 +172,10 @@ func (p *APIProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	out := r.Clone(ctx)
 	out.URL.Scheme, out.URL.Host, out.Host, out.RequestURI = p.target.Scheme, p.target.Host, p.target.Host, ""
+	if p.watchDelay > 0 {
+		// A gzipped watch stream could not be read event by event.
+		out.Header.Del("Accept-Encoding")
+	}
 	resp, err := p.rt.RoundTrip(out)
 	if err != nil {
 		http.Error(w, err.Error(), http.StatusBadGateway)
@@ -159,16 +189,17 @@ func (p *APIProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	w.WriteHeader(resp.StatusCode)
 	flusher, _ := w.(http.Flusher)
+	if p.watchDelay > 0 && workflowWatch && strings.HasSuffix(r.URL.Path, "/workflows") && resp.StatusCode == http.StatusOK {
+		p.lag(ctx, w, flusher, resp.Body)
+		return
+	}
 	buf := make([]byte, 32*1024)
 	for {
 		n, err := resp.Body.Read(buf)
 		if n > 0 {
 			// A stalled watch holds its events back; they are lost if the stream is cut.
-			for workflowWatch && p.Stall.Load() && ctx.Err() == nil {
-				select {
-				case <-ctx.Done():
-				case <-time.After(10 * time.Millisecond):
-				}
+			if workflowWatch {
+				p.hold(ctx)
 			}
 			if ctx.Err() != nil {
 				return
@@ -182,6 +213,59 @@ func (p *APIProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		if err != nil {
 			return
+		}
+	}
+}
+
+// hold waits while the proxy stalls watch streams, or until ctx ends (the stream cut, or its
+// client gone).
+func (p *APIProxy) hold(ctx context.Context) {
+	for p.Stall.Load() && ctx.Err() == nil {
+		select {
+		case <-ctx.Done():
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+}
+
+// lag reads watch events as they come and writes each one watchDelay after it came (or later,
+// while the proxy stalls watch streams).
+func (p *APIProxy) lag(ctx context.Context, w io.Writer, flusher http.Flusher, body io.ReadCloser) {
+	type event struct {
+		at  time.Time
+		raw json.RawMessage
+	}
+	events := make(chan event, 100000)
+	go func() {
+		defer close(events)
+		dec := json.NewDecoder(body)
+		for {
+			var raw json.RawMessage
+			if err := dec.Decode(&raw); err != nil {
+				return
+			}
+			events <- event{at: time.Now(), raw: raw}
+		}
+	}()
+	go func() {
+		<-ctx.Done()
+		_ = body.Close()
+	}()
+	for e := range events {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(time.Until(e.at.Add(p.watchDelay))):
+		}
+		p.hold(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		if _, err := w.Write(append(e.raw, '\n')); err != nil {
+			return
+		}
+		if flusher != nil {
+			flusher.Flush()
 		}
 	}
 }

@@ -1,0 +1,276 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/exit-guard/exit-guard/internal/argo"
+	"github.com/exit-guard/exit-guard/test/support/testenv"
+)
+
+// runThroughput runs one batch under config and load, on a fresh API server.
+func runThroughput(t *testing.T, version, config, load string, p throughputParams, loadBin string) throughputRun {
+	t.Helper()
+	ctrlBin, crds := controller(t, version)
+	opts := testenv.Options{CRDDirs: []string{crds}, OwnCRDs: true}
+	vwc := chartWebhook(t)
+	switch config {
+	case "no webhook":
+	case "live-GET peer":
+		// The peer is sent every pod of the namespace, as a policy engine's webhook is.
+		for _, w := range vwc.Webhooks {
+			if len(w.Rules) > 0 && slices.Contains(w.Rules[0].Resources, "pods") {
+				w := *w.DeepCopy()
+				w.MatchConditions, w.ObjectSelector = nil, nil
+				opts.ValidatingWebhooks = []*admissionregistrationv1.ValidatingWebhookConfiguration{{
+					ObjectMeta: metav1.ObjectMeta{Name: "live-get-peer"}, Webhooks: []admissionregistrationv1.ValidatingWebhook{w}}}
+			}
+		}
+	default:
+		opts.ValidatingWebhooks = []*admissionregistrationv1.ValidatingWebhookConfiguration{vwc}
+	}
+	env, ctx, stop := startAPIServer(t, opts, map[string]string{"parallelism": strconv.Itoa(p.parallelism)},
+		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "bulk"}})
+	defer stop()
+	c := env.Client
+
+	switch config {
+	case "exit-guard", "exit-guard --store-first", "exit-guard --taskset-repeats-for=-1s":
+		args := []string{"--webhook-port=" + strconv.Itoa(env.WebhookPort), "--webhook-cert-path=" + env.WebhookCertDir, "--shutdown-delay=0s"}
+		args = append(args, strings.Fields(config)[1:]...)
+		out := &testenv.Output{}
+		g, err := testenv.StartGuard(ctx, guardBin, env.KubeConfig(), args, out)
+		if err != nil {
+			t.Fatalf("%v\n%s", err, out.String())
+		}
+		defer func() { _ = g.Stop() }()
+	case "live-GET peer":
+		kc := filepath.Join(t.TempDir(), "kubeconfig")
+		if err := os.WriteFile(kc, env.KubeConfig(), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		probe, err := testenv.FreeAddr()
+		if err != nil {
+			t.Fatal(err)
+		}
+		peer, err := testenv.Launch(loadBin, []string{"liveget", "--addr=" + env.WebhookHost + ":" + strconv.Itoa(env.WebhookPort),
+			"--cert-dir=" + env.WebhookCertDir, "--probe=" + probe}, append(os.Environ(), "KUBECONFIG="+kc), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer peer.Kill()
+		if _, err := peer.WaitReady(ctx, "http://"+probe+"/readyz", 200*time.Millisecond, 90*time.Second); err != nil {
+			t.Fatalf("the live-GET peer: %v", err)
+		}
+	}
+
+	logDir := t.TempDir()
+	k := newKubelet(c, namespace)
+	notify := newNotifier()
+	defer notify.close()
+	var err error
+	if k.agents, err = newAgents(filepath.Join(filepath.Dir(ctrlBin), "argoexec"), env.Config, namespace, logDir); err != nil {
+		t.Fatal(err)
+	}
+	defer k.agents.stop()
+	go k.run(ctx)
+
+	kcFile := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := os.WriteFile(kcFile, env.KubeConfig(), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	logFile := filepath.Join(logDir, "controller.log")
+	logOut, err := os.Create(logFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = logOut.Close() }()
+	ctrl := launchController(t, ctrlBin, kcFile, "warn", nil, logOut)
+	defer func() { _ = ctrl.Stop(controllerGrace) }()
+
+	stopLoad := func() {}
+	if load == "loaded" {
+		stopLoad = loadAPIServer(ctx, t, c)
+	}
+	defer stopLoad()
+	// The controller is ready once its metrics answer.
+	if err := waitControllerMetrics(ctx); err != nil {
+		logs, _ := os.ReadFile(logFile)
+		t.Fatalf("%s: the controller never served its metrics: %v\ncontroller log:\n%s", version, err, tail(logs, 40))
+	}
+	before := webhookCalls(ctx, t, env)
+
+	created := map[string]time.Time{}
+	var wfs []*unstructured.Unstructured
+	start := time.Now()
+	for i := range p.workflows {
+		wf := throughputWorkflow(i, notify)
+		if err := c.Create(ctx, wf); err != nil {
+			t.Fatal(err)
+		}
+		created[wf.GetName()] = time.Now()
+		wfs = append(wfs, wf)
+	}
+	doneAt, runningAt := map[string]time.Time{}, map[string]time.Time{}
+	err = wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, 10*time.Minute, true, func(ctx context.Context) (bool, error) {
+		var list unstructured.UnstructuredList
+		list.SetGroupVersionKind(argo.WorkflowListGVK)
+		if err := c.List(ctx, &list, client.InNamespace(namespace)); err == nil {
+			now := time.Now()
+			for _, wf := range list.Items {
+				ph, _, _ := unstructured.NestedString(wf.Object, "status", "phase")
+				if _, seen := runningAt[wf.GetName()]; !seen && (argo.Phase(ph) == argo.PhaseRunning || argo.Phase(ph).Terminal()) {
+					runningAt[wf.GetName()] = now
+				}
+				if _, seen := doneAt[wf.GetName()]; !seen && argo.Phase(ph).Terminal() {
+					doneAt[wf.GetName()] = now
+					if argo.Phase(ph) != argo.PhaseSucceeded {
+						msg, _, _ := unstructured.NestedString(wf.Object, "status", "message")
+						t.Errorf("%s, %s, %s: workflow %s ended %s (%s): a throughput run must not fail a workflow", version, load, config, wf.GetName(), ph, msg)
+					}
+				}
+			}
+		}
+		return len(doneAt) == len(wfs), nil
+	})
+	if err != nil {
+		logs, _ := os.ReadFile(logFile)
+		t.Fatalf("%s, %s, %s: %d of %d workflows completed within 10 minutes (%v)\ncontroller log:\n%s", version, load, config, len(doneAt), len(wfs), err, tail(logs, 40))
+	}
+	r := throughputRun{config: config, load: load}
+	var last time.Time
+	for name, at := range doneAt {
+		r.done = append(r.done, at.Sub(created[name]))
+		r.held = append(r.held, at.Sub(runningAt[name]))
+		if at.After(last) {
+			last = at
+		}
+	}
+	r.perMinute = float64(len(wfs)) / last.Sub(start).Minutes()
+	r.byHook = map[string]hookCalls{}
+	var sum float64
+	for name, after := range webhookCalls(ctx, t, env) {
+		d := hookCalls{count: after.count - before[name].count, seconds: after.seconds - before[name].seconds}
+		if d.count > 0 {
+			r.byHook[name] = d
+			r.calls += d.count
+			sum += d.seconds
+		}
+	}
+	if r.calls > 0 {
+		r.callMean = time.Duration(sum / r.calls * float64(time.Second))
+	}
+	if mfs, err := scrapeController(ctx); err == nil {
+		r.queueAdds, r.queueWait = workflowQueue(mfs)
+	} else {
+		t.Errorf("reading the controller's metrics: %v", err)
+	}
+	return r
+}
+
+// hookCalls is how many calls the API server made to one webhook, and how long they took in all.
+type hookCalls struct{ count, seconds float64 }
+
+// webhookCalls reads, from the API server's own histogram, how many calls it made to each
+// webhook (by its name) and how long they took in all.
+func webhookCalls(ctx context.Context, t *testing.T, env *testenv.Env) map[string]hookCalls {
+	mfs, err := env.APIServerMetrics(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	calls := map[string]hookCalls{}
+	for _, m := range mfs["apiserver_admission_webhook_admission_duration_seconds"].GetMetric() {
+		name := ""
+		for _, l := range m.GetLabel() {
+			if l.GetName() == "name" {
+				name = l.GetValue()
+			}
+		}
+		c := calls[name]
+		c.count += float64(m.GetHistogram().GetSampleCount())
+		c.seconds += m.GetHistogram().GetSampleSum()
+		calls[name] = c
+	}
+	return calls
+}
+
+// workflowQueue reads the controller's workflow queue from its metrics: items added, and the
+// mean time an item waited (argo_workflows_queue_adds_count and argo_workflows_queue_latency
+// of queue workflow_queue, as v3.4 to v4.0 name them).
+func workflowQueue(mfs map[string]*dto.MetricFamily) (adds float64, wait time.Duration) {
+	isWorkflowQueue := func(m *dto.Metric) bool {
+		for _, l := range m.GetLabel() {
+			if (l.GetName() == "queue_name" || l.GetName() == "name") && l.GetValue() == "workflow_queue" {
+				return true
+			}
+		}
+		return false
+	}
+	for name, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			if !isWorkflowQueue(m) {
+				continue
+			}
+			switch {
+			case strings.HasPrefix(name, "argo_workflows_queue_adds"):
+				adds += m.GetCounter().GetValue()
+			case strings.HasPrefix(name, "argo_workflows_queue_latency") && m.GetHistogram().GetSampleCount() > 0:
+				h := m.GetHistogram()
+				wait = time.Duration(h.GetSampleSum() / float64(h.GetSampleCount()) * float64(time.Second))
+			}
+		}
+	}
+	return adds, wait
+}
+
+// loadAPIServer starts other clients on the API server: each lists 300 workflows of 30 KB in
+// namespace bulk whole, again and again, and writes one; the controller, namespaced, does not
+// reconcile them.
+func loadAPIServer(ctx context.Context, t *testing.T, c client.Client) (stop func()) {
+	t.Helper()
+	pad := strings.Repeat("x", 30000)
+	for i := range 300 {
+		wf := &unstructured.Unstructured{}
+		wf.SetGroupVersionKind(argo.WorkflowGVK)
+		wf.SetNamespace("bulk")
+		wf.SetName("bulk-" + strconv.Itoa(i))
+		wf.Object["spec"] = map[string]any{"entrypoint": "main", "templates": []any{map[string]any{"name": "main", "container": map[string]any{"image": pad}}}}
+		if err := c.Create(ctx, wf); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	for w := range 4 {
+		wg.Go(func() {
+			for i := 0; ctx.Err() == nil; i++ {
+				var list unstructured.UnstructuredList
+				list.SetGroupVersionKind(argo.WorkflowListGVK)
+				_ = c.List(ctx, &list, client.InNamespace("bulk"))
+				if len(list.Items) > 0 {
+					wf := &list.Items[(w*7919+i)%len(list.Items)]
+					wf.SetAnnotations(map[string]string{"load": strconv.Itoa(i)})
+					_ = c.Update(ctx, wf)
+				}
+			}
+		})
+	}
+	return func() { cancel(); wg.Wait() }
+}

@@ -1,0 +1,64 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"strings"
+
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+
+	"github.com/exit-guard/exit-guard/internal/argo"
+)
+
+// referenceWorkflow is the reference scenario of ARGO.md in the shape that lets a stale copy
+// through: two parallel main pods, podGC OnPodCompletion, and an exit handler that notifies
+// only when {{workflow.status}} != Succeeded. A failing one has its second pod fail.
+func referenceWorkflow(fail bool) *unstructured.Unstructured {
+	second := "b"
+	if fail {
+		second = "fail"
+	}
+	container := func(name, msg string) map[string]any {
+		return map[string]any{"name": name, "container": map[string]any{"image": "busybox", "command": []any{"sh", "-c", "echo " + msg}}}
+	}
+	wf := &unstructured.Unstructured{}
+	wf.SetGroupVersionKind(argo.WorkflowGVK)
+	wf.SetNamespace(namespace)
+	wf.SetGenerateName("notify-on-failure-")
+	wf.Object["spec"] = map[string]any{
+		"entrypoint": "main",
+		"onExit":     "exit-handler",
+		"podGC":      map[string]any{"strategy": "OnPodCompletion"},
+		"templates": []any{
+			map[string]any{"name": "main", "steps": []any{[]any{
+				map[string]any{"name": "a", "template": "work"},
+				map[string]any{"name": second, "template": "work"},
+			}}},
+			container("work", "working"),
+			container("notify-failure", "workflow failed"),
+			map[string]any{"name": "exit-handler", "steps": []any{[]any{map[string]any{
+				"name": "notify", "template": "notify-failure", "when": "{{workflow.status}} != Succeeded"}}}},
+		},
+	}
+	return wf
+}
+
+// withMetrics gives wf a workflow-level counter and a template-level one (on its work steps)
+// of runs that did not succeed, labelled by the workflow's name, as a user who alerts on them
+// would write them.
+func withMetrics(wf *unstructured.Unstructured) {
+	counter := func(name string) map[string]any {
+		return map[string]any{"prometheus": []any{map[string]any{
+			"name": name, "help": "Runs that did not succeed.",
+			"labels": []any{map[string]any{"key": "workflow", "value": "{{workflow.name}}"}},
+			"when":   "{{status}} != Succeeded", "counter": map[string]any{"value": "1"},
+		}}}
+	}
+	spec := wf.Object["spec"].(map[string]any)
+	spec["metrics"] = counter(strings.TrimPrefix(workflowMetric, "argo_workflows_"))
+	for _, tmpl := range spec["templates"].([]any) {
+		if t := tmpl.(map[string]any); t["name"] == "work" {
+			t["metrics"] = counter(strings.TrimPrefix(templateMetric, "argo_workflows_"))
+		}
+	}
+}
