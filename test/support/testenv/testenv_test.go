@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"slices"
 	"strconv"
 	"testing"
 	"time"
@@ -17,6 +18,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/resourceversion"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -26,7 +28,11 @@ import (
 	"github.com/exit-guard/exit-guard/internal/argo"
 )
 
-var env *Env
+var (
+	env *Env
+	// auditLog is where the API server logs ControllerUser's writes (AuditWrites).
+	auditLog string
+)
 
 const denyPath = "/deny-labelled-pods"
 
@@ -51,7 +57,19 @@ func TestMain(m *testing.M) {
 			AdmissionReviewVersions: []string{"v1"},
 		}},
 	}
-	os.Exit(Main(m, Options{ValidatingWebhooks: []*admissionregistrationv1.ValidatingWebhookConfiguration{vwc}}, &env))
+	dir, err := os.MkdirTemp("", "testenv-audit")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	var flags map[string]string
+	if flags, auditLog, err = AuditWrites(dir, ControllerUser); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	code := Main(m, Options{ValidatingWebhooks: []*admissionregistrationv1.ValidatingWebhookConfiguration{vwc}, APIServerFlags: flags}, &env)
+	_ = os.RemoveAll(dir)
+	os.Exit(code)
 }
 
 func workflow(name string) *unstructured.Unstructured {
@@ -170,5 +188,52 @@ func waitServing(t *testing.T, srv webhook.Server) {
 		func(context.Context) (bool, error) { return check(req) == nil, nil })
 	if err != nil {
 		t.Fatalf("webhook server on %s never served: %v", fmt.Sprint(env.WebhookHost, ":", strconv.Itoa(env.WebhookPort)), err)
+	}
+}
+
+// TestAuditRecordsTheControllersWritesOnly: the census of a stale pass reads, from the API
+// server's own audit log, every write the controller's user makes, landed or refused, with its
+// verb, resource and answer, and nothing of anyone else's.
+func TestAuditRecordsTheControllersWritesOnly(t *testing.T) {
+	c := env.ClientAs(t, ControllerUser, "system:masters")
+	ns := Namespace(t, env.Client, "audit-", nil)
+	cm := func(name string) *corev1.ConfigMap {
+		return &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}}
+	}
+	if err := c.Create(t.Context(), cm("memo")); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Create(t.Context(), cm("memo")); !apierrors.IsAlreadyExists(err) {
+		t.Fatalf("a second create: %v, want AlreadyExists", err)
+	}
+	if err := c.Patch(t.Context(), cm("memo"), client.RawPatch(types.MergePatchType, []byte(`{"data":{"k":"v"}}`))); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Delete(t.Context(), cm("memo")); err != nil {
+		t.Fatal(err)
+	}
+	if err := env.Client.Create(t.Context(), cm("admin")); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"create configmaps 201 memo", "create configmaps 409 memo", "patch configmaps 200 memo", "delete configmaps 200 memo"}
+	var got []string
+	err := wait.PollUntilContextTimeout(t.Context(), 50*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
+		writes, err := ReadWrites(auditLog)
+		if err != nil {
+			return false, err
+		}
+		got = nil
+		for _, w := range writes {
+			if w.Namespace == ns {
+				if w.User != ControllerUser {
+					return false, fmt.Errorf("the log holds a write of %s: %v", w.User, w)
+				}
+				got = append(got, w.String()+" "+w.Name)
+			}
+		}
+		return len(got) >= len(want), nil
+	})
+	if err != nil || !slices.Equal(got, want) {
+		t.Fatalf("the controller's writes in the audit log: %q (%v), want %q", got, err, want)
 	}
 }
