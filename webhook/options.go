@@ -280,38 +280,27 @@ func (p Phases) String() string {
 }
 
 // Set parses a comma-separated list of terminal phases (ParsePhases).
-func (p *Phases) Set(s string) error {
-	phases, err := ParsePhases(s)
-	if err != nil {
-		return err
-	}
-	*p = phases
-	return nil
-}
+func (p *Phases) Set(s string) error { return parseInto(p, ParsePhases, s) }
 
 // String is the mode's name; with Set, a Mode is a flag.Value.
 func (m Mode) String() string { return string(m) }
 
 // Set parses a mode name (ParseMode).
-func (m *Mode) Set(s string) error {
-	v, err := ParseMode(s)
-	if err != nil {
-		return err
-	}
-	*m = v
-	return nil
-}
+func (m *Mode) Set(s string) error { return parseInto(m, ParseMode, s) }
 
 // String is the fallback's name; with Set, a StoreFallback is a flag.Value.
 func (f StoreFallback) String() string { return string(f) }
 
 // Set parses a store fallback name (ParseStoreFallback).
-func (f *StoreFallback) Set(s string) error {
-	v, err := ParseStoreFallback(s)
+func (f *StoreFallback) Set(s string) error { return parseInto(f, ParseStoreFallback, s) }
+
+// parseInto sets *p to parse(s), or leaves it and returns parse's error.
+func parseInto[T any](p *T, parse func(string) (T, error), s string) error {
+	v, err := parse(s)
 	if err != nil {
 		return err
 	}
-	*f = v
+	*p = v
 	return nil
 }
 

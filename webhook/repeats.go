@@ -58,9 +58,7 @@ func newRepeats(now func() time.Time) *repeats {
 // name) of uid, received at at.
 func (r *repeats) note(wf types.NamespacedName, uid types.UID, taskSet string, at time.Time) {
 	now := r.now()
-	if at.IsZero() || at.After(now) {
-		at = now
-	}
+	at = noteAt(at, now)
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if _, ok := r.m[wf]; !ok {

@@ -73,9 +73,7 @@ func (c *taskSetCreates) note(key types.NamespacedName, owner types.UID, request
 		return
 	}
 	now := c.now()
-	if at.IsZero() || at.After(now) {
-		at = now
-	}
+	at = noteAt(at, now)
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if _, ok := c.m[key]; !ok {
@@ -122,6 +120,15 @@ func (c *taskSetCreates) matches(key types.NamespacedName, owner types.UID, requ
 		}
 	}
 	return true
+}
+
+// noteAt is when a request received at at is remembered as received: at, or now when at is
+// unset or ahead of now.
+func noteAt(at, now time.Time) time.Time {
+	if at.IsZero() || at.After(now) {
+		return now
+	}
+	return at
 }
 
 // makeRoom makes room in m, a memory of at most limit workflows or TaskSets, for one more: when
