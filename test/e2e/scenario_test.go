@@ -209,9 +209,14 @@ func runScenario(t *testing.T, sc scenario) []outcome {
 		defer gc.stop()
 	}
 
-	kc := env.KubeConfig()
+	// Argo's controller acts as a user of its own (with every permission), so that the API
+	// server's audit log tells its writes apart.
+	kc, ctrlCfg, err := env.KubeConfigAs(testenv.ControllerUser, "system:masters")
+	if err != nil {
+		t.Fatal(err)
+	}
 	if !sc.direct {
-		proxy := testenv.StartAPIProxyWith(t, env.Config, testenv.APIProxyOptions{WatchDelay: watchLag})
+		proxy := testenv.StartAPIProxyWith(t, ctrlCfg, testenv.APIProxyOptions{WatchDelay: watchLag})
 		defer func() { _ = proxy.Close() }()
 		kc = proxy.KubeConfig(t)
 	}

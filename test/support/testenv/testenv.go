@@ -20,6 +20,8 @@ import (
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	k8sruntime "k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
@@ -165,6 +167,23 @@ func (e *Env) AddUser(name string, groups ...string) (*rest.Config, error) {
 		return nil, err
 	}
 	return u.Config(), nil
+}
+
+// KubeConfigAs is a kubeconfig file's contents, and the config, of a new user name in groups
+// (client certificates): a process of its own (Argo's controller) that the API server's audit
+// log tells apart.
+func (e *Env) KubeConfigAs(name string, groups ...string) ([]byte, *rest.Config, error) {
+	cfg, err := e.AddUser(name, groups...)
+	if err != nil {
+		return nil, nil, err
+	}
+	kc := clientcmdapi.NewConfig()
+	kc.Clusters["test"] = &clientcmdapi.Cluster{Server: cfg.Host, CertificateAuthorityData: cfg.CAData}
+	kc.AuthInfos["test"] = &clientcmdapi.AuthInfo{ClientCertificateData: cfg.CertData, ClientKeyData: cfg.KeyData}
+	kc.Contexts["test"] = &clientcmdapi.Context{Cluster: "test", AuthInfo: "test"}
+	kc.CurrentContext = "test"
+	out, err := clientcmd.Write(*kc)
+	return out, cfg, err
 }
 
 // ClientAs is an uncached client of Scheme that authenticates as a new user name in groups.
