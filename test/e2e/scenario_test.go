@@ -102,6 +102,10 @@ type scenario struct {
 	// guardArgs are added to the guard's flags.
 	guardProxy bool
 	guardArgs  []string
+	// census, when set, has the API server audit the controller's writes and counts those
+	// about each workflow after it completed (census.count), once a stale copy had time to
+	// come back.
+	census *census
 }
 
 // rig is what a scenario's drive works with.
@@ -141,6 +145,12 @@ func runScenario(t *testing.T, sc scenario) []outcome {
 			set = append(set, "webhook.events.enabled=false")
 		}
 		opts.ValidatingWebhooks = []*admissionregistrationv1.ValidatingWebhookConfiguration{chartWebhook(t, set...)}
+	}
+	if sc.census != nil {
+		var err error
+		if opts.APIServerFlags, sc.census.auditLog, err = testenv.AuditWrites(t.TempDir(), testenv.ControllerUser); err != nil {
+			t.Fatal(err)
+		}
 	}
 	env, ctx, stop := startAPIServer(t, opts, nil)
 	defer stop()
@@ -318,6 +328,9 @@ func runScenario(t *testing.T, sc scenario) []outcome {
 	case <-time.After(settle):
 	}
 
+	if sc.census != nil {
+		sc.census.count(ctx, t, c, wfs)
+	}
 	if sc.afterRun != nil {
 		sc.afterRun(ctx, c, func() {
 			stopController()

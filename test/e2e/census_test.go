@@ -1,0 +1,134 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/exit-guard/exit-guard/test/support/testenv"
+)
+
+// afterCompletion is how long after a workflow's finishedAt (whole seconds) the census starts
+// counting its writes: the pass that completed it has written by then; a stale copy comes back
+// with the controller's lagging watch (watchLag) later.
+const afterCompletion = 2 * time.Second
+
+// census is what Argo's controller wrote about the workflows of a run after each completed, as
+// the API server's audit log has it (testenv.AuditWrites of testenv.ControllerUser): by verb,
+// resource, subresource and answer ("create pods 201"), over every workflow of the run.
+type census struct {
+	auditLog  string
+	workflows int
+	rows      map[string]int
+}
+
+// about says whether the object name of namespace ns is one of workflow wf's, in the test's namespace: the
+// workflow, its TaskSet (its name), its pods and PVCs (<wf>-...), its Events (<wf>.<suffix>).
+func about(wf, ns, name string) bool {
+	return ns == namespace && (name == wf || strings.HasPrefix(name, wf+"-") || strings.HasPrefix(name, wf+"."))
+}
+
+// count reads the audit log and counts, for each of wfs, the controller's writes about it
+// received more than afterCompletion after its finishedAt.
+func (cs *census) count(ctx context.Context, t *testing.T, c client.Client, wfs []*unstructured.Unstructured) {
+	t.Helper()
+	writes, err := testenv.ReadWrites(cs.auditLog)
+	if err != nil {
+		t.Fatalf("reading the API server's audit log: %v", err)
+	}
+	cs.rows = map[string]int{}
+	for _, wf := range wfs {
+		done := finishedAt(ctx, c, wf)
+		if done.IsZero() {
+			t.Errorf("%s has no finishedAt: the census cannot tell its stale pass", wf.GetName())
+			continue
+		}
+		cs.workflows++
+		for _, w := range writes {
+			if w.User == testenv.ControllerUser && about(wf.GetName(), w.Namespace, w.Name) && w.At.After(done.Add(afterCompletion)) {
+				cs.rows[w.String()]++
+			}
+		}
+	}
+}
+
+// String lists the rows, most frequent first: "create pods 429: 6; update workflows 409: 3".
+func (cs *census) String() string {
+	if len(cs.rows) == 0 {
+		return "none"
+	}
+	keys := slices.SortedFunc(maps.Keys(cs.rows), func(a, b string) int {
+		if d := cs.rows[b] - cs.rows[a]; d != 0 {
+			return d
+		}
+		return strings.Compare(a, b)
+	})
+	var parts []string
+	for _, k := range keys {
+		parts = append(parts, fmt.Sprintf("%s: %d", k, cs.rows[k]))
+	}
+	return strings.Join(parts, "; ")
+}
+
+// landed counts the rows of verb on resource whose write reached etcd (a 2xx answer).
+func (cs *census) landed(verb, resource string) int {
+	n := 0
+	for k, v := range cs.rows {
+		f := strings.Fields(k)
+		if len(f) == 3 && f[0] == verb && f[1] == resource && strings.HasPrefix(f[2], "2") {
+			n += v
+		}
+	}
+	return n
+}
+
+// TestCensusOfAStalePassesWrites lists every write Argo's controller makes about a workflow
+// after it completed, from the API server's own audit log: with no stale copy (the controller
+// watches the API server directly), with the stale copies of the lagging watch and no guard,
+// and with the guard. The reference workflows (two parallel step pods, pod GC on completion,
+// an exit handler that notifies unless Succeeded). It fails when, with the guard, an
+// exit-handler pod a stale copy sends is created after its workflow completed: what the guard
+// claims to stop must not reach etcd.
+func TestCensusOfAStalePassesWrites(t *testing.T) {
+	// The lines without upstream's fix (#16357: v3.7.16+, v4.0.7+, v4.1.0+), with the
+	// informer's write-back on (the default before 4.0; INFORMER_WRITE_BACK on 4.0).
+	for _, line := range []struct {
+		version string
+		env     []string
+	}{{"v3.4.17", nil}, {"v3.6.18", nil}, {"v4.0.5", []string{"INFORMER_WRITE_BACK=true"}}} {
+		version := line.version
+		t.Run(version, func(t *testing.T) {
+			var control, stale, guarded census
+			runScenario(t, scenario{version: version, mode: noGuard, ok: 3, direct: true, env: line.env, census: &control})
+			staleOut := runScenario(t, scenario{version: version, mode: noGuard, ok: 3, env: line.env, census: &stale})
+			guardedOut := runScenario(t, scenario{version: version, mode: guardDirect, ok: 3, env: line.env, census: &guarded})
+			for _, r := range []struct {
+				name string
+				cs   *census
+			}{{"no stale copy (direct watch), no guard", &control}, {"stale copies, no guard", &stale}, {"stale copies, the guard", &guarded}} {
+				t.Logf("CENSUS %s, %s: %d workflows; the controller's writes about them after completion: %s", version, r.name, r.cs.workflows, r.cs)
+			}
+			var falseNotices int
+			for _, o := range staleOut {
+				falseNotices += o.notifyPods - o.realNotices
+			}
+			if falseNotices == 0 {
+				t.Fatalf("no stale copy sent its exit handler without the guard on %s: the census proves nothing", version)
+			}
+			for _, o := range guardedOut {
+				if late := o.notifyPods - o.realNotices; late != 0 {
+					t.Errorf("%s: %d exit-handler pods created after the workflow completed, with the guard", o.name, late)
+				}
+			}
+		})
+	}
+}
