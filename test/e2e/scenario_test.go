@@ -264,6 +264,9 @@ func runScenario(t *testing.T, sc scenario) []outcome {
 		if sc.mutex != "" {
 			withMutex(wf, sc.mutex)
 		}
+		if sc.census != nil {
+			withCensusFeatures(wf)
+		}
 		if sc.http {
 			wf = httpWorkflow(i >= ok, notify.url(), sc.httpStep, notify.pingURL())
 		}

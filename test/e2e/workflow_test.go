@@ -62,3 +62,38 @@ func withMetrics(wf *unstructured.Unstructured) {
 		}
 	}
 }
+
+// censusMemo is the ConfigMap of the census workflows' memoization cache.
+const censusMemo = "census-memo"
+
+// withCensusFeatures gives wf what a stale pass might write again beside its pods: a volume
+// claim template mounted by its work steps (PVCs created at the start, deleted at completion:
+// volumeClaimGC OnWorkflowCompletion), a PodDisruptionBudget, and a memoized step (its cache
+// in the ConfigMap censusMemo). Artifact GC is not in it: it needs an artifact repository,
+// which the test API server has none of.
+func withCensusFeatures(wf *unstructured.Unstructured) {
+	spec := wf.Object["spec"].(map[string]any)
+	spec["volumeClaimTemplates"] = []any{map[string]any{
+		"metadata": map[string]any{"name": "scratch"},
+		"spec": map[string]any{"accessModes": []any{"ReadWriteOnce"},
+			"resources": map[string]any{"requests": map[string]any{"storage": "1Mi"}}},
+	}}
+	spec["volumeClaimGC"] = map[string]any{"strategy": "OnWorkflowCompletion"}
+	spec["podDisruptionBudget"] = map[string]any{"minAvailable": 1}
+	templates := spec["templates"].([]any)
+	for _, tmpl := range templates {
+		t := tmpl.(map[string]any)
+		switch t["name"] {
+		case "work":
+			t["container"].(map[string]any)["volumeMounts"] = []any{map[string]any{"name": "scratch", "mountPath": "/scratch"}}
+		case "main":
+			steps := t["steps"].([]any)
+			steps[0] = append(steps[0].([]any), map[string]any{"name": "memo", "template": "memoized"})
+		}
+	}
+	spec["templates"] = append(templates, map[string]any{
+		"name":      "memoized",
+		"memoize":   map[string]any{"key": "{{workflow.name}}", "cache": map[string]any{"configMap": map[string]any{"name": censusMemo}}},
+		"container": map[string]any{"image": "busybox", "command": []any{"sh", "-c", "echo memo"}},
+	})
+}
