@@ -32,6 +32,8 @@ type census struct {
 	// all are every write of the controller about the workflows, in the whole run: that the
 	// PVCs, the PodDisruptionBudget and the cache were written at all.
 	all map[string]int
+	// pods are the pods created after completion (2xx), by name.
+	pods []string
 }
 
 // about says whether the object name of namespace ns is one of workflow wf's, in the test's
@@ -65,6 +67,9 @@ func (cs *census) count(ctx context.Context, t *testing.T, c client.Client, wfs 
 			cs.all[w.String()]++
 			if w.At.After(done.Add(afterCompletion)) {
 				cs.rows[w.String()]++
+				if w.Verb == "create" && w.Resource == "pods" && w.Code/100 == 2 {
+					cs.pods = append(cs.pods, w.Name)
+				}
 			}
 		}
 	}
@@ -95,8 +100,8 @@ func rowsText(rows map[string]int) string {
 // after it completed, from the API server's own audit log: with no stale copy (the controller
 // watches the API server directly), with the stale copies of the lagging watch and no guard,
 // and with the guard. The reference workflows (two parallel step pods, pod GC on completion,
-// an exit handler that notifies unless Succeeded) with a volume claim template, a
-// PodDisruptionBudget and a memoized step (withCensusFeatures). It fails when, with the guard, an
+// an exit handler that notifies unless Succeeded) with a second step group, a volume claim
+// template, a PodDisruptionBudget and a memoized step (withCensusFeatures). It fails when, with the guard, an
 // exit-handler pod a stale copy sends is created after its workflow completed: what the guard
 // claims to stop must not reach etcd.
 func TestCensusOfAStalePassesWrites(t *testing.T) {
@@ -118,6 +123,7 @@ func TestCensusOfAStalePassesWrites(t *testing.T) {
 			}{{"no stale copy (direct watch), no guard", &control}, {"stale copies, no guard", &stale}, {"stale copies, the guard", &guarded}} {
 				t.Logf("CENSUS %s, %s: %d workflows; the controller's writes about them after completion: %s", version, r.name, r.cs.workflows, r.cs)
 				t.Logf("  in the whole run: %s", rowsText(r.cs.all))
+				t.Logf("  pods created after completion: %q", r.cs.pods)
 			}
 			var falseNotices int
 			for _, o := range staleOut {

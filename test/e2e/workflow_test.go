@@ -66,10 +66,11 @@ func withMetrics(wf *unstructured.Unstructured) {
 // censusMemo is the ConfigMap of the census workflows' memoization cache.
 const censusMemo = "census-memo"
 
-// withCensusFeatures gives wf what a stale pass might write again beside its pods: a volume
-// claim template mounted by its work steps (PVCs created at the start, deleted at completion:
-// volumeClaimGC OnWorkflowCompletion), a PodDisruptionBudget, and a memoized step (its cache
-// in the ConfigMap censusMemo). Artifact GC is not in it: it needs an artifact repository,
+// withCensusFeatures gives wf what a stale pass might write again beside its exit handler: a
+// second step group (a stale copy from before it started lacks its node, argo-workflows
+// #16294), a volume claim template mounted by its work steps (PVCs created at the start,
+// deleted at completion: volumeClaimGC OnWorkflowCompletion), a PodDisruptionBudget, and a
+// memoized step (its cache in the ConfigMap censusMemo). Artifact GC is not in it: it needs an artifact repository,
 // which the test API server has none of.
 func withCensusFeatures(wf *unstructured.Unstructured) {
 	spec := wf.Object["spec"].(map[string]any)
@@ -89,6 +90,8 @@ func withCensusFeatures(wf *unstructured.Unstructured) {
 		case "main":
 			steps := t["steps"].([]any)
 			steps[0] = append(steps[0].([]any), map[string]any{"name": "memo", "template": "memoized"})
+			// A second step group: a stale copy from before it started lacks its node.
+			t["steps"] = append(steps, []any{map[string]any{"name": "then", "template": "work"}})
 		}
 	}
 	spec["templates"] = append(templates, map[string]any{
