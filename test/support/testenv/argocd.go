@@ -6,7 +6,6 @@ import (
 	"io"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"time"
@@ -17,22 +16,11 @@ import (
 // $EXIT_GUARD_ARGOCD_BIN when set, else the script's cache folder. It fails with a message
 // that says how to get it when it is missing.
 func ArgoCDDir() (string, error) {
-	dir := os.Getenv("EXIT_GUARD_ARGOCD_BIN")
-	if dir == "" {
-		script := filepath.Join(RepoRoot(), "hack", "argocd-binaries.sh")
-		out, err := exec.Command(script, "path").Output() //nolint:gosec // G204: the repository's own script
-		if err != nil {
-			return "", fmt.Errorf("finding the Argo CD binary with %s: %w", script, err)
-		}
-		dir = strings.TrimSpace(string(out))
-	}
-	for _, f := range []string{"argocd", filepath.Join("crds", "application-crd.yaml"), filepath.Join("crds", "appproject-crd.yaml")} {
-		if _, err := os.Stat(filepath.Join(dir, f)); err != nil { //nolint:gosec // G703: a test-support path chosen by the developer
-			return "", fmt.Errorf("the GitOps proof needs a real Argo CD, and %s has no %s: run 'make e2e-argocd' (it builds "+
-				"Argo CD's application controller and repo server from Go modules, about 10 minutes the first time) or 'make argocd-binaries'", dir, f)
-		}
-	}
-	return dir, nil
+	files := []string{"argocd", filepath.Join("crds", "application-crd.yaml"), filepath.Join("crds", "appproject-crd.yaml")}
+	return cachedDir("EXIT_GUARD_ARGOCD_BIN", "argocd-binaries.sh", files, func(dir, f string) error {
+		return fmt.Errorf("the GitOps proof needs a real Argo CD, and %s has no %s: run 'make e2e-argocd' (it builds "+
+			"Argo CD's application controller and repo server from Go modules, about 10 minutes the first time) or 'make argocd-binaries'", dir, f)
+	})
 }
 
 // ArgoCD is what an Argo CD part needs to run beside the test API server: the Argo CD folder

@@ -10,11 +10,8 @@ import (
 	"net"
 	"net/http"
 	"net/url"
-	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 )
@@ -23,22 +20,10 @@ import (
 // builds: $EXIT_GUARD_OPS_BIN when set, else the script's cache folder. It fails with a
 // message that says how to get them when they are missing.
 func OpsDir() (string, error) {
-	dir := os.Getenv("EXIT_GUARD_OPS_BIN")
-	if dir == "" {
-		script := filepath.Join(RepoRoot(), "hack", "ops-binaries.sh")
-		out, err := exec.Command(script, "path").Output() //nolint:gosec // G204: the repository's own script
-		if err != nil {
-			return "", fmt.Errorf("finding the Prometheus and Alertmanager binaries with %s: %w", script, err)
-		}
-		dir = strings.TrimSpace(string(out))
-	}
-	for _, bin := range []string{"prometheus", "alertmanager"} {
-		if _, err := os.Stat(filepath.Join(dir, bin)); err != nil { //nolint:gosec // G703: a test-support path chosen by the developer
-			return "", fmt.Errorf("the day-2 suite needs a real %s, and %s has none: run 'make e2e-ops' (it builds "+
-				"Prometheus and Alertmanager from Go modules, a few minutes the first time) or 'make ops-binaries'", bin, dir)
-		}
-	}
-	return dir, nil
+	return cachedDir("EXIT_GUARD_OPS_BIN", "ops-binaries.sh", []string{"prometheus", "alertmanager"}, func(dir, bin string) error {
+		return fmt.Errorf("the day-2 suite needs a real %s, and %s has none: run 'make e2e-ops' (it builds "+
+			"Prometheus and Alertmanager from Go modules, a few minutes the first time) or 'make ops-binaries'", bin, dir)
+	})
 }
 
 // Tool is a tool run by a test, serving HTTP: Prometheus, Alertmanager, a part of Argo CD.

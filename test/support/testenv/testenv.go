@@ -73,20 +73,29 @@ func RepoRoot() string {
 // else the cache folder that hack/envtest-binaries.sh builds into. It fails with a message that
 // says how to get the binaries when they are missing.
 func AssetsDir() (string, error) {
-	dir := os.Getenv("KUBEBUILDER_ASSETS")
+	return cachedDir("KUBEBUILDER_ASSETS", "envtest-binaries.sh", []string{"kube-apiserver", "etcd"}, func(dir, bin string) error {
+		return fmt.Errorf("the tests need a real kube-apiserver and etcd, and %s has no %s: "+
+			"run 'make envtest-binaries' (it builds them from Go modules, about 10 minutes the first time) "+
+			"or 'make test', which does it for you", dir, bin)
+	})
+}
+
+// cachedDir is the folder of the binaries a script of hack/ builds into the user cache: $env
+// when set, else what `hack/<script> path` prints. Each of files must be in it, else missing
+// says how to get it.
+func cachedDir(env, script string, files []string, missing func(dir, file string) error) (string, error) {
+	dir := os.Getenv(env)
 	if dir == "" {
-		script := filepath.Join(RepoRoot(), "hack", "envtest-binaries.sh")
-		out, err := exec.Command(script, "path").Output() //nolint:gosec // G204: the repository's own script
+		path := filepath.Join(RepoRoot(), "hack", script)
+		out, err := exec.Command(path, "path").Output() //nolint:gosec // G204: the repository's own script
 		if err != nil {
-			return "", fmt.Errorf("finding the envtest binaries with %s: %w", script, err)
+			return "", fmt.Errorf("finding the binaries of %s: %w", path, err)
 		}
 		dir = strings.TrimSpace(string(out))
 	}
-	for _, bin := range []string{"kube-apiserver", "etcd"} {
-		if _, err := os.Stat(filepath.Join(dir, bin)); err != nil { //nolint:gosec // G703: a test-support path chosen by the developer
-			return "", fmt.Errorf("the tests need a real kube-apiserver and etcd, and %s has no %s: "+
-				"run 'make envtest-binaries' (it builds them from Go modules, about 10 minutes the first time) "+
-				"or 'make test', which does it for you", dir, bin)
+	for _, f := range files {
+		if _, err := os.Stat(filepath.Join(dir, f)); err != nil { //nolint:gosec // G703: a test-support path chosen by the developer
+			return "", missing(dir, f)
 		}
 	}
 	return dir, nil
