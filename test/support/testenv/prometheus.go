@@ -49,7 +49,7 @@ func WriteRuleFiles(helmBin, dir string) error {
 	if err != nil {
 		return err
 	}
-	if err := os.WriteFile(filepath.Join(dir, "rules.yaml"), rules, 0o600); err != nil {
+	if err := os.WriteFile(filepath.Join(dir, "rules.yaml"), rules, 0o600); err != nil { //nolint:gosec // G703: a test-support path chosen by the developer
 		return err
 	}
 	return os.WriteFile(filepath.Join(dir, "recipe.yaml"), recipe, 0o600) //nolint:gosec // G703: the test's own directory
