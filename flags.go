@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -171,6 +172,28 @@ func (f *flags) guardOptions() (completionstore.Options, webhook.Options) {
 	return f.store, f.guard
 }
 
+// coverFlag is a boolean flag that says what is covered, bound to an option that says what is
+// skipped (an Options' zero value keeps the default: covered).
+type coverFlag bool
+
+func (c *coverFlag) IsBoolFlag() bool { return true }
+
+func (c *coverFlag) String() string {
+	if c == nil {
+		return "true"
+	}
+	return strconv.FormatBool(!bool(*c))
+}
+
+func (c *coverFlag) Set(s string) error {
+	v, err := strconv.ParseBool(s)
+	if err != nil {
+		return err
+	}
+	*c = coverFlag(!v)
+	return nil
+}
+
 // listFlag is a comma-separated list as a flag.Value: empty items are dropped.
 type listFlag []string
 
@@ -239,8 +262,10 @@ func newFlagSet() (*flags, *flag.FlagSet) {
 		"What the store alone may refuse when no live read answers within the budget: requeue (workflows seen deleted; for workflows seen completed, the pods Argo's controller sends again on its next pass, and the rest as fresh), fresh (workflows seen deleted; workflows seen completed while the store's newest write is younger than --store-fresh-for), tombstone (only workflows seen deleted) or completion (workflows seen deleted or completed, whatever is refused: a refused agent pod fails a retried workflow on Argo 3.4 and 3.5).")
 	fs.BoolVar(&f.guard.Hooks, "cover-hooks", f.guard.Hooks,
 		"Also refuse pods of lifecycle hooks other than exit (.hooks. nodes) of completed workflows.")
+	fs.Var((*coverFlag)(&f.guard.SkipSteps), "cover-steps",
+		"Also refuse pods of ordinary steps of completed workflows (a stale pass runs a step again), decided from the store first: a step pod of a workflow not seen complete costs no API call.")
 	fs.BoolVar(&f.guard.Strict, "strict", f.guard.Strict,
-		"Refuse every pod a completed workflow owns, not only exit handlers.")
+		"Refuse every pod a completed workflow owns: hooks and steps, whatever --cover-hooks and --cover-steps say.")
 	fs.BoolVar(&f.guard.StoreFirst, "store-first", f.guard.StoreFirst,
 		"Admit exit-handler pods from the store without a live read when it holds no completion (lower latency; a lagging watch then lets stale pods through).")
 	fs.DurationVar(&f.guard.LiveReadTimeout, "live-read-timeout", f.guard.LiveReadTimeout,

@@ -16,8 +16,8 @@ import (
 )
 
 // BenchmarkDecide measures one decision against the real test API server: an exit-handler pod
-// with its live read (the default), the same decided store-first, and a pod the policy does
-// not cover. Run with: go test -run '^$' -bench Decide ./webhook (docs/evidence/performance.md).
+// with its live read (the default), the same decided store-first, a step pod (store-first by
+// default), and a pod the policy does not cover. Run with: go test -run '^$' -bench Decide ./webhook (docs/evidence/performance.md).
 func BenchmarkDecide(b *testing.B) {
 	ns := newNamespace(b)
 	wf := createWorkflow(b, ns, "bench", argo.PhaseRunning)
@@ -45,7 +45,8 @@ func BenchmarkDecide(b *testing.B) {
 		{"exit-handler-live-read", Options{}, fixture.ExitPod(wf).ObjectMeta},
 		{"exit-handler-live-read-1MiB-workflow", Options{}, fixture.ExitPod(big).ObjectMeta},
 		{"exit-handler-store-first", Options{StoreFirst: true}, fixture.ExitPod(wf).ObjectMeta},
-		{"pod-not-covered", Options{}, fixture.Pod(wf, "step", wf.GetName()).ObjectMeta},
+		{"step-pod-store-first", Options{}, fixture.Pod(wf, "step", wf.GetName()).ObjectMeta},
+		{"pod-not-covered", Options{SkipSteps: true}, fixture.Pod(wf, "step", wf.GetName()).ObjectMeta},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
 			g, err := newGuard(c, store, tc.opts)

@@ -48,7 +48,7 @@ func (g *guard) decide(ctx context.Context, f facts) decision {
 		return spec.afterRead(g, ctx, f, d)
 	}
 	// Exit handlers get a live read first unless store-first is set; ordinary step pods
-	// (strict mode) always go store-first, so that the common case costs no API call.
+	// always go store-first, so that the common case costs no API call.
 	storeFirst := g.opts.StoreFirst || f.role == roleStep
 	if storeFirst && g.store.WatchFresh() {
 		// A record the store has forgotten (its TTL) is recalled from the informer, which

@@ -136,9 +136,15 @@ type Options struct {
 	DenyPhases Phases
 	// Hooks also covers the pods of lifecycle hooks other than exit (`.hooks.` nodes).
 	Hooks bool
-	// Strict covers every pod a workflow owns, not only exit handlers: a stale copy can also
-	// re-create ordinary step pods (argo-workflows #16294).
+	// Strict covers every pod a workflow owns: hooks and steps, whatever Hooks and SkipSteps
+	// say.
 	Strict bool
+	// SkipSteps leaves the pods of ordinary steps to Argo (--cover-steps=false). By default they
+	// are covered: a stale pass creates a step pod again after its workflow Succeeded, running
+	// its work twice, on every controller line measured (argo-workflows #16294;
+	// docs/evidence/argo-e2e.md, the census). They are decided store-first: a step pod of a
+	// workflow the store has not seen complete costs no API call.
+	SkipSteps bool
 	// StoreFirst decides exit-handler pods from the store when it holds no completion for the
 	// workflow, with no live read; the live read then only confirms a denial. Lower latency,
 	// but a guard whose own watch lags admits a stale pod it would have refused.

@@ -112,7 +112,8 @@ var podSpec = &kindSpec{
 }
 
 // podCovered says whether the policy judges a pod of its role: exit-handler and agent pods
-// always, lifecycle-hook pods with --hooks or --strict, step pods with --strict.
+// always, lifecycle-hook pods with --cover-hooks or --strict, step pods unless
+// --cover-steps=false (and always with --strict).
 func podCovered(o Options, f facts) bool {
 	switch f.role {
 	case roleExitHandler, roleAgent:
@@ -120,7 +121,7 @@ func podCovered(o Options, f facts) bool {
 	case roleHook:
 		return o.Hooks || o.Strict
 	default:
-		return o.Strict
+		return o.Strict || !o.SkipSteps
 	}
 }
 

@@ -29,6 +29,9 @@ func BenchmarkServe(b *testing.B) {
 	exit, step := read("v3.4.17-exit-handler.json"), read("v3.4.17-step.json")
 	g := fuzzGuard(b, Options{StoreFirst: true})
 	g.store.Progress("1")
+	// The policy as it was before step pods were covered by default.
+	skip := fuzzGuard(b, Options{StoreFirst: true, SkipSteps: true})
+	skip.store.Progress("1")
 	allowAll := &admission.Webhook{Handler: admission.HandlerFunc(func(context.Context, admission.Request) admission.Response {
 		return admission.Allowed("")
 	})}
@@ -39,7 +42,8 @@ func BenchmarkServe(b *testing.B) {
 	}{
 		{"do-nothing-controller-runtime", allowAll, exit},
 		{"exit-handler-store-first", g.path(ValidatePath, readPodReview), exit},
-		{"pod-not-covered", g.path(ValidatePath, readPodReview), step},
+		{"step-pod-store-first", g.path(ValidatePath, readPodReview), step},
+		{"pod-not-covered", skip.path(ValidatePath, readPodReview), step},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
 			b.SetBytes(int64(len(tc.body)))

@@ -231,7 +231,8 @@ func TestColdGuardDecidesRight(t *testing.T) {
 }
 
 func TestPodsThatAreNotOursAreAdmitted(t *testing.T) {
-	h := startGuard(t, Options{Namespaces: nil}, harnessOptions{})
+	// Step pods are not ours with --cover-steps=false; hooks without --cover-hooks.
+	h := startGuard(t, Options{SkipSteps: true}, harnessOptions{})
 	ns := newNamespace(t)
 	wf := createWorkflow(t, ns, "done", argo.PhaseSucceeded)
 
@@ -276,13 +277,30 @@ func TestStrictAndHookPolicies(t *testing.T) {
 		wf := createWorkflow(t, ns, "done", argo.PhaseSucceeded)
 		mustDeny(t, fixture.Pod(wf, "done-hook-1", "done.hooks.running"), contract.ReasonWorkflowCompleted)
 		wantLogged(t, wf, `"podKind":"lifecycle-hook"`)
-		mustAdmit(t, fixture.Pod(wf, "done-main-1", "done"))
 	})
-	t.Run("strict", func(t *testing.T) {
-		h := startGuard(t, Options{Strict: true}, harnessOptions{})
+	t.Run("steps by default", func(t *testing.T) {
+		h := startGuard(t, Options{}, harnessOptions{})
 		ns := newNamespace(t)
 		wf := createWorkflow(t, ns, "done", argo.PhaseSucceeded)
 		waitStore(t, h.store, wf, argo.PhaseSucceeded)
+		mustDeny(t, fixture.Pod(wf, "done-main-1", "done"), contract.ReasonWorkflowCompleted)
+		wantLogged(t, wf, `"podKind":"step"`)
+		mustAdmit(t, fixture.Pod(wf, "done-hook-1", "done.hooks.running"))
+		running := createWorkflow(t, ns, "running", argo.PhaseRunning)
+		mustAdmit(t, fixture.Pod(running, "running-main-1", "running"))
+	})
+	t.Run("--cover-steps=false", func(t *testing.T) {
+		startGuard(t, Options{SkipSteps: true}, harnessOptions{})
+		ns := newNamespace(t)
+		wf := createWorkflow(t, ns, "done", argo.PhaseSucceeded)
+		mustAdmit(t, fixture.Pod(wf, "done-main-1", "done"))
+	})
+	t.Run("strict", func(t *testing.T) {
+		h := startGuard(t, Options{Strict: true, SkipSteps: true}, harnessOptions{})
+		ns := newNamespace(t)
+		wf := createWorkflow(t, ns, "done", argo.PhaseSucceeded)
+		waitStore(t, h.store, wf, argo.PhaseSucceeded)
+		mustDeny(t, fixture.Pod(wf, "done-hook-1", "done.hooks.running"), contract.ReasonWorkflowCompleted)
 		mustDeny(t, fixture.Pod(wf, "done-main-1", "done"), contract.ReasonWorkflowCompleted)
 		wantLogged(t, wf, `"podKind":"step"`)
 		running := createWorkflow(t, ns, "running", argo.PhaseRunning)

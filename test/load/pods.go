@@ -56,6 +56,14 @@ func grow(p *corev1.Pod) {
 }
 
 // podFor is a copy of template for a new pod of wf, in wf's namespace, with a fresh name.
+// hookPod is the pod of a lifecycle hook of wf (the step template as a `.hooks.` node), which
+// the chart's default match conditions keep from the webhook.
+func hookPod(template *corev1.Pod, wf metav1.Object) *corev1.Pod {
+	p := podFor(template, wf)
+	p.Annotations[argo.AnnotationNodeName] = wf.GetName() + ".hooks.running"
+	return p
+}
+
 func podFor(template *corev1.Pod, wf metav1.Object) *corev1.Pod {
 	p := template.DeepCopy()
 	p.Namespace = wf.GetNamespace()

@@ -114,6 +114,7 @@ wins, so it would override the value past the chart's checks (timings, certifica
 - --mode={{ .Values.guard.mode }}
 - --deny-phases={{ join "," .Values.guard.denyPhases }}
 - --cover-hooks={{ .Values.guard.coverHooks }}
+- --cover-steps={{ .Values.guard.coverSteps }}
 - --strict={{ .Values.guard.strict }}
 - --store-first={{ .Values.guard.storeFirst }}
 - --live-read-timeout={{ .Values.guard.liveReadTimeout }}
