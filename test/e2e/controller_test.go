@@ -43,12 +43,13 @@ func controller(t *testing.T, version string) (bin, crds string) {
 const controllerGrace = 20 * time.Second
 
 // launchController starts the workflow-controller bin on the test's namespace alone, reaching
-// the API server through the kubeconfig file and logging at level into out. Its environment is
-// the test's, without leader election and with a requeue of 1 s, then env.
-func launchController(t *testing.T, bin, kubeconfig, level string, env []string, out io.Writer) *testenv.Process {
+// the API server through the kubeconfig file and logging at level into out, with args added to
+// its flags. Its environment is the test's, without leader election (unless env turns it on:
+// leaderElection) and with a requeue of 1 s, then env.
+func launchController(t *testing.T, bin, kubeconfig, level string, args, env []string, out io.Writer) *testenv.Process {
 	t.Helper()
-	p, err := testenv.Launch(bin, []string{"--kubeconfig=" + kubeconfig, "--namespaced", "--managed-namespace=" + namespace,
-		"--namespace=" + namespace, "--executor-image=executor:e2e", "--loglevel=" + level},
+	p, err := testenv.Launch(bin, append([]string{"--kubeconfig=" + kubeconfig, "--namespaced", "--managed-namespace=" + namespace,
+		"--namespace=" + namespace, "--executor-image=executor:e2e", "--loglevel=" + level}, args...),
 		append(append(os.Environ(), "LEADER_ELECTION_DISABLE=true", "DEFAULT_REQUEUE_TIME=1s"), env...), out)
 	if err != nil {
 		t.Fatal(err)
@@ -94,4 +95,13 @@ func waitControllerMetrics(ctx context.Context) error {
 		return errors.Join(err, last)
 	}
 	return nil
+}
+
+// leaderElection is the environment of a controller that takes part in leader election (the
+// Lease workflow-controller in the test's namespace) as identity, with a lease of 4 s, renewed
+// within 3 s, tried every second (upstream: 15, 10 and 5 s), so that a standby takes over a
+// few seconds after the leader stops.
+func leaderElection(identity string) []string {
+	return []string{"LEADER_ELECTION_DISABLE=false", "LEADER_ELECTION_IDENTITY=" + identity,
+		"LEADER_ELECTION_LEASE_DURATION=4s", "LEADER_ELECTION_RENEW_DEADLINE=3s", "LEADER_ELECTION_RETRY_PERIOD=1s"}
 }

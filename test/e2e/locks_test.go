@@ -86,7 +86,8 @@ func TestHeldLocks(t *testing.T) {
 			t.Run(what, func(t *testing.T) {
 				var f follower
 				outs := runScenario(t, scenario{version: version, mode: mode, ok: n, failing: 1, mutex: "probe",
-					afterRun: func(ctx context.Context, c client.Client, restart func(), g *testenv.Guard) {
+					afterRun: func(ctx context.Context, r rig, _ []*unstructured.Unstructured) {
+						c, g := r.c, r.g
 						wf := referenceWorkflow(false)
 						wf.SetGenerateName("follower-")
 						withMutex(wf, "probe")
@@ -106,7 +107,7 @@ func TestHeldLocks(t *testing.T) {
 							return
 						}
 						f.restart = true
-						restart()
+						r.restart()
 						var seen string
 						f.afterRst, f.doneRst = waitFor(ctx, c, wf, 90*time.Second, &seen)
 					}})

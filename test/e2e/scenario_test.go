@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -88,9 +89,12 @@ type scenario struct {
 	totals *totals
 	// mutex gives every workflow a workflow-level mutex of that name.
 	mutex string
-	// afterRun runs once the workflows completed and a stale copy had time to come back;
-	// restart restarts the controller.
-	afterRun func(ctx context.Context, c client.Client, restart func(), g *testenv.Guard)
+	// afterRun runs once the workflows completed and a stale copy had time to come back
+	// (after the census is counted), with the run's rig and its workflows.
+	afterRun func(ctx context.Context, r rig, wfs []*unstructured.Unstructured)
+	// leader runs the controller with leader election on, as this identity (LEADER_ELECTION_IDENTITY),
+	// with a lease of 4 s (upstream: 15 s) so that a standby takes over within seconds.
+	leader string
 	// direct: the controller watches the API server itself, with no lagging proxy between.
 	direct bool
 	// gc runs kube-controller-manager's garbage collector beside the API server.
@@ -119,6 +123,15 @@ type rig struct {
 	proxy    *testenv.APIProxy
 	k        *kubelet
 	guardLog *testenv.Output
+	// ctrlProxy is the lagging proxy between the controller and the API server (nil with
+	// scenario.direct); restart stops the controller and starts it again; launch starts
+	// another controller like the run's with extra flags and environment, logging beside it
+	// (a standby, with leader election); stop stops the run's controller.
+	ctrlProxy     *testenv.APIProxy
+	restart, stop func()
+	launch        func(args, env []string) *testenv.Process
+	// controllerLog is the file the controllers log into.
+	controllerLog string
 }
 
 // run runs the reference workflows with a pod exit handler.
@@ -225,10 +238,11 @@ func runScenario(t *testing.T, sc scenario) []outcome {
 	if err != nil {
 		t.Fatal(err)
 	}
+	var ctrlProxy *testenv.APIProxy
 	if !sc.direct {
-		proxy := testenv.StartAPIProxyWith(t, ctrlCfg, testenv.APIProxyOptions{WatchDelay: watchLag})
-		defer func() { _ = proxy.Close() }()
-		kc = proxy.KubeConfig(t)
+		ctrlProxy = testenv.StartAPIProxyWith(t, ctrlCfg, testenv.APIProxyOptions{WatchDelay: watchLag})
+		defer func() { _ = ctrlProxy.Close() }()
+		kc = ctrlProxy.KubeConfig(t)
 	}
 	kcFile := filepath.Join(t.TempDir(), "kubeconfig")
 	if err := os.WriteFile(kcFile, kc, 0o600); err != nil {
@@ -240,21 +254,38 @@ func runScenario(t *testing.T, sc scenario) []outcome {
 		t.Fatal(err)
 	}
 	defer func() { _ = logOut.Close() }()
+	ctrlEnv := sc.env
+	if sc.leader != "" {
+		ctrlEnv = append(leaderElection(sc.leader), ctrlEnv...)
+	}
 	var ctrl *testenv.Process
 	startController := func() {
 		t.Helper()
-		ctrl = launchController(t, ctrlBin, kcFile, "info", sc.env, logOut)
+		ctrl = launchController(t, ctrlBin, kcFile, "info", nil, ctrlEnv, logOut)
 	}
 	stopController := func() { _ = ctrl.Stop(controllerGrace) }
 	startController()
 	defer func() { stopController() }()
+	var others []*testenv.Process
+	defer func() {
+		for _, p := range others {
+			_ = p.Stop(controllerGrace)
+		}
+	}()
+	r := rig{c: c, notify: notify, gc: gc, g: g, proxy: guardProxy, k: k, guardLog: guardOut, ctrlProxy: ctrlProxy,
+		restart: func() { stopController(); startController() }, stop: stopController, controllerLog: logFile,
+		launch: func(args, env []string) *testenv.Process {
+			p := launchController(t, ctrlBin, kcFile, "info", args, append(slices.Clone(ctrlEnv), env...), logOut)
+			others = append(others, p)
+			return p
+		}}
 
 	if sc.totals != nil {
 		sc.totals.before = readTotals(ctx, t, g)
 	}
 	var wfs []*unstructured.Unstructured
 	if sc.drive != nil {
-		wfs = sc.drive(ctx, t, rig{c: c, notify: notify, gc: gc, g: g, proxy: guardProxy, k: k, guardLog: guardOut})
+		wfs = sc.drive(ctx, t, r)
 	}
 	for i := range ok + failing {
 		wf := referenceWorkflow(i >= ok)
@@ -335,10 +366,7 @@ func runScenario(t *testing.T, sc scenario) []outcome {
 		sc.census.count(ctx, t, c, wfs)
 	}
 	if sc.afterRun != nil {
-		sc.afterRun(ctx, c, func() {
-			stopController()
-			startController()
-		}, g)
+		sc.afterRun(ctx, r, wfs)
 	}
 	var controllerMetrics, guardMetrics map[string]*dto.MetricFamily
 	if sc.metrics {

@@ -102,7 +102,7 @@ func runThroughput(t *testing.T, version, config, load string, p throughputParam
 		t.Fatal(err)
 	}
 	defer func() { _ = logOut.Close() }()
-	ctrl := launchController(t, ctrlBin, kcFile, "warn", nil, logOut)
+	ctrl := launchController(t, ctrlBin, kcFile, "warn", nil, nil, logOut)
 	defer func() { _ = ctrl.Stop(controllerGrace) }()
 
 	stopLoad := func() {}

@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -46,6 +47,11 @@ type APIProxy struct {
 	mu      sync.Mutex
 	watches map[int]context.CancelFunc
 	nextID  int
+	// snapshot answers the next list of workflows that snapshotFor matches (ServeListOnce);
+	// lists are the queries of every list of workflows, in order.
+	snapshot    []byte
+	snapshotFor func(url.Values) bool
+	lists       []url.Values
 }
 
 // APIProxyOptions are what a proxy does from its start, beside the faults switched on and off
@@ -103,6 +109,24 @@ func (p *APIProxy) KubeConfig(t *testing.T) []byte {
 		t.Fatal(err)
 	}
 	return out
+}
+
+// ServeListOnce answers the next list of workflows whose query match accepts (an informer's
+// first LIST, or its relist) with body, a WorkflowList the test read earlier, in place of the
+// API server's answer: the older snapshot a lagging watch cache serves. The client then
+// watches from the snapshot's resourceVersion, and the API server sends it every change since.
+func (p *APIProxy) ServeListOnce(body []byte, match func(url.Values) bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.snapshot, p.snapshotFor = body, match
+}
+
+// ListQueries are the queries of the lists of workflows the proxy received, in order, and
+// whether each was answered from a snapshot (ServeListOnce).
+func (p *APIProxy) ListQueries() []url.Values {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return slices.Clone(p.lists)
 }
 
 // CutWatches ends every Workflow watch stream in flight: the client sees its watch close and
@@ -169,6 +193,21 @@ func (p *APIProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if r.Method == http.MethodGet && isWorkflowPath(r) && strings.HasSuffix(r.URL.Path, "/workflows") && !isSingleRead(r) &&
 		(!isWatch(r) || r.URL.Query().Get("sendInitialEvents") == "true") {
 		p.Lists.Add(1)
+		q := r.URL.Query()
+		p.mu.Lock()
+		var snapshot []byte
+		if p.snapshot != nil && !isWatch(r) && p.snapshotFor(q) {
+			snapshot, p.snapshot = p.snapshot, nil
+			q.Set("answered-from", "snapshot")
+		}
+		p.lists = append(p.lists, q)
+		p.mu.Unlock()
+		if snapshot != nil && !isWatch(r) {
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusOK)
+			_, _ = w.Write(snapshot)
+			return
+		}
 	}
 	out := r.Clone(ctx)
 	out.URL.Scheme, out.URL.Host, out.Host, out.RequestURI = p.target.Scheme, p.target.Host, p.target.Host, ""

@@ -4,8 +4,10 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"testing"
 	"time"
 
@@ -139,5 +141,40 @@ func TestAPIProxyStallsAndCutsWatches(t *testing.T) {
 		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("the watch did not end when cut")
+	}
+}
+
+// TestAPIProxyServesOneListFromASnapshot: after ServeListOnce the next list of workflows the
+// match accepts gets the snapshot, any other list and the one after it the API server's answer;
+// all are recorded with their query.
+func TestAPIProxyServesOneListFromASnapshot(t *testing.T) {
+	srv, _ := fakeAPIServer(t, make(chan string))
+	p := StartAPIProxy(t, &rest.Config{Host: srv.URL})
+	list := func(query string) string {
+		t.Helper()
+		resp, err := http.Get(proxyURL(t, p) + "/apis/argoproj.io/v1alpha1/namespaces/ns/workflows" + query)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = resp.Body.Close() }()
+		body, err := io.ReadAll(resp.Body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(body)
+	}
+	p.ServeListOnce([]byte(`{"kind":"WorkflowList","metadata":{"resourceVersion":"7"}}`), func(q url.Values) bool { return q.Get("limit") == "500" })
+	if got := list("?resourceVersion=0"); got != "/apis/argoproj.io/v1alpha1/namespaces/ns/workflows" {
+		t.Errorf("a list the match refuses = %q, want the API server's answer", got)
+	}
+	if got := list("?resourceVersion=&limit=500"); got != `{"kind":"WorkflowList","metadata":{"resourceVersion":"7"}}` {
+		t.Errorf("first list after ServeListOnce = %q, want the snapshot", got)
+	}
+	if got := list("?resourceVersion=&limit=500"); got != "/apis/argoproj.io/v1alpha1/namespaces/ns/workflows" {
+		t.Errorf("the next list = %q, want the API server's answer", got)
+	}
+	qs := p.ListQueries()
+	if len(qs) != 3 || qs[0].Has("answered-from") || qs[1].Get("answered-from") != "snapshot" || qs[2].Has("answered-from") || !qs[1].Has("resourceVersion") || qs[0].Get("resourceVersion") != "0" {
+		t.Errorf("list queries = %v, want three, the second answered from the snapshot", qs)
 	}
 }

@@ -1,0 +1,268 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"net/url"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/exit-guard/exit-guard/internal/argo"
+)
+
+// fixedLines are the controller lines with upstream's fix (#16357: v3.7.16+, v4.0.7+, v4.1.0+)
+// that the Go module proxy serves (no v4.1 release is served).
+var fixedLines = []string{"v3.7.18", "v4.0.7"}
+
+// How the controller that completed the workflows hands over to one with an empty memory.
+const (
+	byRestart    = "restart"
+	byLeaderMove = "leader move"
+)
+
+// standbyConfig is the ConfigMap of the standby controller of a leader move: its metrics
+// server off, since the leader holds the port (both run on this machine).
+const standbyConfig = "standby-controller-config"
+
+// handover is what one run of TestAFixedControllerAfterARestart saw from the moment the
+// controller handed over.
+type handover struct {
+	// lists are the lists of workflows the controllers made since, as the lagging proxy
+	// received them (resourceVersion "" is a consistent read; "answered-from" marks the one
+	// answered from the older snapshot).
+	lists []url.Values
+	// census is the controller's writes about the workflows after the handover.
+	census census
+	// rejected counts the controller's own check ("Rejecting stale copy") in its log after
+	// the handover.
+	rejected int
+	outs     []outcome
+}
+
+// latePods are the pods created after their workflow completed, after the handover.
+func (h *handover) latePods() int { return len(h.census.pods) }
+
+// runHandover runs three reference workflows on a fixed controller of version behind the lagging
+// watch, the guard as mode says; takes a list of them while their first step runs (what a
+// watch cache that lags holds of them); lets them succeed; then restarts the controller, or
+// moves leadership to a standby (how), with the new controller's first list of workflows
+// answered from that snapshot when snapshot is set, and from the API server otherwise.
+func runHandover(t *testing.T, version, how string, snapshot bool, mode guardMode) *handover {
+	t.Helper()
+	h := &handover{}
+	sc := scenario{version: version, mode: mode, census: &h.census}
+	if how == byLeaderMove {
+		sc.leader = "a"
+	}
+	var snap []byte
+	sc.drive = func(ctx context.Context, t *testing.T, r rig) []*unstructured.Unstructured {
+		var wfs []*unstructured.Unstructured
+		for range 3 {
+			wf := referenceWorkflow(false)
+			if err := r.c.Create(ctx, wf); err != nil {
+				t.Fatal(err)
+			}
+			wfs = append(wfs, wf)
+		}
+		err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+			for _, wf := range wfs {
+				if !runsAPod(ctx, r.c, wf) {
+					return false, nil
+				}
+			}
+			return true, nil
+		})
+		if err != nil {
+			t.Fatalf("the workflows did not all run a pod within 2 minutes: %v", err)
+		}
+		list := &unstructured.UnstructuredList{}
+		list.SetGroupVersionKind(argo.WorkflowListGVK)
+		if err := r.c.List(ctx, list, client.InNamespace(namespace)); err != nil {
+			t.Fatal(err)
+		}
+		if snap, err = list.MarshalJSON(); err != nil {
+			t.Fatal(err)
+		}
+		return wfs
+	}
+	sc.afterRun = func(ctx context.Context, r rig, wfs []*unstructured.Unstructured) {
+		if r.ctrlProxy == nil {
+			t.Fatal("the handover needs the controller behind the lagging proxy")
+		}
+		listsBefore := len(r.ctrlProxy.ListQueries())
+		logBefore := fileSize(r.controllerLog)
+		h.census.from = time.Now()
+		if snapshot {
+			r.ctrlProxy.ServeListOnce(snap, isWorkflowInformersList)
+		}
+		switch how {
+		case byRestart:
+			r.restart()
+		case byLeaderMove:
+			moveLeadership(ctx, t, r)
+		}
+		err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
+			return len(r.ctrlProxy.ListQueries()) > listsBefore, nil
+		})
+		if err != nil {
+			t.Fatalf("the new controller listed no workflows within a minute: %v", err)
+		}
+		// Give the new controller's stale copies time to be reconciled, and the lagging watch
+		// time to deliver the workflows' newer states.
+		select {
+		case <-ctx.Done():
+		case <-time.After(settle):
+		}
+		h.lists = r.ctrlProxy.ListQueries()[listsBefore:]
+		h.census.count(ctx, t, r.c, wfs)
+		logs, _ := os.ReadFile(r.controllerLog)
+		if int64(len(logs)) > logBefore {
+			h.rejected = strings.Count(string(logs[logBefore:]), "Rejecting stale copy")
+		}
+	}
+	h.outs = runScenario(t, sc)
+	return h
+}
+
+// isWorkflowInformersList says whether a list of workflows is the one of the controller's
+// workflow informer, whose copies its workers reconcile: selected by the instance ID alone
+// (none: the label must be absent), paginated. The controller lists workflows twice more as it
+// starts (v3.7.18, v4.0.7): the running ones, to rebuild its locks (initManagers, selected by
+// phase too), and the cron controller's informer (by its labels); neither is reconciled.
+func isWorkflowInformersList(q url.Values) bool {
+	return q.Get("labelSelector") == "!workflows.argoproj.io/controller-instanceid" && q.Has("limit")
+}
+
+// runsAPod says whether wf runs and has a pod node not yet complete.
+func runsAPod(ctx context.Context, c client.Client, wf *unstructured.Unstructured) bool {
+	got := &argo.Workflow{}
+	if err := c.Get(ctx, client.ObjectKeyFromObject(wf), got); err != nil || got.Status.Phase != argo.PhaseRunning {
+		return false
+	}
+	cur := &unstructured.Unstructured{}
+	cur.SetGroupVersionKind(argo.WorkflowGVK)
+	if err := c.Get(ctx, client.ObjectKeyFromObject(wf), cur); err != nil {
+		return false
+	}
+	nodes, _, _ := unstructured.NestedMap(cur.Object, "status", "nodes")
+	for _, n := range nodes {
+		node, _ := n.(map[string]any)
+		if node["type"] == "Pod" && (node["phase"] == "Pending" || node["phase"] == "Running") {
+			return true
+		}
+	}
+	return false
+}
+
+func fileSize(path string) int64 {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return 0
+	}
+	return fi.Size()
+}
+
+// moveLeadership starts a standby controller ("b", with its metrics server off), waits until it
+// has seen the leader ("a"), stops the leader, and waits until the standby holds the Lease.
+func moveLeadership(ctx context.Context, t *testing.T, r rig) {
+	t.Helper()
+	// Argo reads each key of its ConfigMap as YAML under the key's name, nesting a value only
+	// when it has a newline.
+	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: standbyConfig},
+		Data: map[string]string{"metricsConfig": "enabled: false\n"}}
+	if err := r.c.Create(ctx, cm); err != nil {
+		t.Fatal(err)
+	}
+	r.launch([]string{"--configmap=" + standbyConfig}, leaderElection("b"))
+	// Each controller logs the leader it first sees ("new leader"): two lines, the standby's
+	// among them.
+	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
+		logs, _ := os.ReadFile(r.controllerLog)
+		return strings.Count(string(logs), "new leader") >= 2, nil
+	})
+	if err != nil {
+		t.Fatalf("the standby controller did not see the leader within a minute: %v", err)
+	}
+	r.stop()
+	err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		lease := &coordinationv1.Lease{}
+		if err := r.c.Get(ctx, client.ObjectKey{Namespace: namespace, Name: "workflow-controller"}, lease); err != nil {
+			return false, nil
+		}
+		return lease.Spec.HolderIdentity != nil && *lease.Spec.HolderIdentity == "b", nil
+	})
+	if err != nil {
+		t.Fatalf("the standby did not take the Lease within a minute of the leader's stop: %v", err)
+	}
+}
+
+// describe is one line of a handover's figures.
+func (h *handover) describe() string {
+	var lists []string
+	for _, q := range h.lists {
+		rv := "resourceVersion " + fmt.Sprintf("%q", q.Get("resourceVersion"))
+		if !q.Has("resourceVersion") {
+			rv = "no resourceVersion"
+		}
+		rv = fmt.Sprintf("labelSelector %q limit %q, %s", q.Get("labelSelector"), q.Get("limit"), rv)
+		if q.Get("answered-from") == "snapshot" {
+			rv += " (answered from the older snapshot)"
+		}
+		lists = append(lists, rv)
+	}
+	var late, refusals int
+	for _, o := range h.outs {
+		late += o.notifyPods - o.realNotices
+		refusals += o.refusals
+	}
+	return fmt.Sprintf("lists of workflows: [%s]; the controller's own check fired %d times; exit-handler pods created after completion %d; "+
+		"pods created after completion since the handover %q; refusals logged by the guard %d; writes after completion since the handover: %s",
+		strings.Join(lists, ", "), h.rejected, late, h.census.pods, refusals, h.census.String())
+}
+
+// TestAFixedControllerAfterARestart asks whether a controller with upstream's fix runs a stale
+// pass when it starts with an empty memory (its record of the versions it wrote is per
+// process): after a restart, and after a move of leadership to a standby (leader election on),
+// of a controller that ran three reference workflows to Succeeded behind the lagging watch. First
+// as the API server serves it (the new controller's first list of workflows is the API
+// server's own answer); then with that list answered from a snapshot taken while the workflows
+// ran, as a watch cache that lags would serve a list it may answer from its cache, without and
+// with the guard. It fails when, with the guard, a pod is created after its workflow completed,
+// or a workflow does not end Succeeded; and when the older snapshot does not make the fixed
+// controller run a stale pass without the guard (the guard's run would prove nothing).
+func TestAFixedControllerAfterARestart(t *testing.T) {
+	for _, version := range fixedLines {
+		for _, how := range []string{byRestart, byLeaderMove} {
+			t.Run(version+", "+how, func(t *testing.T) {
+				asServed := runHandover(t, version, how, false, noGuard)
+				t.Logf("HANDOVER %s, %s, the first list as the API server answers it, no guard: %s", version, how, asServed.describe())
+				stale := runHandover(t, version, how, true, noGuard)
+				t.Logf("HANDOVER %s, %s, the first list from an older snapshot, no guard: %s", version, how, stale.describe())
+				guarded := runHandover(t, version, how, true, guardDirect)
+				t.Logf("HANDOVER %s, %s, the first list from an older snapshot, the guard: %s", version, how, guarded.describe())
+				if stale.latePods() == 0 {
+					t.Errorf("%s, %s: the older snapshot made no stale pass without the guard: the guard's run proves nothing", version, how)
+				}
+				if n := guarded.latePods(); n != 0 {
+					t.Errorf("%s, %s, the guard: %d pods created after their workflow completed: %q", version, how, n, guarded.census.pods)
+				}
+				for _, o := range guarded.outs {
+					if o.phase != argo.PhaseSucceeded {
+						t.Errorf("%s, %s, the guard: %s ended %q, want Succeeded", version, how, o.name, o.phase)
+					}
+				}
+			})
+		}
+	}
+}
