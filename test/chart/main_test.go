@@ -93,6 +93,7 @@ var profiles = []profile{
 	{name: "warn-without-tasksets", set: []string{"guard.mode=warn", "webhook.taskSets.enabled=false", "webhook.events.enabled=false"}},
 	{name: "without-events", set: []string{"webhook.events.enabled=false"}},
 	{name: "hooks", set: []string{"guard.coverHooks=true"}},
+	{name: "exit-handlers-only", set: []string{"guard.coverSteps=false"}},
 	{name: "fail-closed", set: []string{"webhook.failurePolicy=Fail", "webhook.timeoutSeconds=3", "guard.liveReadBudget=2s"}},
 	{name: "sidecar", set: []string{"installMode=sidecar"}},
 	{name: "sidecar-chart-certificates", set: []string{"installMode=sidecar", "certificates.mode=chart"}},
