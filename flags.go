@@ -173,24 +173,25 @@ func (f *flags) guardOptions() (completionstore.Options, webhook.Options) {
 }
 
 // coverFlag is a boolean flag that says what is covered, bound to an option that says what is
-// skipped (an Options' zero value keeps the default: covered).
-type coverFlag bool
+// skipped (an Options' zero value keeps the default: covered). Its zero value, which the flag
+// package prints a default against, reads "false", so that -h shows "(default true)".
+type coverFlag struct{ skip *bool }
 
-func (c *coverFlag) IsBoolFlag() bool { return true }
+func (c coverFlag) IsBoolFlag() bool { return true }
 
-func (c *coverFlag) String() string {
-	if c == nil {
-		return "true"
+func (c coverFlag) String() string {
+	if c.skip == nil {
+		return "false"
 	}
-	return strconv.FormatBool(!bool(*c))
+	return strconv.FormatBool(!*c.skip)
 }
 
-func (c *coverFlag) Set(s string) error {
+func (c coverFlag) Set(s string) error {
 	v, err := strconv.ParseBool(s)
 	if err != nil {
 		return err
 	}
-	*c = coverFlag(!v)
+	*c.skip = !v
 	return nil
 }
 
@@ -262,7 +263,7 @@ func newFlagSet() (*flags, *flag.FlagSet) {
 		"What the store alone may refuse when no live read answers within the budget: requeue (workflows seen deleted; for workflows seen completed, the pods Argo's controller sends again on its next pass, and the rest as fresh), fresh (workflows seen deleted; workflows seen completed while the store's newest write is younger than --store-fresh-for), tombstone (only workflows seen deleted) or completion (workflows seen deleted or completed, whatever is refused: a refused agent pod fails a retried workflow on Argo 3.4 and 3.5).")
 	fs.BoolVar(&f.guard.Hooks, "cover-hooks", f.guard.Hooks,
 		"Also refuse pods of lifecycle hooks other than exit (.hooks. nodes) of completed workflows.")
-	fs.Var((*coverFlag)(&f.guard.SkipSteps), "cover-steps",
+	fs.Var(coverFlag{&f.guard.SkipSteps}, "cover-steps",
 		"Also refuse pods of ordinary steps of completed workflows (a stale pass runs a step again), decided from the store first: a step pod of a workflow not seen complete costs no API call.")
 	fs.BoolVar(&f.guard.Strict, "strict", f.guard.Strict,
 		"Refuse every pod a completed workflow owns: hooks and steps, whatever --cover-hooks and --cover-steps say.")

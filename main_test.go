@@ -125,3 +125,16 @@ func TestVersion(t *testing.T) {
 		t.Errorf("a test binary's version = %q, want unknown (its module version is (devel), and no build set one)", v)
 	}
 }
+
+// TestHelpShowsTheDefaultOfCoverSteps: -h prints a flag's default only when it differs from its
+// type's zero value, which for --cover-steps (true by default) must read false.
+func TestHelpShowsTheDefaultOfCoverSteps(t *testing.T) {
+	_, fs := newFlagSet()
+	var out strings.Builder
+	fs.SetOutput(&out)
+	fs.PrintDefaults()
+	_, after, ok := strings.Cut(out.String(), "-cover-steps\n")
+	if line, _, _ := strings.Cut(after, "\n"); !ok || !strings.HasSuffix(line, "(default true)") {
+		t.Errorf("-h for --cover-steps = %q, want it to end with (default true)", line)
+	}
+}

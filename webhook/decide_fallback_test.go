@@ -65,7 +65,7 @@ func TestFreshFallbackCountsFromTheWatchsLastAdvance(t *testing.T) {
 // TestRequeueFallbackRefusesWhatArgoSendsAgain: with the default --store-fallback=requeue, a
 // completion only the store holds refuses, however old the store's newest write, the pods
 // Argo's controller creates again on its next pass (an exit handler; a hook with
-// --cover-hooks; a step with --strict); what a refusal would lose (an agent pod, a TaskSet
+// --cover-hooks; a step unless --cover-steps=false); what a refusal would lose (an agent pod, a TaskSet
 // write, a WorkflowFailed Event) it judges as fresh does: refused while the store's newest
 // write is younger than --store-fresh-for, admitted (unconfirmed-completion) once older.
 func TestRequeueFallbackRefusesWhatArgoSendsAgain(t *testing.T) {

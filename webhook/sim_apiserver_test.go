@@ -85,7 +85,7 @@ func TestSimulationThroughTheAPIServer(t *testing.T) {
 				for pi, p := range hist.pods {
 					for ; wi < len(hist.writes) && hist.writes[wi].at <= p.at; wi++ {
 						applyWrite(t, ns, objs, hist.writes[wi].state)
-						// The store-first decisions of --strict read the store: let the
+						// The store-first decisions of step pods read the store: let the
 						// watch deliver first (the in-process simulation has the lag).
 						st, wf := hist.writes[wi].state, objs[hist.writes[wi].state.uid]
 						waitRecord(t, h.store, wf, "the write", func(r completionstore.Record) bool {

@@ -380,8 +380,7 @@ func TestDryRunRequestIsDecidedWithoutSideEffects(t *testing.T) {
 }
 
 // The store forgets a workflow a TTL after its last change, but a completion older than that
-// is still a completion: store-first decisions, and step pods under --strict (always
-// store-first), recall it from the informer, which holds every workflow that exists, rather
+// is still a completion: store-first decisions, and step pods (always store-first), recall it from the informer, which holds every workflow that exists, rather
 // than admit the stale pod with no live read as "not seen completed".
 func TestStoreFirstRecallsACompletionTheStoreHasForgotten(t *testing.T) {
 	const ttl = 2 * time.Second

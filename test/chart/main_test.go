@@ -94,6 +94,8 @@ var profiles = []profile{
 	{name: "without-events", set: []string{"webhook.events.enabled=false"}},
 	{name: "hooks", set: []string{"guard.coverHooks=true"}},
 	{name: "exit-handlers-only", set: []string{"guard.coverSteps=false"}},
+	// The values an upgrade with --reuse-values keeps from a release before guard.coverSteps.
+	{name: "values-before-cover-steps", set: []string{"guard.coverSteps=null"}},
 	{name: "fail-closed", set: []string{"webhook.failurePolicy=Fail", "webhook.timeoutSeconds=3", "guard.liveReadBudget=2s"}},
 	{name: "sidecar", set: []string{"installMode=sidecar"}},
 	{name: "sidecar-chart-certificates", set: []string{"installMode=sidecar", "certificates.mode=chart"}},

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
@@ -53,6 +54,24 @@ func TestTuningValuesLandWhereTheySay(t *testing.T) {
 		}
 		if pdb := convert[policyv1.PodDisruptionBudget](t, only(t, objs, "PodDisruptionBudget")); pdb.Spec.MinAvailable.String() != "50%" || pdb.Spec.MaxUnavailable != nil {
 			t.Errorf("PDB %+v, want minAvailable 50%%", pdb.Spec)
+		}
+	})
+	t.Run("values of a release before guard.coverSteps", func(t *testing.T) {
+		for _, p := range []struct {
+			profile, arg, condition string
+		}{{"values-before-cover-steps", "--cover-steps=true", "not-a-lifecycle-hook-pod"}, {"exit-handlers-only", "--cover-steps=false", "exit-handler-or-agent-pod"}} {
+			objs := render(t, profileNamed(t, p.profile), "eg", "argo")
+			if args := convert[appsv1.Deployment](t, only(t, objs, "Deployment")).Spec.Template.Spec.Containers[0].Args; !slices.Contains(args, p.arg) {
+				t.Errorf("%s: args lack %s: %v", p.profile, p.arg, args)
+			}
+			vwc := convert[admissionregistrationv1.ValidatingWebhookConfiguration](t, only(t, objs, "ValidatingWebhookConfiguration"))
+			var names []string
+			for _, mc := range vwc.Webhooks[0].MatchConditions {
+				names = append(names, mc.Name)
+			}
+			if !slices.Contains(names, p.condition) {
+				t.Errorf("%s: the pod webhook's match conditions %v lack %s", p.profile, names, p.condition)
+			}
 		}
 	})
 	t.Run("everything", func(t *testing.T) {

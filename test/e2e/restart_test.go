@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/url"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -52,6 +53,20 @@ type handover struct {
 
 // latePods are the pods created after their workflow completed, after the handover.
 func (h *handover) latePods() int { return len(h.census.pods) }
+
+// fromSnapshot says whether a list of the new controller was answered from the older snapshot.
+func (h *handover) fromSnapshot() bool {
+	return slices.ContainsFunc(h.lists, func(q url.Values) bool { return q.Get("answered-from") == "snapshot" })
+}
+
+// refusals are the guard's refusals logged for the workflows, over the whole run.
+func (h *handover) refusals() int {
+	n := 0
+	for _, o := range h.outs {
+		n += o.refusals
+	}
+	return n
+}
 
 // runHandover runs three reference workflows on a fixed controller of version behind the lagging
 // watch, the guard as mode says; takes a list of them while their first step runs (what a
@@ -221,11 +236,11 @@ func (h *handover) describe() string {
 		}
 		lists = append(lists, rv)
 	}
-	var late, refusals int
+	var late int
 	for _, o := range h.outs {
 		late += o.notifyPods - o.realNotices
-		refusals += o.refusals
 	}
+	refusals := h.refusals()
 	return fmt.Sprintf("lists of workflows: [%s]; the controller's own check fired %d times; exit-handler pods created after completion %d; "+
 		"pods created after completion since the handover %q; refusals logged by the guard %d; writes after completion since the handover: %s",
 		strings.Join(lists, ", "), h.rejected, late, h.census.pods, refusals, h.census.String())
@@ -238,9 +253,12 @@ func (h *handover) describe() string {
 // as the API server serves it (the new controller's first list of workflows is the API
 // server's own answer); then with that list answered from a snapshot taken while the workflows
 // ran, as a watch cache that lags would serve a list it may answer from its cache, without and
-// with the guard. It fails when, with the guard, a pod is created after its workflow completed,
-// or a workflow does not end Succeeded; and when the older snapshot does not make the fixed
-// controller run a stale pass without the guard (the guard's run would prove nothing).
+// with the guard. It fails when the first list as the API server answers it brings a stale pass
+// (a pod created after completion); when the older snapshot was not served (no list of the
+// workflow informer reached the proxy as a plain list) or makes no stale pass without the guard
+// (the guard's run would prove nothing); and when, with the guard, the snapshot was not served,
+// nothing was refused, a pod is created after its workflow completed, or a workflow does not
+// end Succeeded.
 func TestAFixedControllerAfterARestart(t *testing.T) {
 	for _, version := range fixedLines {
 		for _, how := range []string{byRestart, byLeaderMove} {
@@ -251,8 +269,19 @@ func TestAFixedControllerAfterARestart(t *testing.T) {
 				t.Logf("HANDOVER %s, %s, the first list from an older snapshot, no guard: %s", version, how, stale.describe())
 				guarded := runHandover(t, version, how, true, guardDirect)
 				t.Logf("HANDOVER %s, %s, the first list from an older snapshot, the guard: %s", version, how, guarded.describe())
+				if n := asServed.latePods(); n != 0 {
+					t.Errorf("%s, %s, the first list as the API server answers it: %d pods created after their workflow completed: %q", version, how, n, asServed.census.pods)
+				}
+				for _, h := range []*handover{stale, guarded} {
+					if !h.fromSnapshot() {
+						t.Errorf("%s, %s: no list of the workflow informer was answered from the older snapshot: %v", version, how, h.lists)
+					}
+				}
 				if stale.latePods() == 0 {
 					t.Errorf("%s, %s: the older snapshot made no stale pass without the guard: the guard's run proves nothing", version, how)
+				}
+				if guarded.refusals() == 0 {
+					t.Errorf("%s, %s, the guard: nothing refused: the guard was not shown at work", version, how)
 				}
 				if n := guarded.latePods(); n != 0 {
 					t.Errorf("%s, %s, the guard: %d pods created after their workflow completed: %q", version, how, n, guarded.census.pods)

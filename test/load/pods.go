@@ -55,7 +55,6 @@ func grow(p *corev1.Pod) {
 	}
 }
 
-// podFor is a copy of template for a new pod of wf, in wf's namespace, with a fresh name.
 // hookPod is the pod of a lifecycle hook of wf (the step template as a `.hooks.` node), which
 // the chart's default match conditions keep from the webhook.
 func hookPod(template *corev1.Pod, wf metav1.Object) *corev1.Pod {
@@ -64,6 +63,7 @@ func hookPod(template *corev1.Pod, wf metav1.Object) *corev1.Pod {
 	return p
 }
 
+// podFor is a copy of template for a new pod of wf, in wf's namespace, with a fresh name.
 func podFor(template *corev1.Pod, wf metav1.Object) *corev1.Pod {
 	p := template.DeepCopy()
 	p.Namespace = wf.GetNamespace()

@@ -109,12 +109,20 @@ wins, so it would override the value past the chart's checks (timings, certifica
 {{- end }}
 {{- end }}
 
+{{/*
+guard.coverSteps, true when the values lack it: an upgrade with --reuse-values keeps the values of
+a release that predates it.
+*/}}
+{{- define "exit-guard.coverSteps" -}}
+{{- if hasKey .Values.guard "coverSteps" }}{{ .Values.guard.coverSteps }}{{ else }}true{{ end }}
+{{- end }}
+
 {{/* The guard's flags the chart sets from its values. */}}
 {{- define "exit-guard.ownArgs" -}}
 - --mode={{ .Values.guard.mode }}
 - --deny-phases={{ join "," .Values.guard.denyPhases }}
 - --cover-hooks={{ .Values.guard.coverHooks }}
-- --cover-steps={{ .Values.guard.coverSteps }}
+- --cover-steps={{ include "exit-guard.coverSteps" . }}
 - --strict={{ .Values.guard.strict }}
 - --store-first={{ .Values.guard.storeFirst }}
 - --live-read-timeout={{ .Values.guard.liveReadTimeout }}
