@@ -15,7 +15,6 @@ import (
 	"time"
 
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 )
 
@@ -99,12 +98,7 @@ func (p *APIProxy) Close() error { return p.srv.Close() }
 // KubeConfig reaches the proxy over plain HTTP with no credentials (the proxy adds them).
 func (p *APIProxy) KubeConfig(t *testing.T) []byte {
 	t.Helper()
-	kc := clientcmdapi.NewConfig()
-	kc.Clusters["proxy"] = &clientcmdapi.Cluster{Server: "http://" + p.addr}
-	kc.AuthInfos["proxy"] = &clientcmdapi.AuthInfo{}
-	kc.Contexts["proxy"] = &clientcmdapi.Context{Cluster: "proxy", AuthInfo: "proxy"}
-	kc.CurrentContext = "proxy"
-	out, err := clientcmd.Write(*kc)
+	out, err := kubeConfig(&clientcmdapi.Cluster{Server: "http://" + p.addr}, &clientcmdapi.AuthInfo{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -186,13 +186,18 @@ func (e *Env) KubeConfigAs(name string, groups ...string) ([]byte, *rest.Config,
 	if err != nil {
 		return nil, nil, err
 	}
+	out, err := kubeConfig(&clientcmdapi.Cluster{Server: cfg.Host, CertificateAuthorityData: cfg.CAData},
+		&clientcmdapi.AuthInfo{ClientCertificateData: cfg.CertData, ClientKeyData: cfg.KeyData})
+	return out, cfg, err
+}
+
+// kubeConfig is a kubeconfig file's contents with one context: cluster and user.
+func kubeConfig(cluster *clientcmdapi.Cluster, user *clientcmdapi.AuthInfo) ([]byte, error) {
 	kc := clientcmdapi.NewConfig()
-	kc.Clusters["test"] = &clientcmdapi.Cluster{Server: cfg.Host, CertificateAuthorityData: cfg.CAData}
-	kc.AuthInfos["test"] = &clientcmdapi.AuthInfo{ClientCertificateData: cfg.CertData, ClientKeyData: cfg.KeyData}
+	kc.Clusters["test"], kc.AuthInfos["test"] = cluster, user
 	kc.Contexts["test"] = &clientcmdapi.Context{Cluster: "test", AuthInfo: "test"}
 	kc.CurrentContext = "test"
-	out, err := clientcmd.Write(*kc)
-	return out, cfg, err
+	return clientcmd.Write(*kc)
 }
 
 // ClientAs is an uncached client of Scheme that authenticates as a new user name in groups.

@@ -21,6 +21,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/resourceversion"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
@@ -195,7 +196,19 @@ func waitServing(t *testing.T, srv webhook.Server) {
 // server's own audit log, every write the controller's user makes, landed or refused, with its
 // verb, resource and answer, and nothing of anyone else's.
 func TestAuditRecordsTheControllersWritesOnly(t *testing.T) {
-	c := env.ClientAs(t, ControllerUser, "system:masters")
+	// As Argo's controller does in the e2e: from the kubeconfig file of KubeConfigAs.
+	kc, _, err := env.KubeConfigAs(ControllerUser, "system:masters")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := clientcmd.RESTConfigFromKubeConfig(kc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := client.New(cfg, client.Options{Scheme: env.Scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
 	ns := Namespace(t, env.Client, "audit-", nil)
 	cm := func(name string) *corev1.ConfigMap {
 		return &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}}
@@ -217,7 +230,7 @@ func TestAuditRecordsTheControllersWritesOnly(t *testing.T) {
 	}
 	want := []string{"create configmaps 201 memo", "create configmaps 409 memo", "patch configmaps 200 memo", "delete configmaps 200 memo"}
 	var got []string
-	err := wait.PollUntilContextTimeout(t.Context(), 50*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
+	err = wait.PollUntilContextTimeout(t.Context(), 50*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
 		writes, err := ReadWrites(auditLog)
 		if err != nil {
 			return false, err
