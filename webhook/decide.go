@@ -80,8 +80,10 @@ func (g *guard) decide(ctx context.Context, f facts) decision {
 // --node-field-selector`, 3.6 and later) sends it within a second, and is refused wrongly: a
 // 429, which Argo's controller tries again on its next pass, and a refusal the guard notices
 // (overturned.go). A retry's agent pod, its TaskSet writes of other nodes, its hook and step
-// pods come at once, before any watch could have delivered the retry: those the store alone
-// never refuses.
+// pods come at once, before any watch could have delivered the retry: fresh never refuses
+// those from the store alone; requeue refuses the pods among them (a hook or step pod, where
+// covered: step pods by default), which Argo sends again, so a wrong one is a delay that the
+// guard notices like the others.
 func (g *guard) storeCompletionRefuses(f facts) bool {
 	switch g.opts.StoreFallback {
 	case FallbackCompletion:
