@@ -161,13 +161,12 @@ func isWorkflowInformersList(q url.Values) bool {
 
 // runsAPod says whether wf runs and has a pod node not yet complete.
 func runsAPod(ctx context.Context, c client.Client, wf *unstructured.Unstructured) bool {
-	got := &argo.Workflow{}
-	if err := c.Get(ctx, client.ObjectKeyFromObject(wf), got); err != nil || got.Status.Phase != argo.PhaseRunning {
-		return false
-	}
 	cur := &unstructured.Unstructured{}
 	cur.SetGroupVersionKind(argo.WorkflowGVK)
 	if err := c.Get(ctx, client.ObjectKeyFromObject(wf), cur); err != nil {
+		return false
+	}
+	if p, _, _ := unstructured.NestedString(cur.Object, "status", "phase"); p != string(argo.PhaseRunning) {
 		return false
 	}
 	nodes, _, _ := unstructured.NestedMap(cur.Object, "status", "nodes")
