@@ -36,6 +36,8 @@ type flags struct {
 
 	// set holds the flags given on the command line (flag.Visit), apart from their defaults.
 	set map[string]bool
+	// deprecated are notes on deprecated flags given on the command line, for main to log.
+	deprecated []string
 }
 
 // serving is how the process serves: its endpoints, its certificate files, its shutdown.
@@ -172,26 +174,40 @@ func (f *flags) guardOptions() (completionstore.Options, webhook.Options) {
 	return f.store, f.guard
 }
 
-// coverFlag is a boolean flag that says what is covered, bound to an option that says what is
-// skipped (an Options' zero value keeps the default: covered). Its zero value, which the flag
-// package prints a default against, reads "false", so that -h shows "(default true)".
-type coverFlag struct{ skip *bool }
-
-func (c coverFlag) IsBoolFlag() bool { return true }
-
-func (c coverFlag) String() string {
-	if c.skip == nil {
-		return "false"
-	}
-	return strconv.FormatBool(!*c.skip)
+// deprecatedCover is one of the boolean flags that said what was covered before --cover
+// (--cover-hooks, --cover-steps, --strict): each still parses, changes the coverage where its
+// value asks for more than the old default did (or, for --cover-steps=false, for less, as it
+// always did), and leaves a deprecation note that main logs. --cover-hooks=false was the old
+// default, which every release of the chart rendered: it cannot say that a user chose to leave
+// hooks out, so it no longer does (--cover=exit-handlers,steps does).
+type deprecatedCover struct {
+	f    *flags
+	name string
 }
 
-func (c coverFlag) Set(s string) error {
+func (d deprecatedCover) IsBoolFlag() bool { return true }
+
+// String is what -h prints a default against: empty, so that none is shown.
+func (d deprecatedCover) String() string { return "" }
+
+func (d deprecatedCover) Set(s string) error {
 	v, err := strconv.ParseBool(s)
 	if err != nil {
 		return err
 	}
-	*c.skip = !v
+	c := &d.f.guard.Cover
+	note := fmt.Sprintf("--%s=%t is deprecated: use --cover", d.name, v)
+	switch {
+	case d.name == "cover-hooks" && v:
+		c.NoHooks = false
+	case d.name == "cover-hooks":
+		note += " (hooks are covered by default now; --cover=exit-handlers,steps leaves them out)"
+	case d.name == "cover-steps":
+		c.NoSteps = !v
+	case d.name == "strict" && v:
+		*c = webhook.Coverage{}
+	}
+	d.f.deprecated = append(d.f.deprecated, note+"; the coverage is now --cover="+c.String())
 	return nil
 }
 
@@ -261,18 +277,22 @@ func newFlagSet() (*flags, *flag.FlagSet) {
 		"Comma-separated terminal phases whose exit handlers are refused; add Failed,Error to stop duplicate failure notices.")
 	fs.Var(&f.guard.StoreFallback, "store-fallback",
 		"What the store alone may refuse when no live read answers within the budget: requeue (workflows seen deleted; for workflows seen completed, the pods Argo's controller sends again on its next pass, and the rest as fresh), fresh (workflows seen deleted; workflows seen completed while the store's newest write is younger than --store-fresh-for), tombstone (only workflows seen deleted) or completion (workflows seen deleted or completed, whatever is refused: a refused agent pod fails a retried workflow on Argo 3.4 and 3.5).")
-	fs.BoolVar(&f.guard.Hooks, "cover-hooks", f.guard.Hooks,
-		"Also refuse pods of lifecycle hooks other than exit (.hooks. nodes) of completed workflows.")
-	fs.Var(coverFlag{&f.guard.SkipSteps}, "cover-steps",
-		"Also refuse pods of ordinary steps of completed workflows (a stale pass runs a step again), decided from the store first: a step pod of a workflow not seen complete costs no API call.")
-	fs.BoolVar(&f.guard.Strict, "strict", f.guard.Strict,
-		"Refuse every pod a completed workflow owns: hooks and steps, whatever --cover-hooks and --cover-steps say.")
+	fs.Var(&f.guard.Cover, "cover",
+		"Which pods of a completed workflow to refuse: all (the default: exit handlers, the agent, lifecycle hooks at every level and ordinary steps), or a comma-separated list of exit-handlers, hooks and steps (exit-handler and agent pods are always judged).")
+	fs.Var(deprecatedCover{f, "cover-hooks"}, "cover-hooks",
+		"Deprecated: use --cover. true covers lifecycle-hook pods (the default now); false, the old default, no longer leaves them out: --cover=exit-handlers,steps does.")
+	fs.Var(deprecatedCover{f, "cover-steps"}, "cover-steps",
+		"Deprecated: use --cover. false leaves step pods out, as --cover=exit-handlers,hooks does.")
+	fs.Var(deprecatedCover{f, "strict"}, "strict",
+		"Deprecated: use --cover. true covers every pod, as --cover=all (the default) does.")
 	fs.BoolVar(&f.guard.StoreFirst, "store-first", f.guard.StoreFirst,
 		"Admit exit-handler pods from the store without a live read when it holds no completion (lower latency; a lagging watch then lets stale pods through).")
 	fs.DurationVar(&f.guard.LiveReadTimeout, "live-read-timeout", f.guard.LiveReadTimeout,
 		"How long one attempt of the live read of a pod's workflow may take before another starts beside it.")
 	fs.DurationVar(&f.guard.LiveReadBudget, "live-read-budget", f.guard.LiveReadBudget,
 		"How long the live read may take in all, retries included; past it the store decides. Keep it at least a second below the webhook's timeoutSeconds.")
+	fs.DurationVar(&f.guard.HookStepReadBudget, "hook-step-read-budget", f.guard.HookStepReadBudget,
+		"For a lifecycle-hook or step pod (many a workflow, sent one after another): how long the live read of its workflow may take in all; past it the store decides. Keep it below a second: Argo's pass has 30 s for all its pods.")
 	fs.DurationVar(&f.guard.GetBesideListAfter, "live-read-get-after", f.guard.GetBesideListAfter,
 		"How long the LIST of a live read may go unanswered before a GET of the workflow starts beside it (the first answer wins; negative: never).")
 	fs.DurationVar(&f.guard.TaskSetRepeatsFor, "taskset-repeats-for", f.guard.TaskSetRepeatsFor,

@@ -24,17 +24,19 @@ func TestFlagsBecomeGuardOptions(t *testing.T) {
 		// flags bind into them), and those enforce on Succeeded with live reads.
 		{name: "the defaults are DefaultOptions", want: webhook.DefaultOptions(), wantTTL: completionstore.DefaultOptions().TTL},
 		{name: "every policy flag is carried over",
-			args: []string{"--mode=warn", "--deny-phases=succeeded, Failed,Error", "--cover-hooks", "--cover-steps=false", "--strict", "--store-first",
-				"--live-read-timeout=300ms", "--live-read-budget=2s", "--live-read-get-after=-1s", "--taskset-repeats-for=-1s", "--event-read-timeout=100ms", "--event-read-budget=500ms",
+			args: []string{"--mode=warn", "--deny-phases=succeeded, Failed,Error", "--cover=exit-handlers,hooks", "--store-first",
+				"--live-read-timeout=300ms", "--live-read-budget=2s", "--hook-step-read-budget=500ms", "--live-read-get-after=-1s", "--taskset-repeats-for=-1s", "--event-read-timeout=100ms", "--event-read-budget=500ms",
 				"--store-fallback=completion", "--store-fresh-for=30s", "--namespaces=a, b,", "--completion-ttl=1h",
 				"--max-concurrent-decisions=7", "--expected-requester=system:serviceaccount:argo:wfc"},
 			want: webhook.Options{Mode: webhook.ModeWarn, DenyPhases: []argo.Phase{argo.PhaseSucceeded, argo.PhaseFailed, argo.PhaseError},
-				Hooks: true, Strict: true, SkipSteps: true, StoreFirst: true, LiveReadTimeout: 300 * time.Millisecond, LiveReadBudget: 2 * time.Second, GetBesideListAfter: -time.Second, TaskSetRepeatsFor: -time.Second,
+				Cover: webhook.Coverage{NoSteps: true}, StoreFirst: true, LiveReadTimeout: 300 * time.Millisecond, LiveReadBudget: 2 * time.Second, HookStepReadBudget: 500 * time.Millisecond, GetBesideListAfter: -time.Second, TaskSetRepeatsFor: -time.Second,
 				EventReadTimeout: 100 * time.Millisecond, EventReadBudget: 500 * time.Millisecond,
 				StoreFallback: webhook.FallbackCompletion, StoreFreshFor: 30 * time.Second, Namespaces: []string{"a", "b"},
 				MaxConcurrentDecisions: 7, ExpectedRequester: "system:serviceaccount:argo:wfc", EventSource: "exit-guard"},
 			wantTTL: time.Hour},
-		{name: "--cover-steps alone is the default", args: []string{"--cover-steps"}, want: webhook.DefaultOptions(), wantTTL: completionstore.DefaultOptions().TTL},
+		{name: "--cover=all is the default", args: []string{"--cover=all"}, want: webhook.DefaultOptions(), wantTTL: completionstore.DefaultOptions().TTL},
+		{name: "an unknown coverage is refused", args: []string{"--cover=exit-handlers,pods"}, wantErr: true},
+		{name: "an empty coverage is refused", args: []string{"--cover="}, wantErr: true},
 		{name: "an unknown mode is refused", args: []string{"--mode=block"}, wantErr: true},
 		{name: "--cover-steps takes a boolean", args: []string{"--cover-steps=maybe"}, wantErr: true},
 		{name: "a non-terminal deny phase is refused", args: []string{"--deny-phases=Running"}, wantErr: true},
@@ -126,15 +128,50 @@ func TestVersion(t *testing.T) {
 	}
 }
 
-// TestHelpShowsTheDefaultOfCoverSteps: -h prints a flag's default only when it differs from its
-// type's zero value, which for --cover-steps (true by default) must read false.
-func TestHelpShowsTheDefaultOfCoverSteps(t *testing.T) {
-	_, fs := newFlagSet()
-	var out strings.Builder
-	fs.SetOutput(&out)
-	fs.PrintDefaults()
-	_, after, ok := strings.Cut(out.String(), "-cover-steps\n")
-	if line, _, _ := strings.Cut(after, "\n"); !ok || !strings.HasSuffix(line, "(default true)") {
-		t.Errorf("-h for --cover-steps = %q, want it to end with (default true)", line)
+// TestDeprecatedCoverFlags: the flags that said what was covered before --cover still parse,
+// each leaves a note that main logs, and the chart's rendering of every earlier release
+// (--cover-hooks=false --cover-steps=true --strict=false, the old defaults) now covers every pod.
+func TestDeprecatedCoverFlags(t *testing.T) {
+	tests := []struct {
+		name    string
+		args    []string
+		want    webhook.Coverage
+		wantErr bool
+	}{
+		{name: "the old chart's defaults cover every pod", args: []string{"--cover-hooks=false", "--cover-steps=true", "--strict=false"}, want: webhook.Coverage{}},
+		{name: "--cover-hooks=false no longer leaves hooks out", args: []string{"--cover-hooks=false"}, want: webhook.Coverage{}},
+		{name: "--cover-steps=false leaves steps out, as it did", args: []string{"--cover-hooks=false", "--cover-steps=false", "--strict=false"}, want: webhook.Coverage{NoSteps: true}},
+		{name: "--cover-hooks adds hooks to a narrower --cover", args: []string{"--cover=exit-handlers", "--cover-hooks"}, want: webhook.Coverage{NoSteps: true}},
+		{name: "--strict covers every pod", args: []string{"--cover=exit-handlers", "--strict"}, want: webhook.Coverage{}},
+		{name: "--cover given last wins", args: []string{"--strict", "--cover=exit-handlers"}, want: webhook.Coverage{NoHooks: true, NoSteps: true}},
+		{name: "--cover-steps takes a boolean", args: []string{"--cover-steps=maybe"}, wantErr: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f, err := parseFlags(tt.args)
+			if (err != nil) != tt.wantErr {
+				t.Fatalf("parseFlags error = %v, want error %v", err, tt.wantErr)
+			}
+			if tt.wantErr {
+				return
+			}
+			if _, opts := f.guardOptions(); opts.Cover != tt.want {
+				t.Errorf("coverage = %v, want %v", opts.Cover, tt.want)
+			}
+			deprecated := 0
+			for _, a := range tt.args {
+				if !strings.HasPrefix(a, "--cover=") {
+					deprecated++
+				}
+			}
+			if len(f.deprecated) != deprecated {
+				t.Errorf("deprecation notes = %q, want one for each of the %d deprecated flags", f.deprecated, deprecated)
+			}
+			for _, note := range f.deprecated {
+				if !strings.Contains(note, "is deprecated: use --cover") || !strings.Contains(note, "the coverage is now --cover=") {
+					t.Errorf("note %q does not say to use --cover and what the coverage is", note)
+				}
+			}
+		})
 	}
 }

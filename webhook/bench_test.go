@@ -46,7 +46,7 @@ func BenchmarkDecide(b *testing.B) {
 		{"exit-handler-live-read-1MiB-workflow", Options{}, fixture.ExitPod(big).ObjectMeta},
 		{"exit-handler-store-first", Options{StoreFirst: true}, fixture.ExitPod(wf).ObjectMeta},
 		{"step-pod-store-first", Options{}, fixture.Pod(wf, "step", wf.GetName()).ObjectMeta},
-		{"pod-not-covered", Options{SkipSteps: true}, fixture.Pod(wf, "step", wf.GetName()).ObjectMeta},
+		{"pod-not-covered", Options{Cover: Coverage{NoSteps: true}}, fixture.Pod(wf, "step", wf.GetName()).ObjectMeta},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
 			g, err := newGuard(c, store, tc.opts)

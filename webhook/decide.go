@@ -47,8 +47,9 @@ func (g *guard) decide(ctx context.Context, f facts) decision {
 		}
 		return spec.afterRead(g, ctx, f, d)
 	}
-	// Exit handlers get a live read first unless store-first is set; ordinary step pods
-	// always go store-first, so that the common case costs no API call.
+	// Exit handlers, agents and hooks get a live read first unless store-first is set: each is
+	// the first pod a stale pass may send, and the guard's own watch may lag like Argo's.
+	// Ordinary step pods always go store-first, so that the common case costs no API call.
 	storeFirst := g.opts.StoreFirst || f.role == roleStep
 	if storeFirst && g.store.WatchFresh() {
 		// A record the store has forgotten (its TTL) is recalled from the informer, which
@@ -111,7 +112,7 @@ func (g *guard) read(ctx context.Context, namespace, name string, p readPolicy) 
 // liveDecide reads the owner from the API server and decides from what it says (rows 5 to 9),
 // or from the store when the read fails or runs out of time (rows 10 to 15).
 func (g *guard) liveDecide(ctx context.Context, f facts, d decision) decision {
-	wf, err := g.read(ctx, d.wfNamespace, d.wfName, g.podRead)
+	wf, err := g.read(ctx, d.wfNamespace, d.wfName, g.readPolicyOf(f))
 	switch {
 	case apierrors.IsNotFound(err):
 		d.deny, d.reason, d.row, d.source = true, contract.ReasonWorkflowDeleted, "8", sourceLive
@@ -147,6 +148,17 @@ func (g *guard) liveDecide(ctx context.Context, f facts, d decision) decision {
 		d.reason, d.row = contract.ReasonPhaseNotDenied, "7"
 	}
 	return d
+}
+
+// readPolicyOf is how the live read of f's workflow is made: the pods a workflow sends many of
+// (hooks and steps, one after another within one pass of Argo's controller) within
+// --hook-step-read-budget, so that none waits more than a second on the guard; the rest (an
+// exit-handler or agent pod, a TaskSet write: one or two a workflow) within --live-read-budget.
+func (g *guard) readPolicyOf(f facts) readPolicy {
+	if f.role == roleHook || f.role == roleStep {
+		return g.hookStepRead
+	}
+	return g.podRead
 }
 
 // fromRecord decides from what the store holds: rows 10 to 14 when no live read answered, or,

@@ -64,8 +64,8 @@ func TestFreshFallbackCountsFromTheWatchsLastAdvance(t *testing.T) {
 
 // TestRequeueFallbackRefusesWhatArgoSendsAgain: with the default --store-fallback=requeue, a
 // completion only the store holds refuses, however old the store's newest write, the pods
-// Argo's controller creates again on its next pass (an exit handler; a hook with
-// --cover-hooks; a step unless --cover-steps=false); what a refusal would lose (an agent pod, a TaskSet
+// Argo's controller creates again on its next pass (an exit handler; a hook and a step unless
+// --cover leaves them out); what a refusal would lose (an agent pod, a TaskSet
 // write, a WorkflowFailed Event) it judges as fresh does: refused while the store's newest
 // write is younger than --store-fresh-for, admitted (unconfirmed-completion) once older.
 func TestRequeueFallbackRefusesWhatArgoSendsAgain(t *testing.T) {
@@ -94,7 +94,7 @@ func TestRequeueFallbackRefusesWhatArgoSendsAgain(t *testing.T) {
 				if !storeFresh {
 					clk.Step(10 * time.Minute / 2) // past --store-fresh-for, inside --completion-ttl
 				}
-				g, err := newGuard(nil, store, Options{Hooks: true, Strict: true})
+				g, err := newGuard(nil, store, Options{})
 				if err != nil {
 					t.Fatal(err)
 				}

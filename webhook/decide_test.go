@@ -1,7 +1,9 @@
 package webhook
 
 import (
+	"context"
 	"crypto/sha256"
+	"errors"
 	"maps"
 	"os"
 	"regexp"
@@ -118,14 +120,14 @@ func decisionCases() []decisionCase {
 		{row: "1", name: "a Workflow owner that is not the controller", facts: pod(notController), reason: contract.ReasonNotOwnedByWorkflow},
 		{row: "2", name: "an artifact-GC pod owned by the Workflow", facts: pod(fixture.ComponentPod(wf, "artifact-gc")), reason: contract.ReasonArtifactGCOrOtherComponent},
 		{row: "3", name: "an exit handler in a namespace not guarded", facts: pod(elsewhere), opts: watchOnly, reason: contract.ReasonNamespaceNotWatched},
-		{row: "4", name: "a step pod with --cover-steps=false", facts: step, opts: Options{SkipSteps: true}, reason: contract.ReasonNotCoveredByPolicy},
-		{row: "4", name: "a hook pod without cover-hooks", facts: hook, reason: contract.ReasonNotCoveredByPolicy},
+		{row: "4", name: "a step pod with --cover=exit-handlers,hooks", facts: step, opts: Options{Cover: Coverage{NoSteps: true}}, reason: contract.ReasonNotCoveredByPolicy},
+		{row: "4", name: "a hook pod with --cover=exit-handlers,steps", facts: hook, opts: Options{Cover: Coverage{NoHooks: true}}, reason: contract.ReasonNotCoveredByPolicy},
 		{row: "5", name: "live Running", facts: exit, live: liveRunning, store: storeSucceeded, reason: contract.ReasonWorkflowNotTerminal, source: sourceLive},
 		{row: "5", name: "live empty phase (v4 retry)", facts: exit, live: liveUnknown, store: storeSucceeded, reason: contract.ReasonWorkflowNotTerminal, source: sourceLive},
 		{row: "5", name: "agent pod, live Running", facts: agent, live: liveRunning, store: storeSucceeded, reason: contract.ReasonWorkflowNotTerminal, source: sourceLive},
 		{row: "6", name: "live Succeeded", facts: exit, live: liveSucceeded, deny: true, reason: contract.ReasonWorkflowCompleted, source: sourceLive},
 		{row: "6", name: "agent pod, live Succeeded", facts: agent, live: liveSucceeded, deny: true, reason: contract.ReasonWorkflowCompleted, source: sourceLive},
-		{row: "6", name: "hook pod with cover-hooks, live Succeeded", facts: hook, opts: Options{Hooks: true}, live: liveSucceeded, deny: true, reason: contract.ReasonWorkflowCompleted, source: sourceLive},
+		{row: "6", name: "hook pod by default, live Succeeded", facts: hook, live: liveSucceeded, deny: true, reason: contract.ReasonWorkflowCompleted, source: sourceLive},
 		{row: "6", name: "live Failed, Failed denied", facts: exit, opts: Options{DenyPhases: []argo.Phase{argo.PhaseFailed}}, live: liveFailed, deny: true, reason: contract.ReasonWorkflowCompleted, source: sourceLive},
 		{row: "7", name: "live Failed, default policy", facts: exit, live: liveFailed, store: storeFailed, reason: contract.ReasonPhaseNotDenied, source: sourceLive},
 		{row: "8", name: "live 404", facts: exit, live: live404, deny: true, reason: contract.ReasonWorkflowDeleted, source: sourceLive},
@@ -149,7 +151,7 @@ func decisionCases() []decisionCase {
 		{row: "15", name: "read fails, store empty", facts: exit, live: liveFails, reason: contract.ReasonUnverifiedFailOpen},
 		{row: "16", name: "store-first, store empty", facts: exit, opts: storeFirst, reason: contract.ReasonNotSeenCompleted, source: sourceStore},
 		{row: "16", name: "a step pod by default, store empty", facts: step, reason: contract.ReasonNotSeenCompleted, source: sourceStore},
-		{row: "16", name: "strict step pod, store empty", facts: step, opts: Options{Strict: true}, reason: contract.ReasonNotSeenCompleted, source: sourceStore},
+		{row: "16", name: "step pod, store empty", facts: step, reason: contract.ReasonNotSeenCompleted, source: sourceStore},
 		{row: "17", name: "store-first, store Running", facts: exit, opts: storeFirst, store: storeRunning, reason: contract.ReasonWorkflowNotTerminal, source: sourceStore},
 		{row: "17", name: "store-first, store Failed", facts: exit, opts: storeFirst, store: storeFailed, reason: contract.ReasonPhaseNotDenied, source: sourceStore},
 		{row: "18", name: "store-first, store Succeeded, live Running (a retry)", facts: exit, opts: storeFirst, store: storeSucceeded, live: liveRunning, reason: contract.ReasonWorkflowNotTerminal, source: sourceLive, wantRow: "5"},
@@ -158,13 +160,13 @@ func decisionCases() []decisionCase {
 		{row: "18", name: "store-first, store unsettled, live Succeeded", facts: exit, opts: storeFirst, store: storeUnsettled, live: liveSucceeded, deny: true, reason: contract.ReasonWorkflowCompleted, source: sourceLive, wantRow: "6"},
 		{row: "18", name: "store-first, store unsettled, live says not terminal", facts: exit, opts: storeFirst, store: storeUnsettled, live: liveUnknown, reason: contract.ReasonWorkflowNotTerminal, source: sourceLive, wantRow: "5"},
 		{row: "18", name: "a step pod by default, store Succeeded, read fails: Argo sends the pod again", facts: step, store: storeSucceeded, live: liveFails, deny: true, reason: contract.ReasonWorkflowCompleted, source: sourceStore, wantRow: "11"},
-		{row: "18", name: "strict step pod, store Succeeded, read fails, default fallback: Argo sends the pod again", facts: step, opts: Options{Strict: true}, store: storeSucceeded, live: liveFails, deny: true, reason: contract.ReasonWorkflowCompleted, source: sourceStore, wantRow: "11"},
-		{row: "18", name: "strict step pod, store Succeeded, read fails, fresh fallback: a retry's steps come at once", facts: step, opts: Options{Strict: true, StoreFallback: FallbackFresh}, store: storeSucceeded, live: liveFails, reason: contract.ReasonUnconfirmedCompletion, source: sourceStore, wantRow: "11"},
-		{row: "18", name: "strict step pod, store Succeeded, read fails, tombstone fallback", facts: step, opts: Options{Strict: true, StoreFallback: FallbackTombstone}, store: storeSucceeded, live: liveFails, reason: contract.ReasonUnconfirmedCompletion, source: sourceStore, wantRow: "11"},
-		{row: "18", name: "strict step pod, store Succeeded, read fails, completion fallback", facts: step, opts: Options{Strict: true, StoreFallback: FallbackCompletion}, store: storeSucceeded, live: liveFails, deny: true, reason: contract.ReasonWorkflowCompleted, source: sourceStore, wantRow: "11"},
+		{row: "18", name: "step pod, store Succeeded, read fails, default fallback: Argo sends the pod again", facts: step, store: storeSucceeded, live: liveFails, deny: true, reason: contract.ReasonWorkflowCompleted, source: sourceStore, wantRow: "11"},
+		{row: "18", name: "step pod, store Succeeded, read fails, fresh fallback: a retry's steps come at once", facts: step, opts: Options{StoreFallback: FallbackFresh}, store: storeSucceeded, live: liveFails, reason: contract.ReasonUnconfirmedCompletion, source: sourceStore, wantRow: "11"},
+		{row: "18", name: "step pod, store Succeeded, read fails, tombstone fallback", facts: step, opts: Options{StoreFallback: FallbackTombstone}, store: storeSucceeded, live: liveFails, reason: contract.ReasonUnconfirmedCompletion, source: sourceStore, wantRow: "11"},
+		{row: "18", name: "step pod, store Succeeded, read fails, completion fallback", facts: step, opts: Options{StoreFallback: FallbackCompletion}, store: storeSucceeded, live: liveFails, deny: true, reason: contract.ReasonWorkflowCompleted, source: sourceStore, wantRow: "11"},
 		{row: "19", name: "store-first, watch stale, live Succeeded", facts: exit, opts: storeFirst, staleWatch: true, live: liveSucceeded, deny: true, reason: contract.ReasonWorkflowCompleted, source: sourceLive, wantRow: "6"},
 		{row: "19", name: "a step pod by default, watch stale, live Succeeded", facts: step, staleWatch: true, live: liveSucceeded, deny: true, reason: contract.ReasonWorkflowCompleted, source: sourceLive, wantRow: "6"},
-		{row: "19", name: "strict step pod, watch stale, live Succeeded", facts: step, opts: Options{Strict: true}, staleWatch: true, live: liveSucceeded, deny: true, reason: contract.ReasonWorkflowCompleted, source: sourceLive, wantRow: "6"},
+		{row: "19", name: "step pod, watch stale, live Succeeded", facts: step, staleWatch: true, live: liveSucceeded, deny: true, reason: contract.ReasonWorkflowCompleted, source: sourceLive, wantRow: "6"},
 		{row: "19", name: "store-first, watch stale, read fails, store empty", facts: exit, opts: storeFirst, staleWatch: true, live: liveFails, reason: contract.ReasonUnverifiedFailOpen, wantRow: "15"},
 		{row: "T1", name: "TaskSet without a Workflow owner reference", facts: notOwnedWrite, reason: contract.ReasonNotOwnedByWorkflow},
 		{row: "T2", name: "TaskSet, namespace not guarded", facts: elsewhereWrite, opts: watchOnly, reason: contract.ReasonNamespaceNotWatched},
@@ -364,5 +366,54 @@ func TestDecisionTableWalksTheDocInOrder(t *testing.T) {
 	}
 	if strings.Join(caseRows, " ") != strings.Join(docRows, " ") {
 		t.Errorf("the cases walk rows\n  %s\nand docs/decisions.md has\n  %s", strings.Join(caseRows, " "), strings.Join(docRows, " "))
+	}
+}
+
+// TestEachRoleReadsWithinItsBudget: the pods a workflow sends many of, one after another in one
+// pass of Argo's controller (hooks at every level, and steps once the guard's watch is stale),
+// read their workflow within --hook-step-read-budget; exit-handler and agent pods (one or two a
+// workflow) and TaskSet writes within --live-read-budget. A pod a node name alone cannot tell
+// from a hook (under a DAG task named "hooks") gets the short budget either way.
+func TestEachRoleReadsWithinItsBudget(t *testing.T) {
+	wf := tableWorkflow
+	dagTaskNamedHooks := fixture.Pod(wf, wf.GetName()+"-build", wf.GetName()+".hooks.build")
+	stepHook := fixture.Pod(wf, wf.GetName()+"-step-hook", wf.GetName()+"[0].work.hooks.failed")
+	underHook := fixture.Pod(wf, wf.GetName()+"-under-hook", wf.GetName()+".hooks.failed[0].notify")
+	def := DefaultOptions()
+	for _, c := range []struct {
+		name       string
+		facts      func(t *testing.T) facts
+		staleWatch bool
+		want       time.Duration
+	}{
+		{"an exit-handler pod", func(t *testing.T) facts { return podFacts(t, fixture.ExitPod(wf)) }, false, def.LiveReadBudget},
+		{"an agent pod", func(t *testing.T) facts { return podFacts(t, fixture.AgentPod(wf)) }, false, def.LiveReadBudget},
+		{"a workflow-level hook pod", func(t *testing.T) facts { return podFacts(t, fixture.HookPod(wf)) }, false, def.HookStepReadBudget},
+		{"a step-level hook pod", func(t *testing.T) facts { return podFacts(t, stepHook) }, false, def.HookStepReadBudget},
+		{"a pod of a step under a hook", func(t *testing.T) facts { return podFacts(t, underHook) }, false, def.HookStepReadBudget},
+		{"a pod under a DAG task named hooks", func(t *testing.T) facts { return podFacts(t, dagTaskNamedHooks) }, false, def.HookStepReadBudget},
+		{"a step pod, the watch stale", func(t *testing.T) facts { return podFacts(t, fixture.StepPod(wf)) }, true, def.HookStepReadBudget},
+		{"a TaskSet write", func(t *testing.T) facts {
+			return taskSetFacts(t, wf, []string{}, "true", []string{argo.NodeID(wf.GetName(), argo.OnExitNodeName(wf.GetName()))}, "false")
+		}, false, def.LiveReadBudget},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			g, err := newGuard(nil, storeFor(t, wf, storeRunning, c.staleWatch), Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var budgets []time.Duration
+			g.readLive = func(_ context.Context, _, _ string, p readPolicy) (*argo.Workflow, error) {
+				budgets = append(budgets, p.budget)
+				if p.attempt > p.budget {
+					t.Errorf("an attempt of %s in a budget of %s", p.attempt, p.budget)
+				}
+				return nil, errors.Join(errLiveReadTimeout, context.DeadlineExceeded)
+			}
+			g.decide(t.Context(), c.facts(t))
+			if len(budgets) != 1 || budgets[0] != c.want {
+				t.Errorf("live reads within %v, want one within %v", budgets, c.want)
+			}
+		})
 	}
 }

@@ -236,7 +236,7 @@ func FuzzAdmissionReview(f *testing.F) {
 	f.Add(eventReviewOf(admissionv1.Create, []byte(`{"involvedObject":null,"reason":7}`)))
 	validate := fuzzGuard(f, Options{}).path(ValidatePath, readPodReview)
 	events := fuzzGuard(f, Options{}).path(ValidateEventPath, readEventReview)
-	mutate := mutatingPath(fuzzGuard(f, Options{Mode: ModeWarn, Hooks: true, Strict: true}))
+	mutate := mutatingPath(fuzzGuard(f, Options{Mode: ModeWarn}))
 	taskSets := fuzzGuard(f, Options{}).path(ValidateTaskSetPath, readTaskSetReview)
 	f.Fuzz(func(t *testing.T, body []byte) {
 		for _, h := range []struct {
@@ -269,7 +269,7 @@ func FuzzClassify(f *testing.F) {
 	f.Add("wf.hooks.running", "", "", "argoproj.io/v1alpha1", "Workflow", "done", "uid-other", 1, true)
 	f.Add("", "true", "agent", "argoproj.io", "Workflow", "", "", 0, false)
 	f.Add("x.onExit[0](1).hooks.y", "", "", "/", "", "running", "uid-running", 3, false)
-	g := fuzzGuard(f, Options{Hooks: true, Strict: true})
+	g := fuzzGuard(f, Options{})
 	f.Fuzz(func(t *testing.T, node, onExit, component, apiVersion, kind, name, uid string, refs int, controller bool) {
 		meta := &metav1.ObjectMeta{Namespace: "ns", Name: "p", Labels: map[string]string{}, Annotations: map[string]string{argo.AnnotationNodeName: node}}
 		if onExit != "" {

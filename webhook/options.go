@@ -100,6 +100,11 @@ func DefaultOptions() Options {
 		// timeoutSeconds is 5 s: a second is kept for the store fallback, the answer and the
 		// network, so that the API server never sees the webhook time out.
 		LiveReadBudget: 4 * time.Second,
+		// A step or hook pod waits at most a second on the guard, whatever the API server does:
+		// Argo's controller creates a pass's pods one after another, and a pass has 30 s in all
+		// (MAX_OPERATION_TIME). 750 ms leaves a quarter of that second for the store's answer,
+		// the audit and the network (docs/decisions.md, "What a pod costs").
+		HookStepReadBudget: 750 * time.Millisecond,
 		// 25 ms is past the LIST's p99 on an idle API server (8.5 to 17 ms,
 		// docs/evidence/performance.md table 6), so that about one read in a hundred costs a
 		// second request. The LIST is answered from the API server's watch cache once that
@@ -134,17 +139,9 @@ type Options struct {
 	// Adding Failed and Error stops the duplicate notices a stale copy of a failed workflow
 	// sends.
 	DenyPhases Phases
-	// Hooks also covers the pods of lifecycle hooks other than exit (`.hooks.` nodes).
-	Hooks bool
-	// Strict covers every pod a workflow owns: hooks and steps, whatever Hooks and SkipSteps
-	// say.
-	Strict bool
-	// SkipSteps leaves the pods of ordinary steps to Argo (--cover-steps=false). By default they
-	// are covered: a stale pass creates a step pod again after its workflow Succeeded, running
-	// its work twice, on every controller line measured (argo-workflows #16294;
-	// docs/evidence/argo-e2e.md, the census). They are decided store-first: a step pod of a
-	// workflow the store has not seen complete costs no API call.
-	SkipSteps bool
+	// Cover says which pods of a workflow the guard judges beyond its exit-handler and agent
+	// pods, which it always judges. The zero value covers every pod a workflow owns.
+	Cover Coverage
 	// StoreFirst decides exit-handler pods from the store when it holds no completion for the
 	// workflow, with no live read; the live read then only confirms a denial. Lower latency,
 	// but a guard whose own watch lags admits a stale pod it would have refused.
@@ -153,8 +150,13 @@ type Options struct {
 	// another attempt starts beside it.
 	LiveReadTimeout time.Duration
 	// LiveReadBudget bounds the live read in all, retries included; past it
-	// the store decides, as StoreFallback says.
+	// the store decides, as StoreFallback says. It is the budget of an exit-handler or agent
+	// pod and of a TaskSet write: one or two a workflow.
 	LiveReadBudget time.Duration
+	// HookStepReadBudget bounds the live read of a lifecycle-hook or step pod's workflow: many
+	// a workflow, which Argo's controller sends one after another within one pass. One attempt
+	// takes at most a third of it (or LiveReadTimeout, the shorter).
+	HookStepReadBudget time.Duration
 	// GetBesideListAfter is how long the LIST of a live read may go unanswered before a GET of
 	// the workflow starts beside it, the first answer winning.
 	GetBesideListAfter time.Duration
@@ -222,6 +224,12 @@ func (o *Options) complete() error {
 	}
 	if o.LiveReadTimeout > o.LiveReadBudget {
 		errs = append(errs, fmt.Errorf("live read timeout %s is longer than the live read budget %s", o.LiveReadTimeout, o.LiveReadBudget))
+	}
+	if o.HookStepReadBudget < 0 {
+		errs = append(errs, fmt.Errorf("hook and step read budget must not be negative, got %s", o.HookStepReadBudget))
+	}
+	if o.HookStepReadBudget == 0 {
+		o.HookStepReadBudget = def.HookStepReadBudget
 	}
 	if o.GetBesideListAfter == 0 {
 		o.GetBesideListAfter = def.GetBesideListAfter
@@ -328,4 +336,76 @@ func ParsePhases(s string) (Phases, error) {
 		return nil, errors.New("no phase given: want one or more of Succeeded, Failed, Error")
 	}
 	return out, nil
+}
+
+// Coverage is which pods of a workflow the guard judges beyond its exit-handler and agent
+// pods, which it always judges: the pods of lifecycle hooks (`hooks:` other than exit, at every
+// level, and what runs under them) and of ordinary steps. The zero value covers both. As a
+// flag, `all` or a comma-separated list of exit-handlers, hooks and steps (flag.Value).
+type Coverage struct {
+	// NoHooks leaves the pods of lifecycle hooks to Argo.
+	NoHooks bool
+	// NoSteps leaves the pods of ordinary steps to Argo.
+	NoSteps bool
+}
+
+// Coverage names.
+const (
+	coverAll          = "all"
+	coverExitHandlers = "exit-handlers"
+	coverHooks        = "hooks"
+	coverSteps        = "steps"
+)
+
+// Hooks says whether lifecycle-hook pods are judged.
+func (c Coverage) Hooks() bool { return !c.NoHooks }
+
+// Steps says whether step pods are judged.
+func (c Coverage) Steps() bool { return !c.NoSteps }
+
+// String is `all`, or the list of what is covered: exit-handlers, then hooks and steps where
+// they are.
+func (c Coverage) String() string {
+	if c.Hooks() && c.Steps() {
+		return coverAll
+	}
+	out := []string{coverExitHandlers}
+	if c.Hooks() {
+		out = append(out, coverHooks)
+	}
+	if c.Steps() {
+		out = append(out, coverSteps)
+	}
+	return strings.Join(out, ",")
+}
+
+// Set parses a coverage (ParseCoverage).
+func (c *Coverage) Set(s string) error { return parseInto(c, ParseCoverage, s) }
+
+// ParseCoverage parses `all` or a comma-separated list of exit-handlers, hooks and steps.
+// Exit-handler and agent pods are judged whatever the list says: `exit-handlers` alone covers
+// only them.
+func ParseCoverage(s string) (Coverage, error) {
+	c := Coverage{NoHooks: true, NoSteps: true}
+	seen := false
+	for _, f := range strings.Split(s, ",") {
+		switch strings.TrimSpace(f) {
+		case "":
+			continue
+		case coverAll:
+			c = Coverage{}
+		case coverExitHandlers:
+		case coverHooks:
+			c.NoHooks = false
+		case coverSteps:
+			c.NoSteps = false
+		default:
+			return Coverage{}, fmt.Errorf("unknown coverage %q: want all, or a comma-separated list of exit-handlers, hooks and steps", strings.TrimSpace(f))
+		}
+		seen = true
+	}
+	if !seen {
+		return Coverage{}, errors.New("no coverage given: want all, or a comma-separated list of exit-handlers, hooks and steps")
+	}
+	return c, nil
 }

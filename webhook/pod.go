@@ -112,16 +112,16 @@ var podSpec = &kindSpec{
 }
 
 // podCovered says whether the policy judges a pod of its role: exit-handler and agent pods
-// always, lifecycle-hook pods with --cover-hooks or --strict, step pods unless
-// --cover-steps=false (and always with --strict).
+// always, lifecycle-hook and step pods unless --cover leaves them out (by default it covers
+// every pod a workflow owns).
 func podCovered(o Options, f facts) bool {
 	switch f.role {
 	case roleExitHandler, roleAgent:
 		return true
 	case roleHook:
-		return o.Hooks || o.Strict
+		return o.Cover.Hooks()
 	default:
-		return o.Strict || !o.SkipSteps
+		return o.Cover.Steps()
 	}
 }
 

@@ -30,7 +30,7 @@ func BenchmarkServe(b *testing.B) {
 	g := fuzzGuard(b, Options{StoreFirst: true})
 	g.store.Progress("1")
 	// The policy as it was before step pods were covered by default.
-	skip := fuzzGuard(b, Options{StoreFirst: true, SkipSteps: true})
+	skip := fuzzGuard(b, Options{StoreFirst: true, Cover: Coverage{NoSteps: true}})
 	skip.store.Progress("1")
 	allowAll := &admission.Webhook{Handler: admission.HandlerFunc(func(context.Context, admission.Request) admission.Response {
 		return admission.Allowed("")

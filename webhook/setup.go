@@ -34,6 +34,8 @@ type guard struct {
 	readNodes func(ctx context.Context, namespace, name string) (types.UID, argo.Phase, map[string]argo.Node, error)
 	// podRead is how pods and TaskSet writes read their workflow, eventRead how Events do.
 	podRead, eventRead readPolicy
+	// hookStepRead is how hook and step pods read theirs (readPolicyOf).
+	hookStepRead readPolicy
 	// extraReads holds a token per further live-read attempt in flight (maxExtraLiveReads).
 	extraReads chan struct{}
 	// getBudget bounds the GETs beside slow LISTs to a share of the LISTs.
@@ -144,6 +146,8 @@ func newGuard(reader client.Reader, store *completionstore.Store, opts Options) 
 		g.denyPhases[p] = true
 	}
 	g.podRead = readPolicy{attempt: g.opts.LiveReadTimeout, budget: g.opts.LiveReadBudget, getAfter: g.opts.GetBesideListAfter, refuses: g.denyPhases}
+	g.hookStepRead = readPolicy{attempt: min(g.opts.LiveReadTimeout, g.opts.HookStepReadBudget/3), budget: g.opts.HookStepReadBudget,
+		getAfter: g.opts.GetBesideListAfter, refuses: g.denyPhases}
 	g.eventRead = readPolicy{attempt: g.opts.EventReadTimeout, budget: g.opts.EventReadBudget, getAfter: g.opts.GetBesideListAfter,
 		refuses: map[argo.Phase]bool{argo.PhaseSucceeded: true}}
 	if len(opts.Namespaces) > 0 {

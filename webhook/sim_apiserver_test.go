@@ -68,13 +68,13 @@ func planned(t *testing.T, plan *attemptPlan) client.Reader {
 // as soon as the one before it is done, so the watch lags as little as it does.
 func TestSimulationThroughTheAPIServer(t *testing.T) {
 	const histories = 40
-	for _, s := range []setting{simSettings[0], settingNamed(t, "--strict")} {
+	for _, s := range []setting{simSettings[0], settingNamed(t, "--cover=exit-handlers")} {
 		t.Run(s.name, func(t *testing.T) {
 			plan := &attemptPlan{}
 			opts := s.opts
 			// No hedges (an attempt may take its whole budget), so that no attempt of one
 			// pod's decision can start after the next pod's plan is set.
-			opts.LiveReadTimeout, opts.LiveReadBudget = 1500*time.Millisecond, 1500*time.Millisecond
+			opts.LiveReadTimeout, opts.LiveReadBudget, opts.HookStepReadBudget = 1500*time.Millisecond, 1500*time.Millisecond, 1500*time.Millisecond
 			h := startGuard(t, opts, harnessOptions{reader: planned(t, plan)})
 			var legit, stale, stopped, judged int
 			for i := range histories {

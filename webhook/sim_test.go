@@ -34,9 +34,8 @@ var simSettings = []setting{
 	{"--store-fallback=tombstone", Options{StoreFallback: FallbackTombstone}},
 	{"--store-fallback=completion", Options{StoreFallback: FallbackCompletion}},
 	{"--store-first", Options{StoreFirst: true}},
-	{"--strict", Options{Strict: true}},
-	{"--cover-steps=false", Options{SkipSteps: true}},
-	{"--cover-hooks", Options{Hooks: true}},
+	{"--cover=exit-handlers,steps", Options{Cover: Coverage{NoHooks: true}}},
+	{"--cover=exit-handlers", Options{Cover: Coverage{NoHooks: true, NoSteps: true}}},
 	{"--deny-phases=Succeeded,Failed,Error", Options{DenyPhases: []argo.Phase{argo.PhaseSucceeded, argo.PhaseFailed, argo.PhaseError}}},
 }
 
@@ -94,7 +93,7 @@ func simulate(h *history, s setting, t *tallies, log func(string, ...any)) error
 	opts := s.opts
 	// Live-read attempts fail at once in the simulation; a short attempt timeout keeps the
 	// retries quick, and the budget is never what ends them.
-	opts.LiveReadTimeout, opts.LiveReadBudget = 100*time.Microsecond, 10*time.Second
+	opts.LiveReadTimeout, opts.LiveReadBudget, opts.HookStepReadBudget = 100*time.Microsecond, 10*time.Second, 10*time.Second
 	g, err := newGuard(reader, store, opts)
 	if err != nil {
 		return err
@@ -284,16 +283,16 @@ func decideSim(ctx context.Context, g *guard, dp *decisionPlan, p podEvent, pi, 
 
 // oracleCovers and oracleDenies restate the policy of a setting, apart from the code under
 // test: exit handlers, agent pods and TaskSet writes that add a task are always covered, hooks
-// with --cover-hooks or --strict, steps unless --cover-steps=false; the deny phases are the setting's,
-// Succeeded by default.
+// and steps unless --cover leaves them out; the deny phases are the setting's, Succeeded by
+// default.
 func oracleCovers(o Options, k role) bool {
 	switch k {
 	case roleExitHandler, roleAgent, roleTaskWrite:
 		return true
 	case roleHook:
-		return o.Hooks || o.Strict
+		return !o.Cover.NoHooks
 	}
-	return o.Strict || !o.SkipSteps
+	return !o.Cover.NoSteps
 }
 
 func oracleDenies(o Options, p argo.Phase) bool {

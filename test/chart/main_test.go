@@ -92,10 +92,16 @@ var profiles = []profile{
 	{name: "dry-run", set: []string{"guard.mode=dry-run"}},
 	{name: "warn-without-tasksets", set: []string{"guard.mode=warn", "webhook.taskSets.enabled=false", "webhook.events.enabled=false"}},
 	{name: "without-events", set: []string{"webhook.events.enabled=false"}},
-	{name: "hooks", set: []string{"guard.coverHooks=true"}},
-	{name: "exit-handlers-only", set: []string{"guard.coverSteps=false"}},
-	// The values an upgrade with --reuse-values keeps from a release before guard.coverSteps.
-	{name: "values-before-cover-steps", set: []string{"guard.coverSteps=null"}},
+	{name: "exit-handlers-and-hooks", set: []string{`guard.cover=exit-handlers\,hooks`}},
+	{name: "exit-handlers-and-steps", set: []string{`guard.cover=exit-handlers\,steps`}},
+	{name: "exit-handlers-only", set: []string{"guard.cover=exit-handlers"}},
+	// The values an upgrade with --reuse-values keeps from a release before guard.cover: the
+	// keys it replaced, at their defaults of then, and no guard.cover or guard.hookStepReadBudget.
+	{name: "values-before-cover", set: []string{"guard.cover=null", "guard.hookStepReadBudget=null",
+		"guard.coverHooks=false", "guard.coverSteps=true", "guard.strict=false"}},
+	// The same, from a release that had left steps out.
+	{name: "values-before-cover-without-steps", set: []string{"guard.cover=null", "guard.hookStepReadBudget=null",
+		"guard.coverHooks=false", "guard.coverSteps=false", "guard.strict=false"}},
 	{name: "fail-closed", set: []string{"webhook.failurePolicy=Fail", "webhook.timeoutSeconds=3", "guard.liveReadBudget=2s"}},
 	{name: "sidecar", set: []string{"installMode=sidecar"}},
 	{name: "sidecar-chart-certificates", set: []string{"installMode=sidecar", "certificates.mode=chart"}},
@@ -126,7 +132,7 @@ var profiles = []profile{
 		"pprof.enabled=true",
 		"podDisruptionBudget.maxUnavailable=1", "podDisruptionBudget.unhealthyPodEvictionPolicy=AlwaysAllow",
 		"networkPolicy.enabled=true",
-		"guard.strict=true", "guard.denyPhases={Succeeded,Failed,Error}", "guard.namespaces={argo,ci}",
+		`guard.cover=exit-handlers\,hooks`, "guard.hookStepReadBudget=500ms", "guard.denyPhases={Succeeded,Failed,Error}", "guard.namespaces={argo,ci}",
 		"logging.level=debug", "logging.format=console", "replicaCount=3",
 		"webhook.extraMatchConditions[0].name=not-a-canary",
 		"webhook.extraMatchConditions[0].expression=!has(object.metadata.labels) || !('canary' in object.metadata.labels)",

@@ -88,7 +88,7 @@ func TestEveryProfileLintsAndRenders(t *testing.T) {
 				if dep.Labels["team"] != "platform" || dep.Annotations["owner"] != "platform-team" {
 					t.Errorf("common labels/annotations missing: %v %v", dep.Labels, dep.Annotations)
 				}
-				for _, arg := range []string{"--strict=true", "--deny-phases=Succeeded,Failed,Error", "--namespaces=argo,ci", "--zap-log-level=debug"} {
+				for _, arg := range []string{"--cover=exit-handlers,hooks", "--hook-step-read-budget=500ms", "--deny-phases=Succeeded,Failed,Error", "--namespaces=argo,ci", "--zap-log-level=debug"} {
 					if !contains(c.Args, arg) {
 						t.Errorf("args %v lack %s", c.Args, arg)
 					}

@@ -56,21 +56,36 @@ func TestTuningValuesLandWhereTheySay(t *testing.T) {
 			t.Errorf("PDB %+v, want minAvailable 50%%", pdb.Spec)
 		}
 	})
-	t.Run("values of a release before guard.coverSteps", func(t *testing.T) {
+	t.Run("coverage and the values of a release before guard.cover", func(t *testing.T) {
+		coverage := []string{"not-a-lifecycle-hook-pod", "exit-handler-hook-or-agent-pod", "exit-handler-or-agent-pod"}
 		for _, p := range []struct {
-			profile, arg, condition string
-		}{{"values-before-cover-steps", "--cover-steps=true", "not-a-lifecycle-hook-pod"}, {"exit-handlers-only", "--cover-steps=false", "exit-handler-or-agent-pod"}} {
+			profile   string
+			args      []string
+			condition string // the match condition of coverage, or none
+		}{
+			{"default", []string{"--cover=all", "--hook-step-read-budget=750ms"}, ""},
+			{"values-before-cover", []string{"--cover=all", "--hook-step-read-budget=750ms"}, ""},
+			{"values-before-cover-without-steps", []string{"--cover=exit-handlers,hooks"}, "exit-handler-hook-or-agent-pod"},
+			{"exit-handlers-and-hooks", []string{"--cover=exit-handlers,hooks"}, "exit-handler-hook-or-agent-pod"},
+			{"exit-handlers-and-steps", []string{"--cover=exit-handlers,steps"}, "not-a-lifecycle-hook-pod"},
+			{"exit-handlers-only", []string{"--cover=exit-handlers"}, "exit-handler-or-agent-pod"},
+		} {
 			objs := render(t, profileNamed(t, p.profile), "eg", "argo")
-			if args := convert[appsv1.Deployment](t, only(t, objs, "Deployment")).Spec.Template.Spec.Containers[0].Args; !slices.Contains(args, p.arg) {
-				t.Errorf("%s: args lack %s: %v", p.profile, p.arg, args)
+			args := convert[appsv1.Deployment](t, only(t, objs, "Deployment")).Spec.Template.Spec.Containers[0].Args
+			for _, a := range p.args {
+				if !slices.Contains(args, a) {
+					t.Errorf("%s: args lack %s: %v", p.profile, a, args)
+				}
 			}
 			vwc := convert[admissionregistrationv1.ValidatingWebhookConfiguration](t, only(t, objs, "ValidatingWebhookConfiguration"))
-			var names []string
+			var got []string
 			for _, mc := range vwc.Webhooks[0].MatchConditions {
-				names = append(names, mc.Name)
+				if slices.Contains(coverage, mc.Name) {
+					got = append(got, mc.Name)
+				}
 			}
-			if !slices.Contains(names, p.condition) {
-				t.Errorf("%s: the pod webhook's match conditions %v lack %s", p.profile, names, p.condition)
+			if want := slices.DeleteFunc([]string{p.condition}, func(s string) bool { return s == "" }); !slices.Equal(got, want) {
+				t.Errorf("%s: the pod webhook's coverage conditions are %v, want %v", p.profile, got, want)
 			}
 		}
 	})

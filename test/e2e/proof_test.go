@@ -63,8 +63,8 @@ func report(t *testing.T, what string, outs []outcome) tally {
 	t.Helper()
 	c := count(outs)
 	for _, o := range outs {
-		t.Logf("  %s: phase %s, notification pods %d (before its completion %d), WorkflowFailed Events %d, denial Events %d, refusals logged %d over %v, workflow metric %v (should fail: %v)",
-			o.name, o.phase, o.notifyPods, o.realNotices, o.failedEvents, o.denials, o.refusals, o.refusalSpan.Round(time.Millisecond), o.workflowMetric, o.wantFail)
+		t.Logf("  %s: phase %s, notification pods %d (hook pods %d; before its completion %d), WorkflowFailed Events %d, denial Events %d, refusals logged %d over %v, workflow metric %v (should fail: %v)",
+			o.name, o.phase, o.notifyPods, o.hookPods, o.realNotices, o.failedEvents, o.denials, o.refusals, o.refusalSpan.Round(time.Millisecond), o.workflowMetric, o.wantFail)
 	}
 	t.Logf("RESULT %s: %d succeeding workflows (%d ended Succeeded), false notification sent %d, false WorkflowFailed Event kept %d, "+
 		"workflow-level user metric moved %d, stale attempts refused %d (%d refusals, the longest from first to last %v); "+
@@ -104,6 +104,21 @@ func TestExposedControllerSendsTheFalseNoticeAndTheGuardRefusesIt(t *testing.T) 
 			}
 		})
 	}
+	// A workflow-level failure hook: the first and only pod a stale pass sends (the exit
+	// handler waits for it), with no on-exit label, which the guard covers by default.
+	var withoutHook tally
+	name := "v3.4.17, a workflow-level failure hook, without the guard, requeue 1s"
+	t.Run(name, func(t *testing.T) {
+		withoutHook = report(t, name, runScenario(t, scenario{version: "v3.4.17", mode: noGuard, ok: n, failing: 1, hook: true, env: []string{"DEFAULT_REQUEUE_TIME=1s"}}))
+		if withoutHook.reproduced == 0 {
+			t.Errorf("no false failure notice from a stale pass in %d tries: the proof below proves nothing", n)
+		}
+	})
+	name = "v3.4.17, a workflow-level failure hook, with the guard"
+	t.Run(name, func(t *testing.T) {
+		c := report(t, name, runScenario(t, scenario{version: "v3.4.17", mode: guardDirect, ok: n, failing: 1, hook: true, env: []string{"DEFAULT_REQUEUE_TIME=1s"}}))
+		checkGuarded(t, c, n, withoutHook.reproduced > 0)
+	})
 	for _, mode := range []guardMode{guardDirect, guardLagging} {
 		name := map[guardMode]string{guardDirect: "v3.4.17 with the guard", guardLagging: "v3.4.17 with the guard, its watch lagging too"}[mode]
 		t.Run(name, func(t *testing.T) {

@@ -40,7 +40,9 @@ type outcome struct {
 	name       string
 	wantFail   bool
 	phase      argo.Phase
-	notifyPods int // exit-handler notification pods the API server admitted
+	notifyPods int // notification pods the API server admitted: exit handlers, and hooks with scenario.hook
+	// hookPods are the failure hook's pods among them (scenario.hook).
+	hookPods int
 	// realNotices are those of them created before the workflow's terminal write (within its
 	// finishedAt, to the second, and the kubelet stand-in's 200 ms): the real pass's, not one a
 	// stale copy of the completed workflow sent afterwards.
@@ -87,6 +89,9 @@ type scenario struct {
 	// totals, with metrics, gets the workflow counters of the controller and the guard, read
 	// before the first workflow and at the end.
 	totals *totals
+	// hook gives every workflow a workflow-level failure hook (withFailureHook), whose pods
+	// count as notifications beside the exit handler's.
+	hook bool
 	// mutex gives every workflow a workflow-level mutex of that name.
 	mutex string
 	// afterRun runs once the workflows completed and a stale copy had time to come back
@@ -295,6 +300,9 @@ func runScenario(t *testing.T, sc scenario) []outcome {
 		if sc.mutex != "" {
 			withMutex(wf, sc.mutex)
 		}
+		if sc.hook {
+			withFailureHook(wf)
+		}
 		if sc.census != nil {
 			withCensusFeatures(wf)
 		}
@@ -393,11 +401,17 @@ func runScenario(t *testing.T, sc scenario) []outcome {
 	}
 	var out []outcome
 	for i, wf := range wfs {
-		o := outcome{name: wf.GetName(), wantFail: i >= ok, phase: phase(ctx, c, wf),
-			notifyPods: len(k.pods(wf.GetName(), ".onExit")), agentPods: k.agentPods(wf.GetName())}
-		if done := finishedAt(ctx, c, wf); !done.IsZero() {
-			for _, at := range k.podTimes(wf.GetName(), ".onExit") {
-				if at.Before(done.Add(2 * time.Second)) {
+		o := outcome{name: wf.GetName(), wantFail: i >= ok, phase: phase(ctx, c, wf), agentPods: k.agentPods(wf.GetName())}
+		notices := []string{".onExit"}
+		if sc.hook {
+			notices = append(notices, ".hooks.")
+			o.hookPods = len(k.pods(wf.GetName(), ".hooks."))
+		}
+		done := finishedAt(ctx, c, wf)
+		for _, part := range notices {
+			o.notifyPods += len(k.pods(wf.GetName(), part))
+			for _, at := range k.podTimes(wf.GetName(), part) {
+				if !done.IsZero() && at.Before(done.Add(2*time.Second)) {
 					o.realNotices++
 				}
 			}

@@ -100,3 +100,15 @@ func withCensusFeatures(wf *unstructured.Unstructured) {
 		"container": map[string]any{"image": "busybox", "command": []any{"sh", "-c", "echo memo"}},
 	})
 }
+
+// failureHookExpression is the expression of a workflow-level failure hook as users write it
+// (upstream #10345 sets it for every workflow through workflowDefaults).
+const failureHookExpression = `workflow.status == "Failed" || workflow.status == "Error"`
+
+// withFailureHook gives wf a workflow-level lifecycle hook that runs its notification template
+// when the workflow has failed: node <wf>.hooks.failed, no on-exit label. A stale pass sends it
+// first and alone (docs/decisions.md, "What a pod is").
+func withFailureHook(wf *unstructured.Unstructured) {
+	spec := wf.Object["spec"].(map[string]any)
+	spec["hooks"] = map[string]any{"failed": map[string]any{"expression": failureHookExpression, "template": "notify-failure"}}
+}

@@ -56,7 +56,7 @@ func grow(p *corev1.Pod) {
 }
 
 // hookPod is the pod of a lifecycle hook of wf (the step template as a `.hooks.` node), which
-// the chart's default match conditions keep from the webhook.
+// the guard covers by default and reads live.
 func hookPod(template *corev1.Pod, wf metav1.Object) *corev1.Pod {
 	p := podFor(template, wf)
 	p.Annotations[argo.AnnotationNodeName] = wf.GetName() + ".hooks.running"

@@ -109,7 +109,7 @@ func runWebhook(args []string) error {
 	}{
 		{"do-nothing webhook (net/http), exit handler", floorHTTP, nil, podFor(&pods.exit, wf), allRates},
 		{"do-nothing webhook (controller-runtime), exit handler", floorRuntime, nil, podFor(&pods.exit, wf), allRates},
-		{"pod not covered (step, --cover-steps=false)", "", []string{"--cover-steps=false"}, podFor(&pods.step, wf), rates},
+		{"pod not covered (step, --cover=exit-handlers)", "", []string{"--cover=exit-handlers"}, podFor(&pods.step, wf), rates},
 		{"step pod (covered, store-first)", "", nil, podFor(&pods.step, wf), rates},
 		{"exit handler, --store-first", "", []string{"--store-first"}, podFor(&pods.exit, wf), rates},
 		{"exit handler, live read", "", nil, podFor(&pods.exit, wf), lrates},

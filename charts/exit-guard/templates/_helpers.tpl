@@ -110,23 +110,35 @@ wins, so it would override the value past the chart's checks (timings, certifica
 {{- end }}
 
 {{/*
-guard.coverSteps, true when the values lack it: an upgrade with --reuse-values keeps the values of
-a release that predates it.
+The pods the guard judges, as --cover takes them: guard.cover ("all" when the values lack it: an
+upgrade with --reuse-values keeps the values of a release that predates it), changed by the values
+it replaces where a release set them: coverHooks=true and strict=true add, coverSteps=false leaves
+steps out. coverHooks=false was their default, so it cannot say that hooks were left out on
+purpose: it no longer does.
 */}}
-{{- define "exit-guard.coverSteps" -}}
-{{- if hasKey .Values.guard "coverSteps" }}{{ .Values.guard.coverSteps }}{{ else }}true{{ end }}
+{{- define "exit-guard.cover" -}}
+{{- $g := .Values.guard }}
+{{- $items := splitList "," (ternary $g.cover "all" (and (hasKey $g "cover") (ne (toString $g.cover) "<nil>"))) }}
+{{- $hooks := or (has "all" $items) (has "hooks" $items) (eq (toString $g.coverHooks) "true") (eq (toString $g.strict) "true") }}
+{{- $steps := or (has "all" $items) (has "steps" $items) (eq (toString $g.strict) "true") }}
+{{- if eq (toString $g.coverSteps) "false" }}{{ $steps = false }}{{ end }}
+{{- if and $hooks $steps }}all{{ else }}exit-handlers{{ if $hooks }},hooks{{ end }}{{ if $steps }},steps{{ end }}{{ end }}
+{{- end }}
+
+{{/* guard.hookStepReadBudget, 750ms (the guard's default) when the values lack it (--reuse-values). */}}
+{{- define "exit-guard.hookStepReadBudget" -}}
+{{- .Values.guard.hookStepReadBudget | default "750ms" }}
 {{- end }}
 
 {{/* The guard's flags the chart sets from its values. */}}
 {{- define "exit-guard.ownArgs" -}}
 - --mode={{ .Values.guard.mode }}
 - --deny-phases={{ join "," .Values.guard.denyPhases }}
-- --cover-hooks={{ .Values.guard.coverHooks }}
-- --cover-steps={{ include "exit-guard.coverSteps" . }}
-- --strict={{ .Values.guard.strict }}
+- --cover={{ include "exit-guard.cover" . }}
 - --store-first={{ .Values.guard.storeFirst }}
 - --live-read-timeout={{ .Values.guard.liveReadTimeout }}
 - --live-read-budget={{ .Values.guard.liveReadBudget }}
+- --hook-step-read-budget={{ include "exit-guard.hookStepReadBudget" . }}
 - --live-read-get-after={{ .Values.guard.liveReadGetAfter }}
 - --taskset-repeats-for={{ .Values.guard.taskSetRepeatsFor }}
 - --event-read-timeout={{ .Values.guard.eventReadTimeout }}
@@ -367,6 +379,9 @@ on the guard first and applies the failure policy to every slow decision.
 {{- end }}
 {{- if gt (add $budget 1000) $webhook }}
 {{- fail (printf "guard.liveReadBudget (%s) does not fit in webhook.timeoutSeconds (%d): keep it at least 1s shorter" .Values.guard.liveReadBudget (int .Values.webhook.timeoutSeconds)) }}
+{{- end }}
+{{- if gt (add (include "exit-guard.millis" (include "exit-guard.hookStepReadBudget" .) | int) 1000) $webhook }}
+{{- fail (printf "guard.hookStepReadBudget (%s) does not fit in webhook.timeoutSeconds (%d): keep it at least 1s shorter" (include "exit-guard.hookStepReadBudget" .) (int .Values.webhook.timeoutSeconds)) }}
 {{- end }}
 {{- $eventTimeout := include "exit-guard.millis" .Values.guard.eventReadTimeout | int }}
 {{- $eventBudget := include "exit-guard.millis" .Values.guard.eventReadBudget | int }}
