@@ -140,6 +140,15 @@ soak: $(HELM) ## The randomized simulation at length (SOAK_HISTORIES histories) 
 	    -args -sim.histories=$(SOAK_HISTORIES) -sim.report=$(CURDIR)/docs/evidence/reliability-simulation.md && \
 	  KUBEBUILDER_ASSETS="$$assets" HELM="$(HELM)" $(GO) test -tags envtest -count=3 -timeout 1h -v ./test/faults
 
+# Pod creates per role and workflow in make waits (make test runs 4).
+WAITS_PER_ROLE ?= 100
+
+.PHONY: waits
+waits: ## How long each role's pod waits on the guard with its watch stale and every live read hanging (WAITS_PER_ROLE creates each); writes docs/evidence/waits.md.
+	@assets=$$(hack/envtest-binaries.sh ensure) && \
+	  KUBEBUILDER_ASSETS="$$assets" $(GO) test -tags envtest -count=1 -timeout 1h -v -run '^TestEachRoleWaitsWithinItsBudgetWhileReadsHang$$' ./webhook \
+	    -args -waits.n=$(WAITS_PER_ROLE) -waits.report=$(CURDIR)/docs/evidence/waits.md
+
 # Decisions per run of make overload (make test runs 400).
 OVERLOAD_DECISIONS ?= 5000
 
