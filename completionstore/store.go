@@ -143,6 +143,17 @@ type Store struct {
 	// nothing of another's.
 	perNamespace bool
 	nsLag        map[string]lagSample
+	// nsProgress holds, with a watch per namespace, how far each namespace's watch got and
+	// when (events only: such an informer reports no bookmarks), so that one busy namespace
+	// does not make a stuck namespace's watch look fresh (WatchFreshIn). One entry a watched
+	// namespace.
+	nsProgress map[string]progressMark
+}
+
+// progressMark is how far one watch got, and when.
+type progressMark struct {
+	rv string
+	at time.Time
 }
 
 // lagSample is a lag sample and when it was taken.
@@ -282,6 +293,47 @@ func (s *Store) Progress(rv string) bool {
 	}
 	s.progressRV, s.progressAt = rv, now
 	return true
+}
+
+// ProgressIn is Progress for an event of a workflow in namespace: with a watch per namespace it
+// also moves that namespace's own progress (WatchFreshIn). It says whether the store's progress
+// advanced.
+func (s *Store) ProgressIn(namespace, rv string) bool {
+	advanced := s.Progress(rv)
+	if rv == "" {
+		return advanced
+	}
+	now := s.clock.Now()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.perNamespace {
+		return advanced
+	}
+	if mark, ok := s.nsProgress[namespace]; ok {
+		if cmp, err := resourceversion.CompareResourceVersion(rv, mark.rv); err != nil || cmp <= 0 {
+			return advanced
+		}
+	} else if _, err := resourceversion.CompareResourceVersion(rv, rv); err != nil {
+		return advanced
+	}
+	if s.nsProgress == nil {
+		s.nsProgress = map[string]progressMark{}
+	}
+	s.nsProgress[namespace] = progressMark{rv: rv, at: now}
+	return advanced
+}
+
+// WatchFreshIn is WatchFresh for the workflows of namespace: with a watch per namespace, whether
+// that namespace's own watch has advanced within WatchStaleAfter (never, for a namespace whose
+// watch has delivered nothing); otherwise whether the one watch has.
+func (s *Store) WatchFreshIn(namespace string) bool {
+	s.mu.RLock()
+	per, mark := s.perNamespace, s.nsProgress[namespace]
+	s.mu.RUnlock()
+	if !per {
+		return s.WatchFresh()
+	}
+	return !mark.at.IsZero() && s.clock.Since(mark.at) < s.watchStaleAfter
 }
 
 // LastProgress returns the newest resourceVersion the watch has reached and when; a zero time

@@ -3,6 +3,7 @@ package completionstore
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -374,6 +375,44 @@ func TestWatchProgressOnlyMovesForwardAndGoesStale(t *testing.T) {
 	s.Progress("12")
 	if !s.WatchFresh() {
 		t.Error("the watch is not fresh again once it advanced")
+	}
+}
+
+// TestWatchFreshnessPerNamespace: with a watch per namespace (--namespaces), one busy
+// namespace's events do not make a stuck namespace's watch look fresh; with one watch, any
+// event does.
+func TestWatchFreshnessPerNamespace(t *testing.T) {
+	s, clk := newTestStore(t)
+	s.SetWatchPerNamespace(true)
+	s.ProgressIn("stuck", "5")
+	if !s.WatchFreshIn("stuck") {
+		t.Error("a namespace's watch that just advanced is not fresh")
+	}
+	if s.WatchFreshIn("quiet") {
+		t.Error("a namespace whose watch delivered nothing is fresh")
+	}
+	rv := 6
+	for range 4 {
+		// The busy namespace advances every minute; the stuck one never again.
+		clk.Step(time.Minute)
+		s.ProgressIn("busy", strconv.Itoa(rv))
+		rv++
+	}
+	if !s.WatchFresh() || !s.WatchFreshIn("busy") {
+		t.Error("the busy namespace's watch, which advanced a minute ago, is not fresh")
+	}
+	if s.WatchFreshIn("stuck") {
+		t.Error("the stuck namespace's watch looks fresh because another namespace's advanced")
+	}
+	if s.ProgressIn("busy", "6"); !s.WatchFreshIn("busy") {
+		t.Error("an older resourceVersion took the busy namespace's progress back")
+	}
+	one, clk1 := newTestStore(t)
+	one.ProgressIn("a", "5")
+	clk1.Step(4 * time.Minute)
+	one.ProgressIn("b", "6")
+	if !one.WatchFreshIn("a") {
+		t.Error("with one watch, an event of any namespace is progress for all")
 	}
 }
 

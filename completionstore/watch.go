@@ -269,7 +269,7 @@ func (f *feeder) observe(obj any, deleted bool) {
 	r := f.store.Observe(o)
 	f.metrics.observations.WithLabelValues(r.String()).Inc()
 	if r != Invalid {
-		f.store.Progress(wf.ResourceVersion)
+		f.store.ProgressIn(wf.Namespace, wf.ResourceVersion)
 	}
 }
 

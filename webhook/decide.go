@@ -51,7 +51,7 @@ func (g *guard) decide(ctx context.Context, f facts) decision {
 	// the first pod a stale pass may send, and the guard's own watch may lag like Argo's.
 	// Ordinary step pods always go store-first, so that the common case costs no API call.
 	storeFirst := g.opts.StoreFirst || f.role == roleStep
-	if storeFirst && g.store.WatchFresh() {
+	if storeFirst && g.store.WatchFreshIn(f.namespace) {
 		// A record the store has forgotten (its TTL) is recalled from the informer, which
 		// holds every workflow that exists.
 		rec, ok := g.store.Recall(ctx, d.wfUID, d.wfNamespace, d.wfName)

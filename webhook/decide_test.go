@@ -18,6 +18,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 
+	"github.com/exit-guard/exit-guard/completionstore"
 	"github.com/exit-guard/exit-guard/contract"
 	"github.com/exit-guard/exit-guard/internal/argo"
 	"github.com/exit-guard/exit-guard/test/support/fixture"
@@ -413,6 +414,40 @@ func TestEachRoleReadsWithinItsBudget(t *testing.T) {
 			g.decide(t.Context(), c.facts(t))
 			if len(budgets) != 1 || budgets[0] != c.want {
 				t.Errorf("live reads within %v, want one within %v", budgets, c.want)
+			}
+		})
+	}
+}
+
+// TestStoreFirstTrustsOnlyTheWatchOfTheStepsNamespace: with a watch per namespace
+// (--namespaces), a step pod is decided from the store only while its own namespace's watch is
+// fresh: another namespace's events say nothing of it (row 19 otherwise).
+func TestStoreFirstTrustsOnlyTheWatchOfTheStepsNamespace(t *testing.T) {
+	wf := tableWorkflow
+	for _, c := range []struct {
+		name     string
+		advanced string // the namespace whose watch just advanced
+		wantRead bool
+	}{
+		{"the step's namespace advanced", wf.GetNamespace(), false},
+		{"only another namespace advanced", "another", true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			store, clk := fakeClockStore(t)
+			store.SetWatchPerNamespace(true)
+			store.ProgressIn(wf.GetNamespace(), "1")
+			clk.Step(time.Hour)
+			store.ProgressIn(c.advanced, "2")
+			store.Observe(completionstore.Observation{UID: wf.GetUID(), Namespace: wf.GetNamespace(), Name: wf.GetName(), ResourceVersion: "1", Phase: argo.PhaseRunning})
+			g, err := newGuard(nil, store, Options{Namespaces: []string{wf.GetNamespace(), "another"}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			calls := 0
+			g.readLive = cannedRead(liveRunning, &calls)
+			d := g.decide(t.Context(), podFacts(t, fixture.StepPod(wf)))
+			if read := calls > 0; read != c.wantRead || d.deny {
+				t.Errorf("live read made: %v (want %v), decision deny %v row %s", read, c.wantRead, d.deny, d.row)
 			}
 		})
 	}
