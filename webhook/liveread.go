@@ -327,8 +327,9 @@ func (g *guard) getWorkflow(ctx context.Context, namespace, name string) (*argo.
 
 // Where a recovered panic happened: the label of exit_guard_panics_total.
 const (
-	panicAdmission = "admission"
-	panicLiveRead  = "live-read"
+	panicAdmission     = "admission"
+	panicLiveRead      = "live-read"
+	panicStoreListener = "store-listener"
 )
 
 // latePanic logs and counts a panic of a read of namespace/name that came after its decision

@@ -36,7 +36,7 @@ func newGuardMetrics() *guardMetrics {
 		liveReadAttempts: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "exit_guard_live_read_retries_total",
 			Help: "Further attempts within one live read, by cause: error (the last attempt failed; retried after a pause), hedged (the last attempt had not answered within --live-read-timeout; another started beside it), get-beside-list (a GET of the workflow started beside a LIST that had not answered within --live-read-get-after), shed (not started: the process had as many further attempts in flight as it allows, or the GETs beside slow LISTs had used their share of one LIST in 20)."}, []string{"cause"}),
 		panics: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "exit_guard_panics_total",
-			Help: "Panics the guard recovered, by where: admission (the request was answered HTTP 500, which the webhook's failurePolicy decides), live-read (a read that panicked after its decision had been made from another one). Each is a bug, logged with its stack."}, []string{"where"}),
+			Help: "Panics the guard recovered, by where: admission (the request was answered HTTP 500, which the webhook's failurePolicy decides), live-read (a read that panicked after its decision had been made from another one), store-listener (the guard's check of a state its store was given, on the Workflow watch's goroutine: that state goes unchecked, the watch goes on). Each is a bug, logged with its stack."}, []string{"where"}),
 		staleFailures: newStaleFailures(),
 	}
 }
@@ -70,7 +70,7 @@ func (m *guardMetrics) register(reg prometheus.Registerer) error {
 	for _, cause := range []string{"error", "hedged", "shed", "get-beside-list"} {
 		m.liveReadAttempts.WithLabelValues(cause)
 	}
-	for _, where := range []string{panicAdmission, panicLiveRead} {
+	for _, where := range []string{panicAdmission, panicLiveRead, panicStoreListener} {
 		m.panics.WithLabelValues(where)
 	}
 	for _, c := range []prometheus.Collector{m.decisions, m.unexpected, m.dryRuns, m.liveRead, m.liveReadFailures, m.liveReadAttempts, m.panics, m.staleFailures} {

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
 	admissionv1 "k8s.io/api/admission/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
@@ -257,5 +258,36 @@ func TestOverturnsAreBounded(t *testing.T) {
 	}
 	if _, ok := o.entries[tableWorkflow.GetUID()+"-0"]; ok {
 		t.Error("the oldest refusal is still remembered")
+	}
+}
+
+// TestAStoreListenerThatPanicsDoesNotEndTheWatch: the guard's listeners run on the Workflow
+// watch's goroutine, where a panic would end the process; a panic is recovered, counted and
+// the next observation is checked again.
+func TestAStoreListenerThatPanicsDoesNotEndTheWatch(t *testing.T) {
+	store, _ := fakeClockStore(t)
+	g, err := newGuard(nil, store, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := 0
+	store.OnObserve(g.recovered("test", func(o completionstore.Observation) {
+		seen++
+		if o.ResourceVersion == "1" {
+			panic("a bug in a listener")
+		}
+	}))
+	for _, rv := range []string{"1", "2"} {
+		store.Observe(completionstore.Observation{UID: "u", Namespace: "argo", Name: "wf", ResourceVersion: rv, Phase: argo.PhaseRunning})
+	}
+	if seen != 2 {
+		t.Errorf("the listener saw %d observations, want 2: the one after the panic too", seen)
+	}
+	var m dto.Metric
+	if err := g.metrics.panics.WithLabelValues(panicStoreListener).Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	if got := m.GetCounter().GetValue(); got != 1 {
+		t.Errorf("exit_guard_panics_total{where=%q} = %v, want 1", panicStoreListener, got)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime/debug"
 	"time"
 
 	"k8s.io/apimachinery/pkg/types"
@@ -98,8 +99,8 @@ func setup(mgr manager.Manager, reader client.Reader, store *completionstore.Sto
 		// At 0 from the start: its alert counts it with increase().
 		g.overturns.counter.WithLabelValues(string(k.kind))
 	}
-	store.OnObserve(g.observedByStore)
-	store.OnObserve(g.observedRepeats)
+	store.OnObserve(g.recovered("overturns", g.observedByStore))
+	store.OnObserve(g.recovered("repeats", g.observedRepeats))
 	if err := mgr.Add(&overturnSweeper{g: g, interval: overturnSweepInterval}); err != nil {
 		return fmt.Errorf("webhook: adding the overturn sweeper: %w", err)
 	}
@@ -109,6 +110,24 @@ func setup(mgr manager.Manager, reader client.Reader, store *completionstore.Sto
 	srv.Register(ValidateTaskSetPath, g.path(ValidateTaskSetPath, readTaskSetReview))
 	srv.Register(ValidateEventPath, g.path(ValidateEventPath, readEventReview))
 	return nil
+}
+
+// recovered is fn, a listener of the store's observations, that recovers its own panic: it runs
+// on the Workflow watch's goroutine (and on live reads'), where a panic would end the process
+// and with it every replica's admissions alike. The observation goes unchecked by fn; the
+// panic is counted (exit_guard_panics_total{where="store-listener"}, alert ExitGuardPanicked)
+// and logged with its stack.
+func (g *guard) recovered(name string, fn func(completionstore.Observation)) func(completionstore.Observation) {
+	return func(o completionstore.Observation) {
+		defer func() {
+			if p := recover(); p != nil {
+				g.metrics.panics.WithLabelValues(panicStoreListener).Inc()
+				logf.Log.WithName("store-listener").Error(fmt.Errorf("panic: %v", p), "a check of the store's observations panicked; the observation goes unchecked",
+					"listener", name, "workflow", o.Namespace+"/"+o.Name, "workflowUID", o.UID, "stack", string(debug.Stack()))
+			}
+		}()
+		fn(o)
+	}
 }
 
 // path is the pipeline of one admission path, reading its requests with read.
