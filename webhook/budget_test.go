@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"os/exec"
 	"slices"
 	"strings"
 	"sync"
@@ -132,7 +133,7 @@ func TestEachRoleWaitsWithinItsBudgetWhileReadsHang(t *testing.T) {
 	if *waitsReport != "" {
 		doc := "# What a pod waits on the guard when the API server hangs\n\n" +
 			"Written by `make waits` (`go test -tags envtest ./webhook -run TestEachRoleWaitsWithinItsBudgetWhileReadsHang -args -waits.n=N -waits.report=FILE`); " +
-			"docs/decisions.md, \"What a pod costs\", says what bounds each role.\n\n" +
+			"docs/decisions.md, \"What a pod costs\", says what bounds each role. Measured on commit " + commitOf() + ".\n\n" +
 			"The guard's watch stale (not advanced past WatchStaleAfter, so step pods read live too) and every live read hanging; " +
 			"the guard's defaults (`--hook-step-read-budget=750ms`, `--live-read-budget=4s`, `--store-fallback=requeue`). " +
 			"Each create is a dry-run pod create through the real kube-apiserver, which calls the webhook (timeoutSeconds 5), " +
@@ -142,4 +143,13 @@ func TestEachRoleWaitsWithinItsBudgetWhileReadsHang(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+}
+
+// commitOf is the checkout's commit, for the report; "unknown" outside a git checkout.
+func commitOf() string {
+	out, err := exec.Command("git", "rev-parse", "--short", "HEAD").Output()
+	if err != nil {
+		return "unknown"
+	}
+	return strings.TrimSpace(string(out))
 }

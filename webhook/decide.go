@@ -129,6 +129,15 @@ func (g *guard) liveDecide(ctx context.Context, f facts, d decision) decision {
 			// The store's completion may be a retry not yet delivered: not sure enough.
 			d.deny, d.reason = false, contract.ReasonUnconfirmedCompletion
 		}
+		if d.deny && d.reason == contract.ReasonWorkflowCompleted {
+			if refusing, ok := g.overturns.refusingFor(d.wfUID); ok && refusing >= g.opts.StoreRefusalsFor {
+				// The store has refused this workflow alone for the whole bound, no live
+				// read confirming it since: a retry it cannot see would wait for as long as
+				// the guard stays cut off. It admits, unconfirmed (counted, alerted).
+				d.deny, d.reason = false, contract.ReasonUnconfirmedCompletion
+				g.overturns.admittedPastBound(d.wfUID)
+			}
+		}
 		return d
 	case wf.UID != d.wfUID:
 		// The name now belongs to another workflow: the object's owner was deleted.
@@ -144,6 +153,7 @@ func (g *guard) liveDecide(ctx context.Context, f facts, d decision) decision {
 		d.reason, d.row = contract.ReasonWorkflowNotTerminal, "5"
 	case g.denyPhases[d.phase]:
 		d.deny, d.reason, d.row = true, contract.ReasonWorkflowCompleted, "6"
+		g.overturns.confirmed(d.wfUID)
 	default:
 		d.reason, d.row = contract.ReasonPhaseNotDenied, "7"
 	}

@@ -1,8 +1,11 @@
 package webhook
 
 import (
+	"context"
 	"testing"
 	"time"
+
+	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/exit-guard/exit-guard/completionstore"
 	"github.com/exit-guard/exit-guard/contract"
@@ -142,4 +145,51 @@ func TestFreshFallbackCountsTheWorkflowsOwnNamespace(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestStoreOnlyRefusalsEnd: the store alone refuses a workflow's pods for at most
+// --store-refusals-for, counted from the first such refusal no live read has confirmed since;
+// past it, it admits them as unconfirmed-completion; a live read that confirms the completion
+// starts the bound again.
+func TestStoreOnlyRefusalsEnd(t *testing.T) {
+	wf := tableWorkflow
+	store := storeFor(t, wf, storeSucceeded, false)
+	g, err := newGuard(nil, store, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	clk := clocktesting.NewFakeClock(time.Now())
+	g.overturns = newOverturns(clk.Now)
+	live := liveFails
+	calls := 0
+	g.readLive = func(ctx context.Context, namespace, name string, p readPolicy) (*argo.Workflow, error) {
+		return cannedRead(live, &calls)(ctx, namespace, name, p)
+	}
+	step := func(what string, wantDeny bool, wantReason contract.Reason) {
+		t.Helper()
+		f := podFacts(t, fixture.ExitPod(wf))
+		d := g.decide(t.Context(), f)
+		if d.deny {
+			// As the pipeline does with every refusal in enforce mode.
+			g.overturns.note(f, d)
+		}
+		if d.deny != wantDeny || d.reason != wantReason {
+			t.Errorf("%s: deny %v reason %s (source %s), want deny %v reason %s", what, d.deny, d.reason, d.source, wantDeny, wantReason)
+		}
+	}
+	bound := DefaultOptions().StoreRefusalsFor
+	step("the first refusal from the store alone", true, contract.ReasonWorkflowCompleted)
+	clk.Step(bound - time.Second)
+	step("a refusal within the bound", true, contract.ReasonWorkflowCompleted)
+	clk.Step(time.Second)
+	step("past the bound", false, contract.ReasonUnconfirmedCompletion)
+	clk.Step(overturnWindow)
+	step("past the bound, longer than the memory of refusals", false, contract.ReasonUnconfirmedCompletion)
+	live = liveSucceeded
+	step("a live read answers: Succeeded", true, contract.ReasonWorkflowCompleted)
+	live = liveFails
+	clk.Step(time.Second)
+	step("the store alone again, after the live confirmation", true, contract.ReasonWorkflowCompleted)
+	clk.Step(bound)
+	step("past the bound again", false, contract.ReasonUnconfirmedCompletion)
 }

@@ -122,6 +122,10 @@ func DefaultOptions() Options {
 		// docs/evidence/reliability.md has the figures behind both.
 		StoreFallback: FallbackRequeue,
 		StoreFreshFor: 5 * time.Second,
+		// Twelve of Argo's requeues (DEFAULT_REQUEUE_TIME, 10 s): longer than the stale
+		// refusals measured last (seconds: docs/evidence/argo-e2e.md), and as long as a
+		// retried workflow's exit handler may wait on a guard cut off from the API server.
+		StoreRefusalsFor: 2 * time.Minute,
 		// Argo's controller sends pods and TaskSet writes from its workflow workers
 		// (--workflow-workers, 32 by default), each one request at a time, and its Events one
 		// at a time per namespace: 128 leaves room for a controller with four times the
@@ -174,6 +178,11 @@ type Options struct {
 	// StoreFreshFor is how recently the watch must have advanced for FallbackFresh to refuse
 	// from a completion only the store holds: how young its newest write must be.
 	StoreFreshFor time.Duration
+	// StoreRefusalsFor bounds how long the store alone refuses one workflow's objects: past
+	// it, counted from the first refusal no live read has confirmed since, a completion only
+	// the store holds admits them as unconfirmed-completion (logged, counted, alerted) until
+	// a live read answers again.
+	StoreRefusalsFor time.Duration
 	// Namespaces limits the guard to these namespaces (all when empty); pods elsewhere are
 	// admitted at once.
 	Namespaces []string
@@ -263,6 +272,12 @@ func (o *Options) complete() error {
 	}
 	if o.StoreFreshFor == 0 {
 		o.StoreFreshFor = def.StoreFreshFor
+	}
+	if o.StoreRefusalsFor < 0 {
+		errs = append(errs, fmt.Errorf("store refusals bound must not be negative, got %s", o.StoreRefusalsFor))
+	}
+	if o.StoreRefusalsFor == 0 {
+		o.StoreRefusalsFor = def.StoreRefusalsFor
 	}
 	for _, ns := range o.Namespaces {
 		if strings.TrimSpace(ns) == "" {

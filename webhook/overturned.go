@@ -47,6 +47,20 @@ type storeRefusal struct {
 	what        string
 	first, last time.Time
 	refusals    int
+	// since is when the store began refusing the workflow on its own with no live read
+	// confirming the completion since (the bound of Options.StoreRefusalsFor); zero once one
+	// has. admittedAt is the last admission past that bound, which keeps the entry as a refusal
+	// would.
+	since, admittedAt time.Time
+}
+
+// kept is when the entry was last refused or admitted past the bound: it is forgotten
+// overturnWindow later.
+func (e *storeRefusal) kept() time.Time {
+	if e.admittedAt.After(e.last) {
+		return e.admittedAt
+	}
+	return e.last
 }
 
 // overturns remembers the refusals made from the store alone, by workflow UID, and tells when
@@ -84,7 +98,7 @@ func (o *overturns) note(f facts, d decision) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	e := o.entries[d.wfUID]
-	if e != nil && now.Sub(e.last) > overturnWindow {
+	if e != nil && now.Sub(e.kept()) > overturnWindow {
 		// Past the window and not swept yet: a new run of refusals.
 		e = nil
 	}
@@ -101,6 +115,50 @@ func (o *overturns) note(f facts, d decision) {
 	}
 	e.kind, e.what, e.last = f.object.spec().kind, f.object.eventRefused(), now
 	e.refusals++
+	if e.since.IsZero() {
+		e.since = now
+	}
+}
+
+// refusingFor says how long the store has refused the workflow of uid on its own, with no live
+// read confirming its completion since (Options.StoreRefusalsFor bounds it); false when it is
+// not refusing it.
+func (o *overturns) refusingFor(uid types.UID) (time.Duration, bool) {
+	if o.size.Load() == 0 {
+		return 0, false
+	}
+	now := o.now()
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	e := o.entries[uid]
+	if e == nil || e.since.IsZero() || now.Sub(e.kept()) > overturnWindow {
+		return 0, false
+	}
+	return now.Sub(e.since), true
+}
+
+// admittedPastBound notes that the store, past Options.StoreRefusalsFor, admitted an object of
+// the workflow of uid that it would have refused: the entry is kept (the store keeps admitting,
+// and a later state can still overturn the refusals made).
+func (o *overturns) admittedPastBound(uid types.UID) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if e := o.entries[uid]; e != nil {
+		e.admittedAt = o.now()
+	}
+}
+
+// confirmed notes that a live read saw the workflow of uid in a phase that refuses: the
+// store's refusals so far were right, and its bound starts again with the next one.
+func (o *overturns) confirmed(uid types.UID) {
+	if o.size.Load() == 0 {
+		return
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if e := o.entries[uid]; e != nil {
+		e.since = time.Time{}
+	}
 }
 
 // evictOldest drops the entry refused longest ago; o.mu is held.
@@ -138,7 +196,7 @@ func (o *overturns) seen(uid types.UID, rv string, phase argo.Phase, writtenAt t
 	switch {
 	case e == nil:
 		return nil, false
-	case o.now().Sub(e.last) > overturnWindow:
+	case o.now().Sub(e.kept()) > overturnWindow:
 		delete(o.entries, uid)
 		return nil, false
 	case !newerOrSame(rv, e.resourceVersion):
@@ -159,7 +217,7 @@ func (o *overturns) sweep() {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	for uid, e := range o.entries {
-		if now.Sub(e.last) > overturnWindow {
+		if now.Sub(e.kept()) > overturnWindow {
 			delete(o.entries, uid)
 		}
 	}

@@ -101,6 +101,8 @@ func simulate(h *history, s setting, t *tallies, log func(string, ...any)) error
 	// Row T7's memory on the virtual clock: on the real one, every create would repeat one
 	// admitted milliseconds before.
 	g.creates = newTaskSetCreates(clk.Now, g.opts.TaskSetRepeatsFor)
+	// The bound of the store's refusals (--store-refusals-for) on the virtual clock too.
+	g.overturns = newOverturns(clk.Now)
 	// The tries in time order: every pod's first, and the passes after a refusal.
 	queue := make([]try, 0, len(h.pods))
 	for pi, p := range h.pods {
@@ -244,7 +246,7 @@ func decideSim(ctx context.Context, g *guard, dp *decisionPlan, p podEvent, pi, 
 		meta.Annotations[argo.AnnotationNodeName] = simName + "[0].main"
 	}
 	if p.kind != roleTaskWrite {
-		return g.decide(ctx, classify(meta))
+		return judged(ctx, g, classify(meta))
 	}
 	// The write the TaskSet webhook reads: a task added, the label set back by a stale copy.
 	// Argo always creates the TaskSet first and patches it only on AlreadyExists; the API
@@ -275,10 +277,20 @@ func decideSim(ctx context.Context, g *guard, dp *decisionPlan, p podEvent, pi, 
 			object: &taskSetObject{namespace: simNamespace, name: simName, workflow: simName,
 				tasks: []string{task}, templates: templates, reopened: p.stale}})
 	}
-	return g.decide(ctx, facts{namespace: simNamespace, role: roleTaskWrite, startsWork: true, update: p.gcOwner != "",
+	return judged(ctx, g, facts{namespace: simNamespace, role: roleTaskWrite, startsWork: true, update: p.gcOwner != "",
 		owner: &metav1.OwnerReference{APIVersion: argo.GroupVersion.String(), Kind: argo.Kind, Name: simName, UID: owner},
 		object: &taskSetObject{namespace: simNamespace, name: simName, workflow: simName,
 			tasks: []string{task}, templates: templates, reopened: p.stale}})
+}
+
+// judged is g's decision on f, and what the pipeline remembers of it in enforce mode: a refusal
+// made from the store alone (overturns.note), which --store-refusals-for bounds.
+func judged(ctx context.Context, g *guard, f facts) decision {
+	d := g.decide(ctx, f)
+	if d.deny {
+		g.overturns.note(f, d)
+	}
+	return d
 }
 
 // oracleCovers and oracleDenies restate the policy of a setting, apart from the code under

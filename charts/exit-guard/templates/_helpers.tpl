@@ -145,6 +145,7 @@ purpose: it no longer does.
 - --event-read-budget={{ .Values.guard.eventReadBudget }}
 - --store-fallback={{ .Values.guard.storeFallback }}
 - --store-fresh-for={{ .Values.guard.storeFreshFor }}
+- --store-refusals-for={{ .Values.guard.storeRefusalsFor | default "2m" }}
 - --namespaces={{ join "," .Values.guard.namespaces }}
 - --completion-ttl={{ .Values.guard.completionTTL }}
 - --sweep-interval={{ .Values.guard.sweepInterval }}
