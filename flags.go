@@ -36,7 +36,9 @@ type flags struct {
 
 	// set holds the flags given on the command line (flag.Visit), apart from their defaults.
 	set map[string]bool
-	// deprecated are notes on deprecated flags given on the command line, for main to log.
+	// oldCover holds the deprecated coverage flags given (deprecatedCover), applied after the
+	// command line is parsed; deprecated are notes on them, for main to log.
+	oldCover   map[string]bool
 	deprecated []string
 }
 
@@ -175,11 +177,12 @@ func (f *flags) guardOptions() (completionstore.Options, webhook.Options) {
 }
 
 // deprecatedCover is one of the boolean flags that said what was covered before --cover
-// (--cover-hooks, --cover-steps, --strict): each still parses, changes the coverage where its
-// value asks for more than the old default did (or, for --cover-steps=false, for less, as it
-// always did), and leaves a deprecation note that main logs. --cover-hooks=false was the old
-// default, which every release of the chart rendered: it cannot say that a user chose to leave
-// hooks out, so it no longer does (--cover=exit-handlers,steps does).
+// (--cover-hooks, --cover-steps, --strict): each still parses and leaves a deprecation note
+// that main logs; applyDeprecatedCover applies them after --cover, whatever their order. Only a
+// value away from the old default acts: --strict=true covers every pod (whatever the other two
+// say, as it did), --cover-hooks=true adds hooks, --cover-steps=false leaves steps out. Their
+// old defaults (--cover-hooks=false, --cover-steps=true, --strict=false), which every release
+// of the chart rendered, cannot say what a user chose, and change nothing.
 type deprecatedCover struct {
 	f    *flags
 	name string
@@ -195,20 +198,39 @@ func (d deprecatedCover) Set(s string) error {
 	if err != nil {
 		return err
 	}
-	c := &d.f.guard.Cover
-	note := fmt.Sprintf("--%s=%t is deprecated: use --cover", d.name, v)
-	switch {
-	case d.name == "cover-hooks" && v:
-		c.NoHooks = false
-	case d.name == "cover-hooks":
-		note += " (hooks are covered by default now; --cover=exit-handlers,steps leaves them out)"
-	case d.name == "cover-steps":
-		c.NoSteps = !v
-	case d.name == "strict" && v:
-		*c = webhook.Coverage{}
+	if d.f.oldCover == nil {
+		d.f.oldCover = map[string]bool{}
 	}
-	d.f.deprecated = append(d.f.deprecated, note+"; the coverage is now --cover="+c.String())
+	d.f.oldCover[d.name] = v
 	return nil
+}
+
+// applyDeprecatedCover applies the deprecated coverage flags given (deprecatedCover) to
+// --cover, and notes each for main to log.
+func (f *flags) applyDeprecatedCover() {
+	c := &f.guard.Cover
+	switch {
+	case f.oldCover["strict"]:
+		*c = webhook.Coverage{}
+	default:
+		if f.oldCover["cover-hooks"] {
+			c.NoHooks = false
+		}
+		if v, ok := f.oldCover["cover-steps"]; ok && !v {
+			c.NoSteps = true
+		}
+	}
+	for _, name := range []string{"cover-hooks", "cover-steps", "strict"} {
+		v, ok := f.oldCover[name]
+		if !ok {
+			continue
+		}
+		note := fmt.Sprintf("--%s=%t is deprecated: use --cover", name, v)
+		if name == "cover-hooks" && !v {
+			note += " (hooks are covered by default now; --cover=exit-handlers,steps leaves them out)"
+		}
+		f.deprecated = append(f.deprecated, note+"; the coverage is --cover="+c.String())
+	}
 }
 
 // listFlag is a comma-separated list as a flag.Value: empty items are dropped.
@@ -239,6 +261,7 @@ func parseFlags(args []string) (*flags, error) {
 	}
 	f.set = map[string]bool{}
 	fs.Visit(func(fl *flag.Flag) { f.set[fl.Name] = true })
+	f.applyDeprecatedCover()
 	return f, nil
 }
 
@@ -282,9 +305,9 @@ func newFlagSet() (*flags, *flag.FlagSet) {
 	fs.Var(deprecatedCover{f, "cover-hooks"}, "cover-hooks",
 		"Deprecated: use --cover. true covers lifecycle-hook pods (the default now); false, the old default, no longer leaves them out: --cover=exit-handlers,steps does.")
 	fs.Var(deprecatedCover{f, "cover-steps"}, "cover-steps",
-		"Deprecated: use --cover. false leaves step pods out, as --cover=exit-handlers,hooks does.")
+		"Deprecated: use --cover. false leaves step pods out, as --cover=exit-handlers,hooks does; true, the old default, changes nothing.")
 	fs.Var(deprecatedCover{f, "strict"}, "strict",
-		"Deprecated: use --cover. true covers every pod, as --cover=all (the default) does.")
+		"Deprecated: use --cover. true covers every pod, whatever --cover and the other two say (as it did); false, the old default, changes nothing.")
 	fs.BoolVar(&f.guard.StoreFirst, "store-first", f.guard.StoreFirst,
 		"Admit exit-handler pods from the store without a live read when it holds no completion (lower latency; a lagging watch then lets stale pods through).")
 	fs.DurationVar(&f.guard.LiveReadTimeout, "live-read-timeout", f.guard.LiveReadTimeout,

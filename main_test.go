@@ -142,8 +142,10 @@ func TestDeprecatedCoverFlags(t *testing.T) {
 		{name: "--cover-hooks=false no longer leaves hooks out", args: []string{"--cover-hooks=false"}, want: webhook.Coverage{}},
 		{name: "--cover-steps=false leaves steps out, as it did", args: []string{"--cover-hooks=false", "--cover-steps=false", "--strict=false"}, want: webhook.Coverage{NoSteps: true}},
 		{name: "--cover-hooks adds hooks to a narrower --cover", args: []string{"--cover=exit-handlers", "--cover-hooks"}, want: webhook.Coverage{NoSteps: true}},
+		{name: "--cover-steps=true, the old default, changes nothing", args: []string{"--cover=exit-handlers", "--cover-steps=true"}, want: webhook.Coverage{NoHooks: true, NoSteps: true}},
 		{name: "--strict covers every pod", args: []string{"--cover=exit-handlers", "--strict"}, want: webhook.Coverage{}},
-		{name: "--cover given last wins", args: []string{"--strict", "--cover=exit-handlers"}, want: webhook.Coverage{NoHooks: true, NoSteps: true}},
+		{name: "--strict wins over --cover-steps=false, whatever the order, as it did", args: []string{"--strict", "--cover-steps=false"}, want: webhook.Coverage{}},
+		{name: "--strict wins over a --cover given after it", args: []string{"--strict", "--cover=exit-handlers"}, want: webhook.Coverage{}},
 		{name: "--cover-steps takes a boolean", args: []string{"--cover-steps=maybe"}, wantErr: true},
 	}
 	for _, tt := range tests {
@@ -168,7 +170,7 @@ func TestDeprecatedCoverFlags(t *testing.T) {
 				t.Errorf("deprecation notes = %q, want one for each of the %d deprecated flags", f.deprecated, deprecated)
 			}
 			for _, note := range f.deprecated {
-				if !strings.Contains(note, "is deprecated: use --cover") || !strings.Contains(note, "the coverage is now --cover=") {
+				if !strings.Contains(note, "is deprecated: use --cover") || !strings.Contains(note, "the coverage is --cover="+tt.want.String()) {
 					t.Errorf("note %q does not say to use --cover and what the coverage is", note)
 				}
 			}

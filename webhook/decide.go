@@ -132,7 +132,7 @@ func (g *guard) liveDecide(ctx context.Context, f facts, d decision) decision {
 		if d.deny && d.reason == contract.ReasonWorkflowCompleted {
 			if refusing, ok := g.overturns.refusingFor(d.wfUID); ok && refusing >= g.opts.StoreRefusalsFor {
 				// The store has refused this workflow alone for the whole bound, no live
-				// read confirming it since: a retry it cannot see would wait for as long as
+				// read answering since: a retry it cannot see would wait for as long as
 				// the guard stays cut off. It admits, unconfirmed (counted, alerted).
 				d.deny, d.reason = false, contract.ReasonUnconfirmedCompletion
 				g.overturns.admittedPastBound(d.wfUID)
@@ -147,13 +147,14 @@ func (g *guard) liveDecide(ctx context.Context, f facts, d decision) decision {
 	}
 	// A consistent read is the truth; let the store learn from it too (it keeps the newest).
 	g.store.Observe(completionstore.ObservationOf(wf, false))
+	// And the store's run of refusals on its own, if any, ends here (--store-refusals-for).
+	g.overturns.answeredLive(d.wfUID)
 	d.source, d.phase, d.resourceVersion = sourceLive, wf.Status.Phase, wf.ResourceVersion
 	switch {
 	case !d.phase.Terminal():
 		d.reason, d.row = contract.ReasonWorkflowNotTerminal, "5"
 	case g.denyPhases[d.phase]:
 		d.deny, d.reason, d.row = true, contract.ReasonWorkflowCompleted, "6"
-		g.overturns.confirmed(d.wfUID)
 	default:
 		d.reason, d.row = contract.ReasonPhaseNotDenied, "7"
 	}

@@ -148,9 +148,8 @@ func TestFreshFallbackCountsTheWorkflowsOwnNamespace(t *testing.T) {
 }
 
 // TestStoreOnlyRefusalsEnd: the store alone refuses a workflow's pods for at most
-// --store-refusals-for, counted from the first such refusal no live read has confirmed since;
-// past it, it admits them as unconfirmed-completion; a live read that confirms the completion
-// starts the bound again.
+// --store-refusals-for, counted from the first such refusal with no live answer since; past
+// it, it admits them as unconfirmed-completion; any live answer starts the bound again.
 func TestStoreOnlyRefusalsEnd(t *testing.T) {
 	wf := tableWorkflow
 	store := storeFor(t, wf, storeSucceeded, false)
@@ -192,4 +191,8 @@ func TestStoreOnlyRefusalsEnd(t *testing.T) {
 	step("the store alone again, after the live confirmation", true, contract.ReasonWorkflowCompleted)
 	clk.Step(bound)
 	step("past the bound again", false, contract.ReasonUnconfirmedCompletion)
+	live = liveRunning
+	step("a live read answers: Running", false, contract.ReasonWorkflowNotTerminal)
+	live = liveFails
+	step("the store alone, after a live answer of any phase: the bound starts again", true, contract.ReasonWorkflowCompleted)
 }

@@ -48,8 +48,7 @@ type storeRefusal struct {
 	first, last time.Time
 	refusals    int
 	// since is when the store began refusing the workflow on its own with no live read
-	// confirming the completion since (the bound of Options.StoreRefusalsFor); zero once one
-	// has. admittedAt is the last admission past that bound, which keeps the entry as a refusal
+	// answering since (the bound of Options.StoreRefusalsFor); zero once one has. admittedAt is the last admission past that bound, which keeps the entry as a refusal
 	// would.
 	since, admittedAt time.Time
 }
@@ -148,9 +147,10 @@ func (o *overturns) admittedPastBound(uid types.UID) {
 	}
 }
 
-// confirmed notes that a live read saw the workflow of uid in a phase that refuses: the
-// store's refusals so far were right, and its bound starts again with the next one.
-func (o *overturns) confirmed(uid types.UID) {
+// answeredLive notes that a live read of the workflow of uid answered: the store's run of
+// refusals on its own ends there (its refusals are checked as before), and its bound starts
+// again with the next one.
+func (o *overturns) answeredLive(uid types.UID) {
 	if o.size.Load() == 0 {
 		return
 	}
@@ -161,13 +161,13 @@ func (o *overturns) confirmed(uid types.UID) {
 	}
 }
 
-// evictOldest drops the entry refused longest ago; o.mu is held.
+// evictOldest drops the entry refused (or admitted past the bound) longest ago; o.mu is held.
 func (o *overturns) evictOldest() {
 	var oldest types.UID
 	var at time.Time
 	for uid, e := range o.entries {
-		if oldest == "" || e.last.Before(at) {
-			oldest, at = uid, e.last
+		if oldest == "" || e.kept().Before(at) {
+			oldest, at = uid, e.kept()
 		}
 	}
 	delete(o.entries, oldest)

@@ -97,8 +97,10 @@ var profiles = []profile{
 	{name: "exit-handlers-only", set: []string{"guard.cover=exit-handlers"}},
 	// The values an upgrade with --reuse-values keeps from a release before guard.cover: the
 	// keys it replaced, at their defaults of then, and no guard.cover or guard.hookStepReadBudget.
-	{name: "values-before-cover", set: []string{"guard.cover=null", "guard.hookStepReadBudget=null",
+	{name: "values-before-cover", set: []string{"guard.cover=null", "guard.hookStepReadBudget=null", "guard.storeRefusalsFor=null",
 		"guard.coverHooks=false", "guard.coverSteps=true", "guard.strict=false"}},
+	// From a release with strict on and steps off: strict won, as it does now.
+	{name: "values-before-cover-strict", set: []string{"guard.cover=null", "guard.coverSteps=false", "guard.strict=true"}},
 	// The same, from a release that had left steps out.
 	{name: "values-before-cover-without-steps", set: []string{"guard.cover=null", "guard.hookStepReadBudget=null",
 		"guard.coverHooks=false", "guard.coverSteps=false", "guard.strict=false"}},

@@ -64,7 +64,8 @@ func TestTuningValuesLandWhereTheySay(t *testing.T) {
 			condition string // the match condition of coverage, or none
 		}{
 			{"default", []string{"--cover=all", "--hook-step-read-budget=750ms"}, ""},
-			{"values-before-cover", []string{"--cover=all", "--hook-step-read-budget=750ms"}, ""},
+			{"values-before-cover", []string{"--cover=all", "--hook-step-read-budget=750ms", "--store-refusals-for=2m"}, ""},
+			{"values-before-cover-strict", []string{"--cover=all"}, ""},
 			{"values-before-cover-without-steps", []string{"--cover=exit-handlers,hooks"}, "exit-handler-hook-or-agent-pod"},
 			{"exit-handlers-and-hooks", []string{"--cover=exit-handlers,hooks"}, "exit-handler-hook-or-agent-pod"},
 			{"exit-handlers-and-steps", []string{"--cover=exit-handlers,steps"}, "not-a-lifecycle-hook-pod"},
