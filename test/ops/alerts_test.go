@@ -140,19 +140,19 @@ func TestAlertsOnTheRealTools(t *testing.T) {
 		}
 	})
 
-	t.Run("ExitGuardDeniedExitHandler: a stale exit handler refused", func(t *testing.T) {
+	t.Run("ExitGuardStaleCopyRefused: a stale exit handler refused", func(t *testing.T) {
 		done := testenv.CreateWorkflow(t, env.Client, ns, "done", argo.PhaseSucceeded)
 		cause := time.Now()
 		if err := env.Client.Create(t.Context(), fixture.ExitPod(done)); !contract.IsRefusal(err) {
 			t.Fatalf("the stale exit handler: %v, want refused", err)
 		}
-		n, fired := st.waitNotified(t, "ExitGuardDeniedExitHandler", "firing", cause, 90*time.Second,
+		n, fired := st.waitNotified(t, "ExitGuardStaleCopyRefused", "firing", cause, 90*time.Second,
 			map[string]string{"kind": "Pod", "reason": "workflow-completed", "verdict": "denied", "severity": "info"})
 		if want := "exit-guard found 1 stale exit handler(s) (Pod, workflow-completed; verdict denied)."; n.Annotations["summary"] != want {
 			t.Errorf("summary %q, want %q", n.Annotations["summary"], want)
 		}
-		_, resolved := st.waitNotified(t, "ExitGuardDeniedExitHandler", "resolved", cause, 120*time.Second, nil)
-		timings = append(timings, timing{alert: "ExitGuardDeniedExitHandler", fired: fired, resolved: resolved})
+		_, resolved := st.waitNotified(t, "ExitGuardStaleCopyRefused", "resolved", cause, 120*time.Second, nil)
+		timings = append(timings, timing{alert: "ExitGuardStaleCopyRefused", fired: fired, resolved: resolved})
 	})
 
 	t.Run("ExitGuardRefusalsForUnexpectedRequester: another user's stale exit handler", func(t *testing.T) {
@@ -167,8 +167,8 @@ func TestAlertsOnTheRealTools(t *testing.T) {
 		if !strings.Contains(n.Annotations["summary"], "refused 1 Pod request(s) sent for a user other than Argo's workflow controller") {
 			t.Errorf("summary %q", n.Annotations["summary"])
 		}
-		if _, ok := st.recv.First("ExitGuardDeniedExitHandler", "firing", cause); ok {
-			t.Error("another user's refusal raised ExitGuardDeniedExitHandler, meant for stale exit handlers of Argo's controller")
+		if _, ok := st.recv.First("ExitGuardStaleCopyRefused", "firing", cause); ok {
+			t.Error("another user's refusal raised ExitGuardStaleCopyRefused, meant for stale exit handlers of Argo's controller")
 		}
 		_, resolved := st.waitNotified(t, "ExitGuardRefusalsForUnexpectedRequester", "resolved", cause, 120*time.Second, nil)
 		timings = append(timings, timing{alert: "ExitGuardRefusalsForUnexpectedRequester", fired: fired, resolved: resolved})
