@@ -176,7 +176,11 @@ func Watch(ctx context.Context, mgr manager.Manager, store *Store, opts WatchOpt
 		if err := mgr.GetCache().Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, wf); err != nil {
 			return Observation{}, false
 		}
-		return ObservationOfMetadata(wf, false), true
+		o := ObservationOfMetadata(wf, false)
+		// As the feeder does: without its write's time, a recalled running state would look
+		// written before any refusal, and overturn it (a false RefusalOverturned).
+		o.WrittenAt = wf.CreationTimestamp.Time
+		return o, true
 	}
 	if rv, ok := inf.(resourceVersioner); ok {
 		if err := mgr.Add(&progressPoller{store: store, informer: rv, interval: progressPollInterval}); err != nil {

@@ -150,6 +150,11 @@ func TestWatchFeedsTheStoreFromTheAPIServer(t *testing.T) {
 	if lagAt.IsZero() || lag > 3*time.Second {
 		t.Errorf("lag sample after a live update: %s at %v, want one, of at most a few seconds", lag, lagAt)
 	}
+	// What Recall reads from the informer carries its write's time, as the watch's states do:
+	// without it, a recalled running state would overturn any refusal.
+	if o, ok := store.informer(t.Context(), ns, wf.GetName()); !ok || o.WrittenAt.IsZero() {
+		t.Errorf("the informer's state for Recall = %+v, %v; want one with its write's time", o, ok)
+	}
 	rv, at := store.LastProgress()
 	gauges := map[string]float64{}
 	mfs, err := reg.Gather()
