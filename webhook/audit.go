@@ -24,14 +24,14 @@ func (g *guard) audit(ctx context.Context, req request, f facts, d decision, ver
 	// (exit-guard check, helm test, kubectl --dry-run=server) persists nothing and is counted
 	// apart too, whoever sent it: an install check must not look like a refused exit handler.
 	unexpected := d.deny && f.unexpected && !f.dryRun
-	counter := g.metrics.decisions
 	switch {
 	case f.dryRun:
-		counter = g.metrics.dryRuns
+		g.metrics.dryRuns.WithLabelValues(verdict, string(d.reason), string(spec.kind)).Inc()
 	case unexpected:
-		counter = g.metrics.unexpected
+		g.metrics.unexpected.WithLabelValues(verdict, string(d.reason), string(spec.kind)).Inc()
+	default:
+		g.metrics.decisions.WithLabelValues(verdict, string(d.reason), string(spec.kind), sourceLabel(d)).Inc()
 	}
-	counter.WithLabelValues(verdict, string(d.reason), string(spec.kind)).Inc()
 	if d.liveErr != nil {
 		kind := "error"
 		switch {

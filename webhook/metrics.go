@@ -22,7 +22,7 @@ type guardMetrics struct {
 func newGuardMetrics() *guardMetrics {
 	return &guardMetrics{
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "exit_guard_decisions_total",
-			Help: "Admission decisions, by verdict (allowed, denied, warned, dry-run), reason and kind of object (Pod, WorkflowTaskSet, Event)."}, []string{"verdict", "reason", "kind"}),
+			Help: "Admission decisions, by verdict (allowed, denied, warned, dry-run), reason, kind of object (Pod, WorkflowTaskSet, Event) and source: live-read (a read of the API server answered), store (the guard's store decided: no live read answered, or a store-first decision), request (the request alone decided: not owned, not covered, not watched)."}, []string{"verdict", "reason", "kind", "source"}),
 		unexpected: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "exit_guard_unexpected_requester_decisions_total",
 			Help: "Refusals (and, in warn and dry-run mode, would-be refusals) of requests sent for a user other than the expected workflow controller (--expected-requester), by verdict, reason and kind; they are not counted in exit_guard_decisions_total."}, []string{"verdict", "reason", "kind"}),
 		dryRuns: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "exit_guard_dry_run_decisions_total",
@@ -41,6 +41,21 @@ func newGuardMetrics() *guardMetrics {
 	}
 }
 
+// decisionSources are the values of exit_guard_decisions_total's source label (sourceLabel).
+var decisionSources = []string{string(sourceLive), string(sourceStore), sourceRequest}
+
+// sourceRequest is the source label of a decision the request alone made (rows 1 to 4 and
+// their kinds' like): no workflow state was asked.
+const sourceRequest = "request"
+
+// sourceLabel is the source label of d.
+func sourceLabel(d decision) string {
+	if d.source == sourceNone {
+		return sourceRequest
+	}
+	return string(d.source)
+}
+
 // initDecisions creates, at 0, the decision series that alerts count with increase(): for
 // each kind, the refusals of mode and the admissions, only those its decisions can give. A series that first
 // appeared at 1 would hide its first event from increase(), and that event is often the only
@@ -49,14 +64,18 @@ func (m *guardMetrics) initDecisions(mode Mode) {
 	for _, k := range kinds {
 		kind := k.kind
 		for _, r := range k.refusals {
-			m.decisions.WithLabelValues(denyVerdict(mode), string(r), string(kind))
+			for _, src := range decisionSources {
+				m.decisions.WithLabelValues(denyVerdict(mode), string(r), string(kind), src)
+			}
 			m.unexpected.WithLabelValues(denyVerdict(mode), string(r), string(kind))
 		}
 		// Every admission series too: ExitGuardNeverCalled counts the pod webhook's admissions
 		// with increase(), which would miss the first admission of a series that appeared at 1
 		// (seen on the real Prometheus: the alert stayed firing after the guard was called).
 		for _, r := range k.admissions {
-			m.decisions.WithLabelValues(verdictAllowed, string(r), string(kind))
+			for _, src := range decisionSources {
+				m.decisions.WithLabelValues(verdictAllowed, string(r), string(kind), src)
+			}
 		}
 	}
 }

@@ -112,7 +112,7 @@ func TestRefusalsForAnUnexpectedRequesterAreCountedApart(t *testing.T) {
 		if r.Allowed {
 			t.Errorf("%q: admitted; a refusal stays a refusal whoever sends it", c.user)
 		}
-		if got := value(t, g.metrics.decisions.WithLabelValues(verdictDenied, string(contract.ReasonWorkflowCompleted), string(kindPod))); got != c.decisions {
+		if got := decided(t, g, verdictDenied, contract.ReasonWorkflowCompleted, kindPod); got != c.decisions {
 			t.Errorf("%q: exit_guard_decisions_total = %v, want %v", c.user, got, c.decisions)
 		}
 		if got := value(t, g.metrics.unexpected.WithLabelValues(verdictDenied, string(contract.ReasonWorkflowCompleted), string(kindPod))); got != c.unexpected {
@@ -133,7 +133,7 @@ func TestRefusalsForAnUnexpectedRequesterAreCountedApart(t *testing.T) {
 	if got := value(t, g.metrics.unexpected.WithLabelValues(verdictDenied, string(contract.ReasonWorkflowCompleted), string(kindPod))); got != 2 {
 		t.Errorf("after a dry run for another user, exit_guard_unexpected_requester_decisions_total = %v, want 2 still", got)
 	}
-	if got := value(t, g.metrics.decisions.WithLabelValues(verdictDenied, string(contract.ReasonWorkflowCompleted), string(kindPod))); got != 1 {
+	if got := decided(t, g, verdictDenied, contract.ReasonWorkflowCompleted, kindPod); got != 1 {
 		t.Errorf("after a dry run for another user, exit_guard_decisions_total = %v, want 1 still", got)
 	}
 	if got := value(t, g.metrics.dryRuns.WithLabelValues(verdictDenied, string(contract.ReasonWorkflowCompleted), string(kindPod))); got != 1 {
@@ -176,4 +176,14 @@ func TestUnexpectedRequestersHaveSlotsOfTheirOwn(t *testing.T) {
 	if n := reads(); n != 2 {
 		t.Errorf("%d live reads, want 2 (the held unexpected one and the controller's)", n)
 	}
+}
+
+// decided is exit_guard_decisions_total for verdict, reason and kind, whatever its source.
+func decided(t *testing.T, g *guard, verdict string, reason contract.Reason, kind objectKind) float64 {
+	t.Helper()
+	var sum float64
+	for _, src := range decisionSources {
+		sum += value(t, g.metrics.decisions.WithLabelValues(verdict, string(reason), string(kind), src))
+	}
+	return sum
 }

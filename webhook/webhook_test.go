@@ -254,6 +254,9 @@ func TestPodsThatAreNotOursAreAdmitted(t *testing.T) {
 	if got := h.counter(t, "exit_guard_live_read_duration_seconds", nil); got != 0 {
 		t.Errorf("%v live reads for pods that are not ours, want none", got)
 	}
+	if got := h.counter(t, "exit_guard_decisions_total", map[string]string{"source": sourceRequest}); got != 5 {
+		t.Errorf("%v decisions counted as made from the request alone, want the 5 pods'", got)
+	}
 }
 
 func TestPodsOfUnwatchedNamespacesAreAdmitted(t *testing.T) {
@@ -287,6 +290,14 @@ func TestCoveragePolicies(t *testing.T) {
 		running := createWorkflow(t, ns, "running", argo.PhaseRunning)
 		mustAdmit(t, fixture.Pod(running, "running-main-1", "running"))
 		mustAdmit(t, fixture.Pod(running, "running-hook-1", "running.hooks.failed"))
+		// Every refusal here was decided on a live read (the step's confirmed by one, row 18).
+		live := map[string]string{"verdict": verdictDenied, "source": string(sourceLive)}
+		if got, all := h.counter(t, "exit_guard_decisions_total", live), h.counter(t, "exit_guard_decisions_total", map[string]string{"verdict": verdictDenied}); got != 4 || all != 4 {
+			t.Errorf("%v refusals counted as decided on a live read, of %v; want all 4", got, all)
+		}
+		if got := h.counter(t, "exit_guard_decisions_total", map[string]string{"reason": string(contract.ReasonWorkflowNotTerminal), "source": string(sourceStore)}); got < 1 {
+			t.Errorf("%v admissions of the running workflow's step pod counted as decided from the store, want 1", got)
+		}
 	})
 	t.Run("--cover=exit-handlers,hooks", func(t *testing.T) {
 		startGuard(t, Options{Cover: Coverage{NoSteps: true}}, harnessOptions{})

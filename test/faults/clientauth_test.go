@@ -165,7 +165,7 @@ plugins:
 	}
 	untrusted := `exit_guard_webhook_clients_refused_total{reason="untrusted"}`
 	noCert := `exit_guard_webhook_clients_refused_total{reason="no-certificate"}`
-	denied := `exit_guard_decisions_total{kind="Pod",reason="workflow-completed",verdict="denied"}`
+	denied := `exit_guard_decisions_total{kind="Pod",reason="workflow-completed",source="live-read",verdict="denied"}`
 
 	t.Run("the wrong client CA: the API server's calls are refused, and counted", func(t *testing.T) {
 		// The webhook's endpoint may take a moment to be known to the API server: until then
