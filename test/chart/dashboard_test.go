@@ -165,9 +165,10 @@ func TestDashboardQueriesNameRealMetrics(t *testing.T) {
 		name   string
 		labels map[string]string
 	}{
-		{"exit_guard_decisions_total", map[string]string{"verdict": "denied", "reason": "workflow-completed", "kind": "Pod"}},
-		{"exit_guard_decisions_total", map[string]string{"verdict": "denied", "reason": "workflow-deleted", "kind": "WorkflowTaskSet"}},
-		{"exit_guard_decisions_total", map[string]string{"verdict": "allowed", "reason": "unverified-fail-open", "kind": "Pod"}},
+		{"exit_guard_decisions_total", map[string]string{"verdict": "denied", "reason": "workflow-completed", "kind": "Pod", "source": "live-read"}},
+		{"exit_guard_decisions_total", map[string]string{"verdict": "denied", "reason": "workflow-completed", "kind": "Pod", "source": "store"}},
+		{"exit_guard_decisions_total", map[string]string{"verdict": "denied", "reason": "workflow-deleted", "kind": "WorkflowTaskSet", "source": "store"}},
+		{"exit_guard_decisions_total", map[string]string{"verdict": "allowed", "reason": "unverified-fail-open", "kind": "Pod", "source": "store"}},
 		{"exit_guard_live_read_failures_total", map[string]string{"kind": "timeout"}},
 	} {
 		if v, ok := sample(fresh, want.name, want.labels); !ok || v != 0 {

@@ -41,8 +41,9 @@ type outcome struct {
 	wantFail   bool
 	phase      argo.Phase
 	notifyPods int // notification pods the API server admitted: exit handlers, and hooks with scenario.hook
-	// hookPods are the failure hook's pods among them (scenario.hook).
-	hookPods int
+	// hookPods are the failure hook's pods among them (scenario.hook), and lateHooks those
+	// created after the workflow's terminal write: a stale pass's.
+	hookPods, lateHooks int
 	// realNotices are those of them created before the workflow's terminal write (within its
 	// finishedAt, to the second, and the kubelet stand-in's 200 ms): the real pass's, not one a
 	// stale copy of the completed workflow sent afterwards.
@@ -89,9 +90,9 @@ type scenario struct {
 	// totals, with metrics, gets the workflow counters of the controller and the guard, read
 	// before the first workflow and at the end.
 	totals *totals
-	// hook gives every workflow a workflow-level failure hook (withFailureHook), whose pods
+	// hook gives every workflow a failure hook of that shape (withFailureHook), whose pods
 	// count as notifications beside the exit handler's.
-	hook bool
+	hook string
 	// mutex gives every workflow a workflow-level mutex of that name.
 	mutex string
 	// afterRun runs once the workflows completed and a stale copy had time to come back
@@ -300,8 +301,8 @@ func runScenario(t *testing.T, sc scenario) []outcome {
 		if sc.mutex != "" {
 			withMutex(wf, sc.mutex)
 		}
-		if sc.hook {
-			withFailureHook(wf)
+		if sc.hook != noHook {
+			withFailureHook(wf, sc.hook)
 		}
 		if sc.census != nil {
 			withCensusFeatures(wf)
@@ -403,7 +404,7 @@ func runScenario(t *testing.T, sc scenario) []outcome {
 	for i, wf := range wfs {
 		o := outcome{name: wf.GetName(), wantFail: i >= ok, phase: phase(ctx, c, wf), agentPods: k.agentPods(wf.GetName())}
 		notices := []string{".onExit"}
-		if sc.hook {
+		if sc.hook != noHook {
 			notices = append(notices, ".hooks.")
 			o.hookPods = len(k.pods(wf.GetName(), ".hooks."))
 		}
@@ -411,8 +412,11 @@ func runScenario(t *testing.T, sc scenario) []outcome {
 		for _, part := range notices {
 			o.notifyPods += len(k.pods(wf.GetName(), part))
 			for _, at := range k.podTimes(wf.GetName(), part) {
-				if !done.IsZero() && at.Before(done.Add(2*time.Second)) {
+				switch {
+				case !done.IsZero() && at.Before(done.Add(2*time.Second)):
 					o.realNotices++
+				case part == ".hooks.":
+					o.lateHooks++
 				}
 			}
 		}

@@ -3,6 +3,7 @@
 package e2e
 
 import (
+	"fmt"
 	"strings"
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -101,14 +102,47 @@ func withCensusFeatures(wf *unstructured.Unstructured) {
 	})
 }
 
-// failureHookExpression is the expression of a workflow-level failure hook as users write it
-// (upstream #10345 sets it for every workflow through workflowDefaults).
-const failureHookExpression = `workflow.status == "Failed" || workflow.status == "Error"`
+// The failure hooks a scenario gives its workflows (scenario.hook), as users write them.
+const (
+	noHook = ""
+	// hookWorkflow: a workflow-level hook, node <wf>.hooks.failed (upstream #10345 sets one for
+	// every workflow through workflowDefaults).
+	hookWorkflow = "workflow-level"
+	// hookStep: a hook on the second step, node <wf>[0].<step>.hooks.failed.
+	hookStep = "step-level"
+	// hookDAG: a DAG entrypoint whose second task has a hook (<wf>.<task>.hooks.failed) and an
+	// onExit of its own (<wf>.<task>.onExit), which notifies whatever the task's outcome.
+	hookDAG = "DAG task"
+)
 
-// withFailureHook gives wf a workflow-level lifecycle hook that runs its notification template
-// when the workflow has failed: node <wf>.hooks.failed, no on-exit label. A stale pass sends it
-// first and alone (docs/decisions.md, "What a pod is").
-func withFailureHook(wf *unstructured.Unstructured) {
+// withFailureHook gives wf the failure hook of shape, each running the notification template
+// once what it watches has failed; its pods carry no on-exit label. A stale pass sends the
+// workflow-level one first and alone (docs/decisions.md, "What a pod is").
+func withFailureHook(wf *unstructured.Unstructured, shape string) {
 	spec := wf.Object["spec"].(map[string]any)
-	spec["hooks"] = map[string]any{"failed": map[string]any{"expression": failureHookExpression, "template": "notify-failure"}}
+	templates := spec["templates"].([]any)
+	main := templates[0].(map[string]any)
+	steps := main["steps"].([]any)[0].([]any)
+	second := steps[1].(map[string]any)["name"].(string)
+	failed := func(scope string) string {
+		return fmt.Sprintf(`%s["%s"].status == "Failed" || %s["%s"].status == "Error"`, scope, second, scope, second)
+	}
+	switch shape {
+	case hookWorkflow:
+		spec["hooks"] = map[string]any{"failed": map[string]any{"expression": `workflow.status == "Failed" || workflow.status == "Error"`, "template": "notify-failure"}}
+	case hookStep:
+		steps[1].(map[string]any)["hooks"] = map[string]any{"failed": map[string]any{"expression": failed("steps"), "template": "notify-failure"}}
+	case hookDAG:
+		var tasks []any
+		for i, st := range steps {
+			task := map[string]any{"name": st.(map[string]any)["name"], "template": st.(map[string]any)["template"]}
+			if i == 1 {
+				task["hooks"] = map[string]any{"failed": map[string]any{"expression": failed("tasks"), "template": "notify-failure"}}
+				task["onExit"] = "notify-failure"
+			}
+			tasks = append(tasks, task)
+		}
+		delete(main, "steps")
+		main["dag"] = map[string]any{"tasks": tasks}
+	}
 }
