@@ -1,8 +1,9 @@
 // Package webhook is exit-guard's admission webhook. It refuses what a stale copy of a
 // completed Argo Workflow tries to send, after making sure with a live read of the workflow,
-// and lets everything else through at once: the pods of its exit handlers (and, by policy,
-// hooks and steps), its agent pods, its WorkflowTaskSet writes, which run HTTP and plugin exit
-// handlers, and the WorkflowFailed Event that says a workflow that Succeeded failed.
+// and lets everything else through at once: the pods it sends again (exit handlers, lifecycle
+// hooks and steps, every one of them by default; --cover narrows it), its agent pods, its
+// WorkflowTaskSet writes, which run HTTP and plugin exit handlers, and the WorkflowFailed
+// Event that says a workflow that Succeeded failed.
 //
 // Every kind of object goes through one pipeline (pipeline.go): http.go reads the request and
 // decode.go its review; the reader of its kind turns the request into facts (pod.go,
