@@ -149,13 +149,14 @@ waits: ## How long each role's pod waits on the guard with its watch stale and e
 	  KUBEBUILDER_ASSETS="$$assets" $(GO) test -tags envtest -count=1 -timeout 1h -v -run '^TestEachRoleWaitsWithinItsBudgetWhileReadsHang$$' ./webhook \
 	    -args -waits.n=$(WAITS_PER_ROLE) -waits.report=$(CURDIR)/docs/evidence/waits.md
 
-# Decisions per run of make overload (make test runs 400).
+# Decisions per run of make overload (make test runs 400), and the role of their pods.
 OVERLOAD_DECISIONS ?= 5000
+OVERLOAD_POD_ROLE ?= exit-handler
 
 .PHONY: overload
-overload: $(HELM) ## The guard's live reads beside a flood that API Priority and Fairness queues past their budget, without and with the chart's FlowSchema (OVERLOAD_DECISIONS per run).
+overload: $(HELM) ## The guard's live reads beside a flood that API Priority and Fairness queues past their budget, without and with the chart's FlowSchema (OVERLOAD_DECISIONS per run, OVERLOAD_POD_ROLE: exit-handler, lifecycle-hook or step).
 	@assets=$$(hack/envtest-binaries.sh ensure) && \
-	  KUBEBUILDER_ASSETS="$$assets" HELM="$(HELM)" OVERLOAD_DECISIONS=$(OVERLOAD_DECISIONS) \
+	  KUBEBUILDER_ASSETS="$$assets" HELM="$(HELM)" OVERLOAD_DECISIONS=$(OVERLOAD_DECISIONS) OVERLOAD_POD_ROLE=$(OVERLOAD_POD_ROLE) \
 	  $(GO) test -tags envtest -count=1 -timeout 3h -v -run '^TestLiveReadsUnderPriorityAndFairness$$' ./test/faults
 
 # How long make fuzz runs each fuzz target.

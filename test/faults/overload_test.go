@@ -3,6 +3,7 @@
 package faults
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -57,6 +58,24 @@ const (
 	apiSeatsMutating  = "4" // --max-mutating-requests-inflight
 	noisyTimeout      = 60 * time.Second
 )
+
+// overloadRole is the role of the pods each run creates: OVERLOAD_POD_ROLE (exit-handler, the
+// default; lifecycle-hook, which reads live within --hook-step-read-budget; step), for the
+// waits of each role beside the same flood.
+func overloadRole(t *testing.T) func(client.Object) *corev1.Pod {
+	t.Helper()
+	switch r := os.Getenv("OVERLOAD_POD_ROLE"); r {
+	case "", "exit-handler":
+		return fixture.ExitPod
+	case "lifecycle-hook":
+		return fixture.HookPod
+	case "step":
+		return fixture.StepPod
+	default:
+		t.Fatalf("OVERLOAD_POD_ROLE=%q: want exit-handler, lifecycle-hook or step", r)
+		return nil
+	}
+}
 
 // overloadDecisions is how many decisions each run makes: OVERLOAD_DECISIONS (make soak sets
 // thousands), else overloadDefault.
@@ -362,6 +381,7 @@ type overloadRun struct {
 // make the noisy LISTs wait past the budget (then the run proves nothing).
 func TestLiveReadsUnderPriorityAndFairness(t *testing.T) {
 	decisions := overloadDecisions(t)
+	podOfRole := overloadRole(t)
 	e := startOverloadedAPIServer(t)
 	createNamespace(t, e, overloadNamespace, nil)
 	var flowSchema *unstructured.Unstructured
@@ -440,7 +460,7 @@ func TestLiveReadsUnderPriorityAndFairness(t *testing.T) {
 					}
 					start := time.Now()
 					ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-					err := e.Client.Create(ctx, fixture.ExitPod(wf), client.DryRunAll)
+					err := e.Client.Create(ctx, podOfRole(wf), client.DryRunAll)
 					cancel()
 					took := time.Since(start)
 					mu.Lock()
@@ -474,10 +494,10 @@ func TestLiveReadsUnderPriorityAndFairness(t *testing.T) {
 		r.noisyLists, mark = n.since(mark)
 		results[with] = r
 		lat := slices.Clone(r.latencies)
-		t.Logf("RESULT %s: %d decisions, %d from a live read (%.2f%%), %d refused from the store, %d unverified, %d stale pods admitted, %d legitimate pods refused, %d failed; "+
-			"decision latency p50 %s p99 %s; noisy LISTs %d, p50 %s p90 %s (%d failed); Argo's writes %d",
-			what, r.decisions, r.live, 100*float64(r.live)/float64(r.decisions), r.storeRefused, r.unverified, r.staleAdmitted, r.legitRefused, r.failed,
-			quantile(lat, .5).Round(time.Millisecond), quantile(lat, .99).Round(time.Millisecond),
+		t.Logf("RESULT %s, %s pods: %d decisions, %d from a live read (%.2f%%), %d refused from the store, %d unverified, %d stale pods admitted, %d legitimate pods refused, %d failed; "+
+			"decision latency p50 %s p99 %s max %s; noisy LISTs %d, p50 %s p90 %s (%d failed); Argo's writes %d",
+			what, cmp.Or(os.Getenv("OVERLOAD_POD_ROLE"), "exit-handler"), r.decisions, r.live, 100*float64(r.live)/float64(r.decisions), r.storeRefused, r.unverified, r.staleAdmitted, r.legitRefused, r.failed,
+			quantile(lat, .5).Round(time.Millisecond), quantile(lat, .99).Round(time.Millisecond), quantile(lat, 1).Round(time.Millisecond),
 			len(r.noisyLists), quantile(r.noisyLists, .5).Round(time.Millisecond), quantile(r.noisyLists, .9).Round(time.Millisecond),
 			n.failures.Load(), n.writes.Load())
 		if e, ok := n.firstErr.Load().(string); ok {
