@@ -48,8 +48,8 @@ type storeRefusal struct {
 	first, last time.Time
 	refusals    int
 	// since is when the store began refusing the workflow on its own with no live read
-	// answering since (the bound of Options.StoreRefusalsFor); zero once one has. admittedAt is the last admission past that bound, which keeps the entry as a refusal
-	// would.
+	// answering since (the bound of Options.StoreRefusalsFor); zero once one has. admittedAt
+	// is the last admission past that bound, which keeps the entry as a refusal would.
 	since, admittedAt time.Time
 }
 
@@ -120,8 +120,7 @@ func (o *overturns) note(f facts, d decision) {
 }
 
 // refusingFor says how long the store has refused the workflow of uid on its own, with no live
-// read confirming its completion since (Options.StoreRefusalsFor bounds it); false when it is
-// not refusing it.
+// read answering since (Options.StoreRefusalsFor bounds it); false when it is not refusing it.
 func (o *overturns) refusingFor(uid types.UID) (time.Duration, bool) {
 	if o.size.Load() == 0 {
 		return 0, false
