@@ -68,18 +68,19 @@ func TestEachRoleWaitsWithinItsBudgetWhileReadsHang(t *testing.T) {
 
 	roles := []struct {
 		name string
+		role role
 		pod  func(wf *unstructured.Unstructured, i int) *corev1.Pod
 		// refusedWhenDone: the store alone refuses it for the completed workflow.
 		refusedWhenDone bool
 	}{
-		{"step", func(wf *unstructured.Unstructured, i int) *corev1.Pod {
+		{"step", roleStep, func(wf *unstructured.Unstructured, i int) *corev1.Pod {
 			return fixture.Pod(wf, fmt.Sprintf("%s-main-%d", wf.GetName(), i), fmt.Sprintf("%s[%d].work", wf.GetName(), i))
 		}, true},
-		{"lifecycle hook", func(wf *unstructured.Unstructured, i int) *corev1.Pod {
+		{"lifecycle hook", roleHook, func(wf *unstructured.Unstructured, i int) *corev1.Pod {
 			return fixture.Pod(wf, fmt.Sprintf("%s-hook-%d", wf.GetName(), i), wf.GetName()+".hooks.failed")
 		}, true},
-		{"exit handler", func(wf *unstructured.Unstructured, _ int) *corev1.Pod { return fixture.ExitPod(wf) }, true},
-		{"agent", func(wf *unstructured.Unstructured, _ int) *corev1.Pod { return fixture.AgentPod(wf) }, false},
+		{"exit handler", roleExitHandler, func(wf *unstructured.Unstructured, _ int) *corev1.Pod { return fixture.ExitPod(wf) }, true},
+		{"agent", roleAgent, func(wf *unstructured.Unstructured, _ int) *corev1.Pod { return fixture.AgentPod(wf) }, false},
 	}
 	n := *waitsPerRole
 	type figure struct {
@@ -90,6 +91,7 @@ func TestEachRoleWaitsWithinItsBudgetWhileReadsHang(t *testing.T) {
 	for _, r := range roles {
 		for _, wf := range []*unstructured.Unstructured{running, done} {
 			before := heldReads.Load()
+			timedBefore := h.counter(t, "exit_guard_decision_duration_seconds", map[string]string{"role": string(r.role)})
 			refuse := wf == done && r.refusedWhenDone
 			waits := make([]time.Duration, n)
 			errs := make([]error, n)
@@ -119,6 +121,10 @@ func TestEachRoleWaitsWithinItsBudgetWhileReadsHang(t *testing.T) {
 			// with its decision's budget, so none of an earlier batch counts here.
 			if held := heldReads.Load() - before; held < int64(n) {
 				t.Errorf("%s pods of %s: %d live reads held for %d decisions: they did not read live", r.name, wf.GetName(), held, n)
+			}
+			// The guard's own timing of each decision, by its role: what an operator reads.
+			if timed := h.counter(t, "exit_guard_decision_duration_seconds", map[string]string{"role": string(r.role)}) - timedBefore; timed != float64(n) {
+				t.Errorf("%s pods of %s: exit_guard_decision_duration_seconds{role=%q} counted %v decisions, want %d", r.name, wf.GetName(), r.role, timed, n)
 			}
 			figures = append(figures, figure{r.name, map[bool]string{true: "Succeeded", false: "Running"}[wf == done], waits})
 		}

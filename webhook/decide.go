@@ -175,7 +175,7 @@ func (g *guard) readPolicyOf(f facts) readPolicy {
 // fromRecord decides from what the store holds: rows 10 to 14 when no live read answered, or,
 // with row set, the store-first row 17 (the caller reads live before a refusal).
 func (g *guard) fromRecord(d decision, rec completionstore.Record, row string) decision {
-	d.source, d.phase, d.resourceVersion = sourceStore, rec.Phase, rec.ResourceVersion
+	d.source, d.phase, d.resourceVersion, d.writtenAt = sourceStore, rec.Phase, rec.ResourceVersion, rec.WrittenAt
 	pick := func(fallback string) string {
 		if row != "" {
 			return row

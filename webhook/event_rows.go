@@ -54,7 +54,7 @@ func (g *guard) judgeClaim(ctx context.Context, f facts, d decision) decision {
 		d.reason, d.row = contract.ReasonUnverifiedFailOpen, "E12"
 		return d
 	}
-	d.source, d.phase, d.resourceVersion = sourceStore, rec.Phase, rec.ResourceVersion
+	d.source, d.phase, d.resourceVersion, d.writtenAt = sourceStore, rec.Phase, rec.ResourceVersion, rec.WrittenAt
 	switch {
 	case rec.Deleted && rec.Phase == argo.PhaseSucceeded:
 		d.deny, d.reason, d.row = true, contract.ReasonWorkflowSucceeded, "E9"

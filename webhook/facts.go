@@ -89,6 +89,9 @@ type decision struct {
 	wfUID               types.UID
 	phase               argo.Phase
 	resourceVersion     string
+	// writtenAt is when the store's state a decision from the store read was written (zero:
+	// unknown, or not decided from the store).
+	writtenAt time.Time
 	// liveErr is the live read's failure, when the store decided instead.
 	liveErr error
 	// nameHolder is the UID of the workflow a live read found under the owner's name, when

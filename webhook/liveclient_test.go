@@ -22,6 +22,7 @@ import (
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/client-go/rest"
 	certutil "k8s.io/client-go/util/cert"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -225,5 +226,32 @@ func TestLiveClientTakesUpARotatedCA(t *testing.T) {
 	}
 	if err := read(); err != nil {
 		t.Errorf("the read after a failed verification, with the rotated CA in the file: %v; want an answer from a pool built anew", err)
+	}
+}
+
+// The sweep's check of a run unseen between two completions (checkRerun) reads a workflow's
+// status.startedAt, which `argo retry` sets anew: the live client's GET of a real workflow
+// decodes it.
+func TestTheLiveClientReadsWhenAWorkflowRunStarted(t *testing.T) {
+	ns := newNamespace(t)
+	wf := createWorkflow(t, ns, "retried", argo.PhaseSucceeded)
+	started := time.Now().Add(-time.Minute).UTC().Truncate(time.Second)
+	if err := unstructured.SetNestedField(wf.Object, started.Format(time.RFC3339), "status", "startedAt"); err != nil {
+		t.Fatal(err)
+	}
+	if err := env.Client.Update(t.Context(), wf); err != nil {
+		t.Fatal(err)
+	}
+	p, err := newLiveClient(env.Config, testScheme(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := &guard{reader: p}
+	got, err := g.getWorkflow(t.Context(), ns, wf.GetName())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !got.Status.StartedAt.Time.Equal(started) || got.UID != wf.GetUID() || got.Status.Phase != argo.PhaseSucceeded {
+		t.Errorf("read uid %s, phase %s, started %s; want %s, %s, %s", got.UID, got.Status.Phase, got.Status.StartedAt, wf.GetUID(), argo.PhaseSucceeded, started)
 	}
 }

@@ -13,6 +13,7 @@ type guardMetrics struct {
 	unexpected       *prometheus.CounterVec
 	dryRuns          *prometheus.CounterVec
 	liveRead         *prometheus.HistogramVec
+	decisionTime     *prometheus.HistogramVec
 	liveReadFailures *prometheus.CounterVec
 	liveReadAttempts *prometheus.CounterVec
 	panics           *prometheus.CounterVec
@@ -31,6 +32,10 @@ func newGuardMetrics() *guardMetrics {
 			Help: "Latency of live reads of a pod's workflow, by result (found, not-found, timeout, error).",
 			// From 1 ms to the 1 s default deadline and a little past it.
 			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5}}, []string{"result"}),
+		decisionTime: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "exit_guard_decision_duration_seconds",
+			Help: "How long the guard took to answer a request it decided, from its receipt to the answer, by role of the object (exit-handler, lifecycle-hook, step, agent, task-write, failure-claim): what a write of that role waits on the guard, the API server's own queueing apart. A role's read budget bounds it (--hook-step-read-budget, --live-read-budget).",
+			// Around each budget (750 ms, 4 s) and up to the chart's timeoutSeconds (5 s) and past it.
+			Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, .75, .8, .9, 1, 1.5, 2, 2.5, 3, 3.5, 4, 4.25, 4.5, 5, 7.5, 10}}, []string{"role"}),
 		liveReadFailures: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "exit_guard_live_read_failures_total",
 			Help: "Live reads that failed, ran out of time or were not made, so that the store decided (or, for row T6's read of the workflow that holds a reused name, the write stayed refused), by kind (timeout, error, shed: the decision found --max-concurrent-decisions in flight)."}, []string{"kind"}),
 		liveReadAttempts: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "exit_guard_live_read_retries_total",
@@ -92,7 +97,7 @@ func (m *guardMetrics) register(reg prometheus.Registerer) error {
 	for _, where := range []string{panicAdmission, panicLiveRead, panicStoreListener} {
 		m.panics.WithLabelValues(where)
 	}
-	for _, c := range []prometheus.Collector{m.decisions, m.unexpected, m.dryRuns, m.liveRead, m.liveReadFailures, m.liveReadAttempts, m.panics, m.staleFailures} {
+	for _, c := range []prometheus.Collector{m.decisions, m.unexpected, m.dryRuns, m.liveRead, m.decisionTime, m.liveReadFailures, m.liveReadAttempts, m.panics, m.staleFailures} {
 		if err := reg.Register(c); err != nil {
 			return err
 		}

@@ -2,6 +2,7 @@ package webhook
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -42,7 +43,11 @@ type storeRefusal struct {
 	// newest, if several).
 	resourceVersion string
 	phase           argo.Phase
-	kind            objectKind
+	// writtenAt is when that completion was written (zero: unknown); rerunChecked is the
+	// newer completion last checked for a run in between (rerunSuspects).
+	writtenAt    time.Time
+	rerunChecked string
+	kind         objectKind
 	// what names the last object refused ("exit-handler pod p (node n) refused").
 	what        string
 	first, last time.Time
@@ -80,7 +85,7 @@ func newOverturns(now func() time.Time) *overturns {
 	return &overturns{
 		now: now,
 		counter: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "exit_guard_refusals_overturned_total",
-			Help: "Workflows for which the guard refused a write from its store alone (its live read had failed) and then saw the workflow running at that resourceVersion or a newer one: a real exit handler (or hook, or task) was probably refused, and waited until Argo's controller tried again (kind Pod or WorkflowTaskSet), or a real failure Event was refused, which Argo does not send again (kind Event); by kind of the object refused."}, []string{"kind"}),
+			Help: "Workflows for which the guard refused a write from its store alone (its live read had failed) and then saw the workflow running at that resourceVersion or a newer one (or, after a relist of its watch, completed again by a run that started before the last refusal): a real exit handler (or hook, or task) was probably refused, and waited until Argo's controller tried again (kind Pod or WorkflowTaskSet), or a real failure Event was refused, which Argo does not send again (kind Event); by kind of the object refused."}, []string{"kind"}),
 		entries: map[types.UID]*storeRefusal{},
 	}
 }
@@ -110,7 +115,7 @@ func (o *overturns) note(f facts, d decision) {
 		o.size.Store(int64(len(o.entries)))
 	}
 	if e.resourceVersion == "" || newerOrSame(d.resourceVersion, e.resourceVersion) {
-		e.resourceVersion, e.phase = d.resourceVersion, d.phase
+		e.resourceVersion, e.phase, e.writtenAt = d.resourceVersion, d.phase, d.writtenAt
 	}
 	e.kind, e.what, e.last = f.object.spec().kind, f.object.eventRefused(), now
 	e.refusals++
@@ -230,14 +235,20 @@ func newerOrSame(a, b string) bool {
 }
 
 // reportOverturn audits refusals that turned out wrong: a metric, an error log line and a
-// Warning Event on the workflow.
-func (g *guard) reportOverturn(ctx context.Context, uid types.UID, e *storeRefusal, rv string, phase argo.Phase) {
+// Warning Event on the workflow. ranFrom is the start of the run the refusals fell in when only
+// a read of the whole workflow showed it (checkRerun), zero when a running state did.
+func (g *guard) reportOverturn(ctx context.Context, uid types.UID, e *storeRefusal, rv string, phase argo.Phase, ranFrom time.Time) {
 	waited := g.overturns.now().Sub(e.first)
 	g.overturns.counter.WithLabelValues(string(e.kind)).Inc()
-	logf.FromContext(ctx).Error(nil, "refusal overturned: the guard refused a write of this workflow from its store alone, and now sees it running",
+	msg, state := "refusal overturned: the guard refused a write of this workflow from its store alone, and now sees it running", string(phase)
+	if !ranFrom.IsZero() {
+		msg = "refusal overturned: the guard refused a write of this workflow from its store alone, and the workflow ran again from before the refusal (its running state was not seen: a relist)"
+		state = fmt.Sprintf("%s again after a run that started at %s", phase, ranFrom.UTC().Format(time.RFC3339))
+	}
+	logf.FromContext(ctx).Error(nil, msg,
 		"workflow", e.namespace+"/"+e.name, "workflowUID", uid, "kind", e.kind, "refusals", e.refusals,
 		"refusedAt", e.first, "refusedPhase", e.phase, "refusedResourceVersion", e.resourceVersion,
-		"phase", phase, "resourceVersion", rv, "waited", waited.Round(time.Millisecond).String())
+		"phase", phase, "resourceVersion", rv, "ranFrom", ranFrom, "waited", waited.Round(time.Millisecond).String())
 	if g.recorder == nil {
 		return
 	}
@@ -253,7 +264,7 @@ func (g *guard) reportOverturn(ctx context.Context, uid types.UID, e *storeRefus
 	g.recorder.Eventf(regarding, nil, corev1.EventTypeWarning, contract.EventReasonRefusalOverturned, "Admit",
 		"%s %d time(s) from the guard's store alone (%s at resourceVersion %s); the workflow is %s at resourceVersion %s: "+
 			"the refusal was probably wrong; %s (%s since the first refusal)",
-		e.what, e.refusals, e.phase, e.resourceVersion, phase, rv, next, waited.Round(time.Second))
+		e.what, e.refusals, e.phase, e.resourceVersion, state, rv, next, waited.Round(time.Second))
 }
 
 // observedByStore checks each state the store records (its watch, in order, and live reads)
@@ -265,7 +276,7 @@ func (g *guard) observedByStore(o completionstore.Observation) {
 	}
 	if e, ok := g.overturns.seen(o.UID, o.ResourceVersion, o.Phase, o.WrittenAt); ok {
 		ctx := logf.IntoContext(context.Background(), logf.Log.WithName("overturns"))
-		g.reportOverturn(ctx, o.UID, e, o.ResourceVersion, o.Phase)
+		g.reportOverturn(ctx, o.UID, e, o.ResourceVersion, o.Phase, time.Time{})
 	}
 }
 
@@ -302,14 +313,92 @@ func (g *guard) sweepOverturns(ctx context.Context) {
 		uids = append(uids, uid)
 	}
 	g.overturns.mu.Unlock()
+	var reruns []rerunSuspect
 	for _, uid := range uids {
 		rec, ok := g.store.Get(uid)
 		if !ok || rec.Deleted {
 			continue
 		}
 		if e, ok := g.overturns.seen(uid, rec.ResourceVersion, rec.Phase, rec.WrittenAt); ok {
-			g.reportOverturn(ctx, uid, e, rec.ResourceVersion, rec.Phase)
+			g.reportOverturn(ctx, uid, e, rec.ResourceVersion, rec.Phase, time.Time{})
+			continue
+		}
+		if s, ok := g.overturns.rerunSuspect(uid, rec); ok && len(reruns) < maxRerunChecksPerSweep {
+			reruns = append(reruns, s)
 		}
 	}
+	for _, s := range reruns {
+		g.checkRerun(ctx, s)
+	}
 	g.overturns.sweep()
+}
+
+// A relist (the watch's resourceVersion expired: 410 Gone) delivers each workflow's newest
+// state only. A retry that ran while the store refused its pods, and completed again before the
+// watch relisted, then shows as a newer completion, its running state never seen: seen cannot
+// count it. The sweep reads such a workflow whole, once per newer completion: `argo retry`
+// sets status.startedAt anew, so a run that started after the refused completion was written,
+// and before the last refusal, is a wrong refusal, counted as one.
+const (
+	// maxRerunChecksPerSweep bounds the reads of one sweep: a workflow each, and only those
+	// refused from the store alone that completed again since.
+	maxRerunChecksPerSweep = 8
+	// rerunCheckTimeout bounds each read: the sweep runs beside the admission paths, never in
+	// them, and a slow API server only delays the count.
+	rerunCheckTimeout = 2 * time.Second
+)
+
+// rerunSuspect is a workflow refused from the store alone that has completed again since.
+type rerunSuspect struct {
+	uid             types.UID
+	namespace, name string
+	rv              string
+}
+
+// rerunSuspect says whether rec, the store's state of workflow uid, is a completion newer than
+// the one its remembered refusals were decided on, not checked yet: the workflow may have run
+// again in between, unseen. The check is noted as made, so each newer completion is read once.
+func (o *overturns) rerunSuspect(uid types.UID, rec completionstore.Record) (rerunSuspect, bool) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	e := o.entries[uid]
+	if e == nil || !rec.Phase.Terminal() || e.writtenAt.IsZero() || rec.ResourceVersion == e.rerunChecked ||
+		rec.ResourceVersion == e.resourceVersion || !newerOrSame(rec.ResourceVersion, e.resourceVersion) {
+		return rerunSuspect{}, false
+	}
+	e.rerunChecked = rec.ResourceVersion
+	return rerunSuspect{uid: uid, namespace: e.namespace, name: e.name, rv: rec.ResourceVersion}, true
+}
+
+// ranBetween says whether workflow uid, read whole as wf, started a run after its refused
+// completion was written and before the last refusal (overturnWriteSlack allowed): its
+// refusals were overturned, and ranBetween returns them (forgotten from then on).
+func (o *overturns) ranBetween(uid types.UID, wf *argo.Workflow) (*storeRefusal, bool) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	defer func() { o.size.Store(int64(len(o.entries))) }()
+	e := o.entries[uid]
+	started := wf.Status.StartedAt.Time
+	if e == nil || wf.UID != uid || started.IsZero() || e.writtenAt.IsZero() ||
+		!started.After(e.writtenAt) || started.After(e.last.Add(overturnWriteSlack)) {
+		return nil, false
+	}
+	delete(o.entries, uid)
+	return e, true
+}
+
+// checkRerun reads the workflow of s whole and counts its refusals overturned when it ran
+// again while they were made. A failed read leaves it uncounted (logged at V(1)).
+func (g *guard) checkRerun(ctx context.Context, s rerunSuspect) {
+	rctx, cancel := context.WithTimeout(ctx, rerunCheckTimeout)
+	defer cancel()
+	wf, err := g.readWhole(rctx, s.namespace, s.name)
+	if err != nil {
+		logf.FromContext(ctx).V(1).Info("could not read a workflow that completed again after refusals from the store: not checked for a run in between",
+			"workflow", s.namespace+"/"+s.name, "resourceVersion", s.rv, "error", err.Error())
+		return
+	}
+	if e, ok := g.overturns.ranBetween(s.uid, wf); ok {
+		g.reportOverturn(ctx, s.uid, e, wf.ResourceVersion, wf.Status.Phase, wf.Status.StartedAt.Time)
+	}
 }

@@ -2,6 +2,7 @@ package webhook
 
 import (
 	"context"
+	"errors"
 	"strconv"
 	"strings"
 	"testing"
@@ -9,6 +10,7 @@ import (
 
 	dto "github.com/prometheus/client_model/go"
 	admissionv1 "k8s.io/api/admission/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
@@ -238,6 +240,83 @@ func TestRefusalsFromTheStoreAloneAreCheckedAgainstWhatFollows(t *testing.T) {
 		r.observe("7", argo.PhaseRunning)
 		r.create(t, false)
 		r.wantOverturned(t, 0)
+	})
+}
+
+// A retry that ran while the store refused its pods, and completed again before the guard's
+// watch relisted, shows to the guard only as a newer completion: the sweep reads that workflow
+// whole, once per newer completion, and counts the refusals overturned when its run started
+// after the refused completion was written and before the last refusal (argo retry sets
+// status.startedAt anew).
+func TestOverturnsAcrossARelist(t *testing.T) {
+	// rig: the table's workflow completed (written a minute ago) and refused from the store
+	// alone; then only a newer completion at resourceVersion 9 is seen (a relist). A read of
+	// the whole workflow answers with a run that started at startedAt.
+	rig := func(t *testing.T, startedAt func(completedAt, refusedAt time.Time) time.Time) (*overturnRig, *int) {
+		t.Helper()
+		r := newOverturnRig(t)
+		completedAt := r.clk.Now().Add(-time.Minute).Truncate(time.Second)
+		r.observeWritten("6", argo.PhaseSucceeded, completedAt)
+		refusedAt := r.clk.Now()
+		if r.create(t, false) {
+			t.Fatal("the exit handler of a workflow the store holds Succeeded was admitted while the read fails")
+		}
+		r.clk.Step(30 * time.Second)
+		r.observeWritten("9", argo.PhaseSucceeded, r.clk.Now())
+		reads := new(int)
+		r.g.readWhole = func(_ context.Context, namespace, name string) (*argo.Workflow, error) {
+			*reads++
+			wf := &argo.Workflow{}
+			wf.Namespace, wf.Name, wf.UID, wf.ResourceVersion = namespace, name, tableWorkflow.GetUID(), "9"
+			wf.Status.Phase, wf.Status.StartedAt = argo.PhaseSucceeded, metav1.NewTime(startedAt(completedAt, refusedAt))
+			return wf, nil
+		}
+		return r, reads
+	}
+	t.Run("retried before the refusal, its running state skipped: counted once, from one read", func(t *testing.T) {
+		r, reads := rig(t, func(completedAt, refusedAt time.Time) time.Time { return refusedAt.Add(-10 * time.Second) })
+		r.g.sweepOverturns(t.Context())
+		r.g.sweepOverturns(t.Context())
+		r.wantOverturned(t, 1)
+		if *reads != 1 {
+			t.Errorf("the workflow was read %d times, want 1", *reads)
+		}
+		evs := r.events(contract.EventReasonRefusalOverturned)
+		if len(evs) != 1 || !strings.Contains(evs[0], "Succeeded again after a run that started at") || !strings.Contains(evs[0], "resourceVersion 9") {
+			t.Errorf("Events = %q, want one that says the workflow ran again", evs)
+		}
+	})
+	t.Run("retried after the last refusal (a right refusal): not counted, read once", func(t *testing.T) {
+		r, reads := rig(t, func(completedAt, refusedAt time.Time) time.Time { return refusedAt.Add(10 * time.Second) })
+		r.g.sweepOverturns(t.Context())
+		r.g.sweepOverturns(t.Context())
+		r.wantOverturned(t, 0)
+		if *reads != 1 {
+			t.Errorf("the workflow was read %d times, want 1", *reads)
+		}
+	})
+	t.Run("a later write of the same run (artifact GC, a label): not counted", func(t *testing.T) {
+		r, _ := rig(t, func(completedAt, refusedAt time.Time) time.Time { return completedAt.Add(-5 * time.Minute) })
+		r.g.sweepOverturns(t.Context())
+		r.wantOverturned(t, 0)
+	})
+	t.Run("the read fails: not counted, read again only for a newer completion", func(t *testing.T) {
+		r, reads := rig(t, func(completedAt, refusedAt time.Time) time.Time { return refusedAt.Add(-10 * time.Second) })
+		ok := r.g.readWhole
+		r.g.readWhole = func(ctx context.Context, namespace, name string) (*argo.Workflow, error) {
+			*reads++
+			return nil, errors.New("the API server does not answer")
+		}
+		r.g.sweepOverturns(t.Context())
+		r.g.sweepOverturns(t.Context())
+		r.wantOverturned(t, 0)
+		r.g.readWhole = ok
+		r.observeWritten("11", argo.PhaseSucceeded, r.clk.Now())
+		r.g.sweepOverturns(t.Context())
+		r.wantOverturned(t, 1)
+		if *reads != 2 {
+			t.Errorf("the workflow was read %d times, want 2 (the failed read, then one for the newer completion)", *reads)
+		}
 	})
 }
 

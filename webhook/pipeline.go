@@ -47,7 +47,9 @@ func (h *handler) handle(ctx context.Context, body []byte, req *request) admissi
 	if v == verdictDenied && !f.dryRun && !f.unexpected {
 		h.overturns.note(f, d)
 	}
-	return h.answer(ctx, f, d, v)
+	answer := h.answer(ctx, f, d, v)
+	h.metrics.decisionTime.WithLabelValues(string(f.role)).Observe(time.Since(received).Seconds())
+	return answer
 }
 
 // unexpectedRequester says whether req was sent on behalf of someone other than the workflow

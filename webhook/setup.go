@@ -33,6 +33,9 @@ type guard struct {
 	readLive func(ctx context.Context, namespace, name string, p readPolicy) (*argo.Workflow, error)
 	// readNodes reads a workflow whole with its node tree (row T6): liveNodes, or a stand-in.
 	readNodes func(ctx context.Context, namespace, name string) (types.UID, argo.Phase, map[string]argo.Node, error)
+	// readWhole GETs a workflow with its status' start (the overturns' check of a run unseen
+	// between two completions): getWorkflow, or a stand-in.
+	readWhole func(ctx context.Context, namespace, name string) (*argo.Workflow, error)
 	// podRead is how pods and TaskSet writes read their workflow, eventRead how Events do.
 	podRead, eventRead readPolicy
 	// hookStepRead is how hook and step pods read theirs (readPolicyOf).
@@ -161,6 +164,7 @@ func newGuard(reader client.Reader, store *completionstore.Store, opts Options) 
 		overturns: newOverturns(time.Now), repeats: newRepeats(time.Now)}
 	g.readLive = g.liveRead
 	g.readNodes = g.liveNodes
+	g.readWhole = g.getWorkflow
 	for _, p := range opts.DenyPhases {
 		g.denyPhases[p] = true
 	}

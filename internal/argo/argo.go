@@ -164,6 +164,9 @@ type Workflow struct {
 // WorkflowStatus is the part of a workflow's status that exit-guard reads.
 type WorkflowStatus struct {
 	Phase Phase `json:"phase,omitempty"`
+	// StartedAt is when the workflow's run started: `argo retry` sets it anew (the clock of
+	// whoever retried it), so a later one than a completion's write means the workflow ran again.
+	StartedAt metav1.Time `json:"startedAt,omitempty"`
 }
 
 // WorkflowList is a list of Workflows.

@@ -3,9 +3,11 @@
 package e2e
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"maps"
+	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -103,9 +105,10 @@ func rowsText(rows map[string]int) string {
 // watches the API server directly), with the stale copies of the lagging watch and no guard,
 // and with the guard. The reference workflows (two parallel step pods, pod GC on completion,
 // an exit handler that notifies unless Succeeded) with a second step group, a volume claim
-// template, a PodDisruptionBudget and a memoized step (withCensusFeatures). It fails when, with the guard, any
-// pod a stale copy sends (its exit handler, a step run again) is created after its workflow
-// completed: what the guard claims to stop must not reach etcd.
+// template, a PodDisruptionBudget and a memoized step (withCensusFeatures), and again with a
+// failure hook (censusHooks: the workflow-level one by default). It fails when, with the guard,
+// any pod a stale copy sends (its exit handler, its hook, a step run again) is created after its
+// workflow completed: what the guard claims to stop must not reach etcd.
 func TestCensusOfAStalePassesWrites(t *testing.T) {
 	// The lines without upstream's fix (#16357: v3.7.16+, v4.0.7+, v4.1.0+), with the
 	// informer's write-back on (the default before 4.0; INFORMER_WRITE_BACK on 4.0).
@@ -113,37 +116,62 @@ func TestCensusOfAStalePassesWrites(t *testing.T) {
 		version string
 		env     []string
 	}{{"v3.4.17", nil}, {"v3.6.18", nil}, {"v4.0.5", []string{"INFORMER_WRITE_BACK=true"}}} {
-		version := line.version
-		t.Run(version, func(t *testing.T) {
-			var control, stale, guarded census
-			runScenario(t, scenario{version: version, mode: noGuard, ok: 3, direct: true, env: line.env, census: &control})
-			staleOut := runScenario(t, scenario{version: version, mode: noGuard, ok: 3, env: line.env, census: &stale})
-			guardedOut := runScenario(t, scenario{version: version, mode: guardDirect, ok: 3, env: line.env, census: &guarded})
-			for _, r := range []struct {
-				name string
-				cs   *census
-			}{{"no stale copy (direct watch), no guard", &control}, {"stale copies, no guard", &stale}, {"stale copies, the guard", &guarded}} {
-				t.Logf("CENSUS %s, %s: %d workflows; the controller's writes about them after completion: %s", version, r.name, r.cs.workflows, r.cs)
-				t.Logf("  in the whole run: %s", rowsText(r.cs.all))
-				t.Logf("  pods created after completion: %q", r.cs.pods)
+		for _, hook := range censusHooks(t) {
+			version := line.version
+			name := version
+			if hook != noHook {
+				name += ", a " + hook + " hook"
 			}
-			var falseNotices int
-			for _, o := range staleOut {
-				falseNotices += o.notifyPods - o.realNotices
-			}
-			if falseNotices == 0 {
-				t.Fatalf("no stale copy sent its exit handler without the guard on %s: the census proves nothing", version)
-			}
-			for _, o := range guardedOut {
-				if late := o.notifyPods - o.realNotices; late != 0 {
-					t.Errorf("%s: %d exit-handler pods created after the workflow completed, with the guard", o.name, late)
+			t.Run(name, func(t *testing.T) {
+				var control, stale, guarded census
+				runScenario(t, scenario{version: version, mode: noGuard, ok: 3, direct: true, env: line.env, hook: hook, census: &control})
+				staleOut := runScenario(t, scenario{version: version, mode: noGuard, ok: 3, env: line.env, hook: hook, census: &stale})
+				guardedOut := runScenario(t, scenario{version: version, mode: guardDirect, ok: 3, env: line.env, hook: hook, census: &guarded})
+				for _, r := range []struct {
+					name string
+					cs   *census
+				}{{"no stale copy (direct watch), no guard", &control}, {"stale copies, no guard", &stale}, {"stale copies, the guard", &guarded}} {
+					t.Logf("CENSUS %s, %s: %d workflows; the controller's writes about them after completion: %s", name, r.name, r.cs.workflows, r.cs)
+					t.Logf("  in the whole run: %s", rowsText(r.cs.all))
+					t.Logf("  pods created after completion: %q", r.cs.pods)
 				}
-			}
-			// Every pod a stale pass sends is covered by default (exit handlers, agents, steps):
-			// none may be created after its workflow completed.
-			if len(guarded.pods) > 0 {
-				t.Errorf("with the guard, pods created after their workflow completed on %s: %q", version, guarded.pods)
-			}
-		})
+				var falseNotices int
+				for _, o := range staleOut {
+					falseNotices += o.notifyPods - o.realNotices
+				}
+				if falseNotices == 0 {
+					t.Fatalf("no stale copy sent its exit handler (or failure hook) without the guard on %s: the census proves nothing", name)
+				}
+				for _, o := range guardedOut {
+					if late := o.notifyPods - o.realNotices; late != 0 {
+						t.Errorf("%s: %d notification pods (exit handler, failure hook) created after the workflow completed, with the guard", o.name, late)
+					}
+				}
+				// Every pod a stale pass sends is covered by default (exit handlers, agents, steps):
+				// none may be created after its workflow completed.
+				if len(guarded.pods) > 0 {
+					t.Errorf("with the guard, pods created after their workflow completed on %s: %q", name, guarded.pods)
+				}
+			})
+		}
 	}
+}
+
+// censusHooks are the failure-hook shapes the census runs the reference workflows with, beside
+// the exit handler: E2E_CENSUS_HOOKS (comma-separated: none, workflow-level, step-level, DAG task), by default
+// none and the workflow-level hook, the first and only pod a stale pass sends.
+func censusHooks(t *testing.T) []string {
+	t.Helper()
+	var out []string
+	for _, h := range strings.Split(cmp.Or(os.Getenv("E2E_CENSUS_HOOKS"), "none,"+hookWorkflow), ",") {
+		switch h {
+		case "none":
+			out = append(out, noHook)
+		case hookWorkflow, hookStep, hookDAG:
+			out = append(out, h)
+		default:
+			t.Fatalf("E2E_CENSUS_HOOKS: %q is not a hook shape (none, %s, %s, %s)", h, hookWorkflow, hookStep, hookDAG)
+		}
+	}
+	return out
 }

@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"math"
 	"net/http"
+	"slices"
 	"testing"
 
 	dto "github.com/prometheus/client_model/go"
@@ -29,13 +31,7 @@ func (e *Env) APIServerCounter(ctx context.Context, name string, labels map[stri
 func SumSeries(mfs map[string]*dto.MetricFamily, name string, labels map[string]string) float64 {
 	var sum float64
 	for _, m := range mfs[name].GetMetric() {
-		matched := 0
-		for _, lp := range m.GetLabel() {
-			if v, ok := labels[lp.GetName()]; ok && v == lp.GetValue() {
-				matched++
-			}
-		}
-		if matched != len(labels) {
+		if !hasLabels(m, labels) {
 			continue
 		}
 		switch {
@@ -97,4 +93,73 @@ func (g *Guard) Metrics(ctx context.Context) (map[string]*dto.MetricFamily, erro
 	}
 	p := expfmt.NewTextParser(model.UTF8Validation)
 	return p.TextToMetricFamilies(resp.Body)
+}
+
+// HistogramQuantileBetween is the upper bound of the bucket of the histogram name (its series
+// that carry labels, summed) that holds the q quantile of the observations made between the
+// scrapes before and after: the quantile, to the resolution of the buckets. It is +Inf when the
+// quantile lies past the last bound, and 0 when nothing was observed.
+func HistogramQuantileBetween(before, after map[string]*dto.MetricFamily, name string, labels map[string]string, q float64) float64 {
+	counts := func(mfs map[string]*dto.MetricFamily) (map[float64]uint64, uint64) {
+		cum := map[float64]uint64{}
+		var total uint64
+		for _, m := range mfs[name].GetMetric() {
+			if !hasLabels(m, labels) || m.GetHistogram() == nil {
+				continue
+			}
+			total += m.GetHistogram().GetSampleCount()
+			for _, b := range m.GetHistogram().GetBucket() {
+				cum[b.GetUpperBound()] += b.GetCumulativeCount()
+			}
+		}
+		return cum, total
+	}
+	b, bt := counts(before)
+	a, at := counts(after)
+	total := at - bt
+	if total == 0 {
+		return 0
+	}
+	bounds := make([]float64, 0, len(a))
+	for ub := range a {
+		bounds = append(bounds, ub)
+	}
+	slices.Sort(bounds)
+	rank := uint64(math.Ceil(q * float64(total)))
+	for _, ub := range bounds {
+		if a[ub]-b[ub] >= rank {
+			return ub
+		}
+	}
+	return math.Inf(1)
+}
+
+// hasLabels says whether m carries every label of labels.
+func hasLabels(m *dto.Metric, labels map[string]string) bool {
+	matched := 0
+	for _, lp := range m.GetLabel() {
+		if v, ok := labels[lp.GetName()]; ok && v == lp.GetValue() {
+			matched++
+		}
+	}
+	return matched == len(labels)
+}
+
+// HistogramMeanBetween is the mean of the observations of the histogram name (its series that
+// carry labels) made between the scrapes before and after; 0 when there were none.
+func HistogramMeanBetween(before, after map[string]*dto.MetricFamily, name string, labels map[string]string) float64 {
+	sums := func(mfs map[string]*dto.MetricFamily) (sum float64, count uint64) {
+		for _, m := range mfs[name].GetMetric() {
+			if h := m.GetHistogram(); h != nil && hasLabels(m, labels) {
+				sum, count = sum+h.GetSampleSum(), count+h.GetSampleCount()
+			}
+		}
+		return sum, count
+	}
+	bs, bc := sums(before)
+	as, ac := sums(after)
+	if ac == bc {
+		return 0
+	}
+	return (as - bs) / float64(ac-bc)
 }
