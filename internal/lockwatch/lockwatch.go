@@ -150,8 +150,11 @@ type waiter struct {
 	holders   []string // namespace/name[/nodeID] of the holders it waits behind
 }
 
-// Scan lists the Pending workflows once and updates the metric. A namespace or a holder it
-// cannot read is left out of this scan (and returned as an error); the rest is still counted.
+// Scan lists the Pending workflows once and updates the metric. A scan that could not list
+// every Pending workflow changes nothing (no timer, no gauge) and returns the error: a waiter on
+// a page it could not read is not a waiter served, and a flaky API server must not keep
+// restarting the stuck timers. A holder or a lock's holds it cannot read leave that waiter as
+// the last scan found it (its timer runs on, its gauge stays); the rest is counted.
 func (w *Watcher) Scan(ctx context.Context) error {
 	var errs []error
 	var ws []waiter
@@ -173,6 +176,9 @@ func (w *Watcher) Scan(ctx context.Context) error {
 			errs = append(errs, err)
 		}
 	}
+	if len(errs) > 0 {
+		return fmt.Errorf("lockwatch: the scan did not list every Pending workflow, and changed nothing: %w", errors.Join(errs...))
+	}
 	now := w.now()
 	completed := map[string]bool{}         // holder workflow (namespace/name): completed?
 	running := map[string]map[string]int{} // namespace: lock: holds the Running workflows declare
@@ -187,16 +193,27 @@ func (w *Watcher) Scan(ctx context.Context) error {
 		if wt.free > 0 {
 			cause = CauseFreeNotGranted
 		} else {
+			unknown := false
 			for _, h := range wt.holders {
 				done, err := w.holderCompleted(ctx, h, completed)
 				if err != nil {
 					errs = append(errs, err)
+					unknown = true
 					break
 				}
 				if done {
 					cause = CauseHeldByCompleted
 					break
 				}
+			}
+			if unknown {
+				// Not known this scan: the waiter stays as it was, its timer running.
+				for _, c := range []string{CauseFreeNotGranted, CauseHeldByCompleted} {
+					if k := (waitKey{wt.uid, wt.lock, c}); w.suspect[k] != (time.Time{}) {
+						seen[k] = true
+					}
+				}
+				continue
 			}
 		}
 		if cause == "" {
@@ -254,9 +271,16 @@ func (w *Watcher) Scan(ctx context.Context) error {
 				var err error
 				if holds, err = w.runningHolds(ctx, lockNS); err != nil {
 					errs = append(errs, err)
-					continue
+					holds = nil
 				}
 				running[lockNS] = holds
+			}
+			if holds == nil {
+				// The lock's holds could not be read: as the last scan found it.
+				if w.reported[k] {
+					stuck[series{wt.namespace, wt.lock, cause}]++
+				}
+				continue
 			}
 			if holds[wt.lock] >= wt.limit {
 				continue

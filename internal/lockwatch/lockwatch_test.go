@@ -4,6 +4,7 @@ package lockwatch
 
 import (
 	"context"
+	"errors"
 	"os"
 	"strings"
 	"testing"
@@ -293,4 +294,99 @@ func TestSemaphoreHeldByCompletedWorkflows(t *testing.T) {
 	if got := stuck(); !equal(got, want) {
 		t.Errorf("%v, want %v", got, want)
 	}
+}
+
+// flakyReader fails every List after the first ok of a scan while failing is set: a page read
+// mid-scan fails, as on a flaky API server.
+type flakyReader struct {
+	client.Reader
+	failing bool
+	ok      int // Lists that still succeed before the failures begin
+	calls   int
+	// getsFail: every Get fails (the read of a holder).
+	getsFail bool
+}
+
+func (r *flakyReader) Get(ctx context.Context, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+	if r.getsFail {
+		return errors.New("the API server does not answer")
+	}
+	return r.Reader.Get(ctx, key, obj, opts...)
+}
+
+func (r *flakyReader) List(ctx context.Context, list client.ObjectList, opts ...client.ListOption) error {
+	r.calls++
+	if r.failing && r.calls > r.ok {
+		return errors.New("the API server does not answer")
+	}
+	return r.Reader.List(ctx, list, opts...)
+}
+
+// A scan whose later page fails changes no timer: the waiter on that page is not taken for
+// served, and ExitGuardSyncLockStuck's gauge comes when its 5 minutes are up, however often
+// scans fail in between.
+func TestAFailedPageChangesNoTimer(t *testing.T) {
+	c := env.Client
+	ns := namespace(t)
+	lock := ns + "/Mutex/a"
+	done := testenv.CreateWorkflow(t, c, ns, "done", argo.PhaseSucceeded)
+	// Two Pending workflows, one a page: the stuck waiter comes second (names in order).
+	testenv.CreateWorkflow(t, c, ns, "a-queued", argo.PhasePending)
+	behind := testenv.CreateWorkflow(t, c, ns, "z-behind-done", argo.PhasePending)
+	wait(t, behind, lock, 0, ns+"/"+done.GetName())
+	cached(t, behind, argo.PhasePending)
+
+	reg := prometheus.NewRegistry()
+	flaky := &flakyReader{Reader: liveReader(t)}
+	w, err := New(flaky, Options{Namespaces: []string{ns}, Registerer: reg, StuckAfter: 5 * time.Minute, Log: funcr.New(func(_, _ string) {}, funcr.Options{})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Unix(1_000_000, 0)
+	w.now = func() time.Time { return now }
+	w.page = 1
+	if got := scan(t, w, reg, ""); len(got) != 0 {
+		t.Fatalf("at the first scan: %v, want nothing stuck yet", got)
+	}
+	for range 3 {
+		// Every minute a scan whose second page fails.
+		now = now.Add(time.Minute)
+		flaky.failing, flaky.ok, flaky.calls = true, 1, 0
+		if err := w.Scan(t.Context()); err == nil {
+			t.Fatal("a scan whose page failed returned no error")
+		}
+	}
+	flaky.failing = false
+	now = now.Add(2 * time.Minute) // 5 minutes since the waiter was first seen stuck
+	want := map[string]float64{"cause=held-by-completed,lock=" + lock + ",workflow_namespace=" + ns: 1}
+	if got := scan(t, w, reg, ""); !equal(got, want) {
+		t.Errorf("5 minutes after the first scan, failed scans between: %v, want %v", got, want)
+	}
+	// The holder cannot be read: the waiter stays stuck (its gauge does not drop, so the
+	// alert's for-window runs on), and the scan says why.
+	flaky.getsFail = true
+	now = now.Add(time.Minute)
+	if err := w.Scan(t.Context()); err == nil {
+		t.Error("a scan that could not read a holder returned no error")
+	}
+	flaky.getsFail = false
+	if got := gauges(t, reg); !equal(got, want) {
+		t.Errorf("after a scan that could not read the holder: %v, want %v", got, want)
+	}
+}
+
+// gauges are the stuck gauges reg holds, by their labels.
+func gauges(t *testing.T, reg *prometheus.Registry) map[string]float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]float64{}
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			got[labels(m)] = m.GetGauge().GetValue()
+		}
+	}
+	return got
 }
