@@ -286,8 +286,8 @@ func wantMessage(secret bool, name string) string {
 
 // TestClientCAIsHeldByThePolicy: with webhook.clientAuth the guard answers only clients whose
 // certificate the CA in a ConfigMap of its namespace signed; whoever could change that CA could
-// forge reviews. The chart's ValidatingAdmissionPolicy refuses every change and deletion of that
-// ConfigMap but by the users of webhook.clientAuth.caWriters: tried through the real API server
+// forge reviews. The chart's ValidatingAdmissionPolicy refuses every create, change and deletion
+// of that ConfigMap but by the users of webhook.clientAuth.caWriters: tried through the real API server
 // as an editor of the namespace (RBAC lets it update and delete ConfigMaps), as a writer the
 // values name, and as the cluster's administrator.
 func TestClientCAIsHeldByThePolicy(t *testing.T) {
@@ -305,14 +305,11 @@ func TestClientCAIsHeldByThePolicy(t *testing.T) {
 	}
 	install(t, objs)
 	ca := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "client-ca"}, Data: map[string]string{"ca.crt": "the API server's client CA"}}
-	if err := env.Client.Create(t.Context(), ca); err != nil {
-		t.Fatalf("creating the client CA ConfigMap (a create is not held: the first one): %v", err)
-	}
 	for _, sa := range []string{"editor", "ca-rotator"} {
 		for _, o := range []client.Object{
 			&corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: sa}},
 			&rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: sa},
-				Rules: []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"configmaps"}, Verbs: []string{"get", "update", "patch", "delete"}}}},
+				Rules: []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"configmaps"}, Verbs: []string{"get", "create", "update", "patch", "delete"}}}},
 			&rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: sa},
 				RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: sa},
 				Subjects: []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Name: sa, Namespace: ns}}},
@@ -322,6 +319,31 @@ func TestClientCAIsHeldByThePolicy(t *testing.T) {
 			}
 		}
 	}
+	refusedByPolicy := func(err error) bool {
+		return apierrors.IsForbidden(err) && strings.Contains(err.Error(), policy)
+	}
+	editor := clientAs(t, ns, "editor")
+	// The ConfigMap may come after the chart: an editor of the namespace must not be the one
+	// who creates it first, with a CA of their own that the policy would then shield. A policy
+	// takes effect shortly after it is created: wait until it refuses (a create it let in before
+	// then is taken back).
+	if err := wait.PollUntilContextTimeout(t.Context(), 200*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		forged := ca.DeepCopy()
+		forged.Data["ca.crt"] = "a CA the editor holds the key of"
+		err := editor.Create(ctx, forged)
+		if err == nil {
+			_ = editor.Delete(ctx, forged)
+		}
+		return refusedByPolicy(err), nil
+	}); err != nil {
+		t.Fatalf("the policy %s never refused an editor of the namespace creating the client CA first", policy)
+	}
+	if err := env.Client.Create(t.Context(), ca.DeepCopy()); !refusedByPolicy(err) {
+		t.Errorf("the cluster's administrator creating the client CA: %v, want refused by %s (caWriters names who may)", err, policy)
+	}
+	if err := clientAs(t, ns, "ca-rotator").Create(t.Context(), ca); err != nil {
+		t.Fatalf("the writer webhook.clientAuth.caWriters names, creating the client CA: %v, want admitted", err)
+	}
 	swap := func(c client.Client, value string) error {
 		cur := &corev1.ConfigMap{}
 		if err := c.Get(t.Context(), client.ObjectKeyFromObject(ca), cur); err != nil {
@@ -330,15 +352,8 @@ func TestClientCAIsHeldByThePolicy(t *testing.T) {
 		cur.Data["ca.crt"] = value
 		return c.Update(t.Context(), cur)
 	}
-	refusedByPolicy := func(err error) bool {
-		return apierrors.IsForbidden(err) && strings.Contains(err.Error(), policy)
-	}
-	editor := clientAs(t, ns, "editor")
-	// A policy takes effect shortly after it is created: wait until it refuses.
-	if err := wait.PollUntilContextTimeout(t.Context(), 200*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
-		return refusedByPolicy(swap(editor, "a CA the editor holds the key of")), nil
-	}); err != nil {
-		t.Fatalf("the policy %s never refused an editor of the namespace swapping the client CA", policy)
+	if err := swap(editor, "a CA the editor holds the key of"); !refusedByPolicy(err) {
+		t.Errorf("an editor of the namespace swapping the client CA: %v, want refused by %s", err, policy)
 	}
 	if err := editor.Delete(t.Context(), ca); !refusedByPolicy(err) {
 		t.Errorf("an editor of the namespace deleting the client CA: %v, want refused by %s", err, policy)
