@@ -12,6 +12,7 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"slices"
 	"strings"
@@ -43,14 +44,20 @@ const reviewTimeout = 10 * time.Second
 // token allowed within knownFor is reviewed again outside that budget when its cached review
 // expires: a flood of junk tokens cannot keep the scraper out (its alerts blind, the guard's
 // replicas looking down), and it costs the API server at most one review per allowed token
-// each allowedFor, since only a token the API server allowed gets there.
+// each allowedFor, since only a token the API server allowed gets there. A scraper's token
+// rotates (a projected ServiceAccount token, about hourly), and the new one is a new key: a
+// token from a source address that a token was allowed from within knownFor is reviewed from a
+// budget of its own (knownSourceRate, knownSourceBurst), which tokens from other addresses
+// cannot spend, so that the rotated token is not starved by a flood from elsewhere.
 const (
-	allowedFor   = 2 * time.Minute
-	deniedFor    = 10 * time.Second
-	knownFor     = 10 * time.Minute
-	reviewRate   = 5.0
-	reviewBurst  = 10.0
-	maxCachedFor = 1000
+	allowedFor       = 2 * time.Minute
+	deniedFor        = 10 * time.Second
+	knownFor         = 10 * time.Minute
+	reviewRate       = 5.0
+	reviewBurst      = 10.0
+	knownSourceRate  = 1.0
+	knownSourceBurst = 5.0
+	maxCachedFor     = 1000
 )
 
 // FilterProvider returns a metricsserver.Options.FilterProvider whose filter accepts tokens
@@ -76,14 +83,16 @@ func Filter(c client.Client, audiences []string) metricsserver.Filter {
 }
 
 func filter(c client.Client, audiences []string, now func() time.Time) metricsserver.Filter {
-	cache := &reviews{now: now, m: map[[sha256.Size]byte]verdict{}, known: map[[sha256.Size]byte]time.Time{}, tokens: reviewBurst, last: now()}
+	cache := &reviews{now: now, m: map[[sha256.Size]byte]verdict{}, known: map[[sha256.Size]byte]time.Time{}, sources: map[string]time.Time{},
+		budget: bucket{rate: reviewRate, burst: reviewBurst, tokens: reviewBurst, last: now()},
+		knownBudget: bucket{rate: knownSourceRate, burst: knownSourceBurst, tokens: knownSourceBurst, last: now()}}
 	return func(log logr.Logger, next http.Handler) (http.Handler, error) {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			key := cacheKey(r)
+			key, src := cacheKey(r), source(r)
 			v, cached := cache.get(key)
 			status, err := v.status, v.err
 			if !cached {
-				if !cache.knows(key) && !cache.take() {
+				if !cache.knows(key) && !cache.take(src) {
 					log.V(1).Info("metrics request refused: too many tokens to review")
 					http.Error(w, http.StatusText(http.StatusTooManyRequests), http.StatusTooManyRequests)
 					return
@@ -91,7 +100,7 @@ func filter(c client.Client, audiences []string, now func() time.Time) metricsse
 				ctx, cancel := context.WithTimeout(r.Context(), reviewTimeout)
 				status, err = review(ctx, c, audiences, r)
 				cancel()
-				cache.put(key, status, err)
+				cache.put(key, src, status, err)
 			}
 			if err != nil {
 				// The caller learns the status only; the reason, which may quote the API
@@ -149,16 +158,45 @@ type verdict struct {
 	until  time.Time
 }
 
-// reviews caches the reviews, remembers the keys allowed lately (known: when each was last
-// allowed), and holds the budget of new reviews (a token bucket).
+// reviews caches the reviews, remembers the keys and the source addresses allowed lately
+// (known, sources: when each was last allowed), and holds the budgets of new reviews: one for
+// every source, one that only the sources allowed lately may spend.
 type reviews struct {
 	now func() time.Time
 
-	mu     sync.Mutex
-	m      map[[sha256.Size]byte]verdict
-	known  map[[sha256.Size]byte]time.Time
-	tokens float64
-	last   time.Time
+	mu          sync.Mutex
+	m           map[[sha256.Size]byte]verdict
+	known       map[[sha256.Size]byte]time.Time
+	sources     map[string]time.Time
+	budget      bucket
+	knownBudget bucket
+}
+
+// bucket is a token bucket: rate a second, up to burst.
+type bucket struct {
+	rate, burst float64
+	tokens      float64
+	last        time.Time
+}
+
+// take spends one token at now, if there is one.
+func (b *bucket) take(now time.Time) bool {
+	b.tokens = min(b.burst, b.tokens+now.Sub(b.last).Seconds()*b.rate)
+	b.last = now
+	if b.tokens < 1 {
+		return false
+	}
+	b.tokens--
+	return true
+}
+
+// source is the address a request came from, without its port.
+func source(r *http.Request) string {
+	host, _, err := net.SplitHostPort(r.RemoteAddr)
+	if err != nil {
+		return r.RemoteAddr
+	}
+	return host
 }
 
 // cacheKey is the digest of the request's Authorization header, path and verb.
@@ -177,8 +215,9 @@ func (c *reviews) get(key [sha256.Size]byte) (verdict, bool) {
 	return v, true
 }
 
-// put caches an answer of the API server; a failure to ask it (500) is not cached.
-func (c *reviews) put(key [sha256.Size]byte, status int, err error) {
+// put caches an answer of the API server for key, sent from src; a failure to ask it (500) is
+// not cached.
+func (c *reviews) put(key [sha256.Size]byte, src string, status int, err error) {
 	if status == http.StatusInternalServerError {
 		return
 	}
@@ -190,7 +229,8 @@ func (c *reviews) put(key [sha256.Size]byte, status int, err error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if err == nil {
-		c.remember(key, now)
+		remember(c.known, key, now)
+		remember(c.sources, src, now)
 	}
 	if _, ok := c.m[key]; !ok && len(c.m) >= maxCachedFor {
 		for k, v := range c.m {
@@ -205,21 +245,22 @@ func (c *reviews) put(key [sha256.Size]byte, status int, err error) {
 	c.m[key] = verdict{status: status, err: err, until: until}
 }
 
-// remember records that key was allowed at now, within maxCachedFor keys: full, it forgets the
-// keys not allowed within knownFor, and, if still full, remembers nothing new (the budget
-// then reviews it, as before it was known). Called with c.mu held.
-func (c *reviews) remember(key [sha256.Size]byte, now time.Time) {
-	if _, ok := c.known[key]; !ok && len(c.known) >= maxCachedFor {
-		for k, at := range c.known {
+// remember records in m that key (a token's, or a source's) was allowed at now, within
+// maxCachedFor keys: full, it forgets the keys not allowed within knownFor, and, if still full,
+// remembers nothing new (the budget then reviews it, as before it was known). Called with c.mu
+// held.
+func remember[K comparable](m map[K]time.Time, key K, now time.Time) {
+	if _, ok := m[key]; !ok && len(m) >= maxCachedFor {
+		for k, at := range m {
 			if now.Sub(at) > knownFor {
-				delete(c.known, k)
+				delete(m, k)
 			}
 		}
-		if len(c.known) >= maxCachedFor {
+		if len(m) >= maxCachedFor {
 			return
 		}
 	}
-	c.known[key] = now
+	m[key] = now
 }
 
 // knows says whether key was allowed within knownFor: its review is not taken from the budget.
@@ -230,16 +271,14 @@ func (c *reviews) knows(key [sha256.Size]byte) bool {
 	return ok && c.now().Sub(at) <= knownFor
 }
 
-// take spends one review of the budget, if there is one.
-func (c *reviews) take() bool {
+// take spends one review for a token sent from src, if there is one: from the known sources'
+// budget first when a token was allowed from src within knownFor, else from everyone's.
+func (c *reviews) take(src string) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	now := c.now()
-	c.tokens = min(reviewBurst, c.tokens+now.Sub(c.last).Seconds()*reviewRate)
-	c.last = now
-	if c.tokens < 1 {
-		return false
+	if at, ok := c.sources[src]; ok && now.Sub(at) <= knownFor && c.knownBudget.take(now) {
+		return true
 	}
-	c.tokens--
-	return true
+	return c.budget.take(now)
 }

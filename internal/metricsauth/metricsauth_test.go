@@ -60,16 +60,32 @@ func readerToken(t *testing.T, audiences ...string) string {
 	return tr.Status.Token
 }
 
-// scraper serves h's filter, as metricsserver would, to an always-200 handler.
+// scraper serves h's filter, as metricsserver would, to an always-200 handler, for requests from
+// the scraper's address.
 func scraper(t *testing.T, f func(logr.Logger, http.Handler) (http.Handler, error)) func(token string) int {
+	t.Helper()
+	from := scraperFrom(t, f)
+	return func(token string) int { return from(token, scraperAddr) }
+}
+
+// scraperAddr is the address the scraper's requests come from, elsewhere another client's.
+const (
+	scraperAddr   = "10.0.0.7:41000"
+	elsewhereAddr = "10.0.9.9:52000"
+)
+
+// scraperFrom serves h's filter, as metricsserver would, to an always-200 handler, for requests
+// from the address given.
+func scraperFrom(t *testing.T, f func(logr.Logger, http.Handler) (http.Handler, error)) func(token, addr string) int {
 	t.Helper()
 	h, err := f(logr.Discard(), http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) }))
 	if err != nil {
 		t.Fatal(err)
 	}
-	return func(token string) int {
+	return func(token, addr string) int {
 		req := httptest.NewRequestWithContext(t.Context(), http.MethodGet, "/metrics", nil)
 		req.Header.Set("Authorization", "Bearer "+token)
+		req.RemoteAddr = addr
 		rec := httptest.NewRecorder()
 		h.ServeHTTP(rec, req)
 		return rec.Code
@@ -104,7 +120,9 @@ func TestTokenAudiences(t *testing.T) {
 // do not go blind, and the flood still costs the API server no more than the budget.
 func TestAllowedScraperIsReviewedAgainThroughAFlood(t *testing.T) {
 	now := time.Unix(1000, 0)
-	scrape := scraper(t, filter(env.Client, nil, func() time.Time { return now }))
+	from := scraperFrom(t, filter(env.Client, nil, func() time.Time { return now }))
+	scrape := func(token string) int { return from(token, scraperAddr) }
+	junk := func(token string) int { return from(token, elsewhereAddr) }
 	prometheus := readerToken(t)
 	if code := scrape(prometheus); code != http.StatusOK {
 		t.Fatalf("the scraper's first scrape: HTTP %d, want 200", code)
@@ -113,7 +131,7 @@ func TestAllowedScraperIsReviewedAgainThroughAFlood(t *testing.T) {
 	now = now.Add(allowedFor + time.Second)
 	codes := map[int]int{}
 	for i := range 3 * int(reviewBurst) {
-		codes[scrape("junk-"+strconv.Itoa(i))]++
+		codes[junk("junk-"+strconv.Itoa(i))]++
 	}
 	if codes[http.StatusUnauthorized] != int(reviewBurst) || codes[http.StatusTooManyRequests] != 2*int(reviewBurst) {
 		t.Fatalf("%d junk tokens at once were answered %v, want %d reviewed (401), the rest 429", 3*int(reviewBurst), codes, int(reviewBurst))
@@ -121,7 +139,37 @@ func TestAllowedScraperIsReviewedAgainThroughAFlood(t *testing.T) {
 	if code := scrape(prometheus); code != http.StatusOK {
 		t.Errorf("the scraper's scrape once its review expired, the budget spent by junk tokens: HTTP %d, want 200", code)
 	}
-	if code := scrape("junk-after"); code != http.StatusTooManyRequests {
+	if code := junk("junk-after"); code != http.StatusTooManyRequests {
 		t.Errorf("another unknown token after it: HTTP %d, want 429 (the budget is still spent)", code)
+	}
+}
+
+// A scraper's token rotates (a projected ServiceAccount token, about hourly): the new one is a
+// new key, never allowed before. Reviewed from the budget of the addresses a token was allowed
+// from, it passes while a flood of junk tokens from elsewhere keeps everyone's budget spent;
+// a new token from elsewhere still waits in that budget.
+func TestARotatedTokenIsNotStarvedByAFlood(t *testing.T) {
+	now := time.Unix(1000, 0)
+	scrape := scraperFrom(t, filter(env.Client, nil, func() time.Time { return now }))
+	before := readerToken(t)
+	if code := scrape(before, scraperAddr); code != http.StatusOK {
+		t.Fatalf("the scraper's first scrape: HTTP %d, want 200", code)
+	}
+	rotated := readerToken(t)
+	// The flood goes on: each second, more junk tokens from elsewhere than the budget refills.
+	for sec := range 5 {
+		now = now.Add(time.Second)
+		for i := range 2 * int(reviewBurst) {
+			scrape("junk-"+strconv.Itoa(sec)+"-"+strconv.Itoa(i), elsewhereAddr)
+		}
+	}
+	if code := scrape("junk-last", elsewhereAddr); code != http.StatusTooManyRequests {
+		t.Fatalf("a junk token once the flood has spent the budget: HTTP %d, want 429 (the flood is too weak to prove anything)", code)
+	}
+	if code := scrape(rotated, scraperAddr); code != http.StatusOK {
+		t.Errorf("the scraper's rotated token through the flood: HTTP %d, want 200", code)
+	}
+	if code := scrape(readerToken(t), elsewhereAddr); code != http.StatusTooManyRequests {
+		t.Errorf("a new token from an address no token was allowed from, through the flood: HTTP %d, want 429", code)
 	}
 }
