@@ -249,7 +249,10 @@ func (ts *taskSetObject) eventRefused() string {
 }
 
 func (ts *taskSetObject) logValues() []any {
-	return []any{"workflowTaskSet", ts.namespace + "/" + ts.name, "tasksAdded", ts.tasks, "completedReopened", ts.reopened}
+	// The first maxTasksNamed tasks and their count: a write may add tens of thousands, and a
+	// log line must not grow with them.
+	return []any{"workflowTaskSet", ts.namespace + "/" + ts.name, "tasksAdded", ts.tasks[:min(len(ts.tasks), maxTasksNamed)],
+		"tasksAddedCount", len(ts.tasks), "completedReopened", ts.reopened}
 }
 
 func (ts *taskSetObject) annotate(a map[string]string) {

@@ -18,7 +18,29 @@ const (
 	// a flood would need this many admitted creates in those milliseconds; one that does
 	// costs a read (row T7) or a requeue (row T6), not a notice.
 	maxCreatesRemembered = 10000
+	// maxCreatesBytes bounds the memory by what it holds (createCost), whatever any tenant who
+	// may create WorkflowTaskSets sends: full, it forgets the oldest entries.
+	maxCreatesBytes = 16 << 20
+	// maxCreateBytes: a create that would cost more is not remembered (about 7,500 tasks; the
+	// agent's TaskSet holds the HTTP and plugin nodes pending at once). Its repeat is read live
+	// (row T7) and the patch after its AlreadyExists requeued (row T6): a delay, not a notice.
+	maxCreateBytes = 1 << 20
+	// taskCost is what one remembered task costs beside its key: its digest, the key's string
+	// header, its allocation and the map's share (measured: 90 to 135 bytes a task of 6-byte keys,
+	// by the size of the map).
+	taskCost = sha256.Size + 96
+	// createOverhead is what an entry costs beside its tasks.
+	createOverhead = 256
 )
+
+// createCost is what the memory holds for a create by requester with tasks.
+func createCost(requester string, tasks map[string][sha256.Size]byte) int {
+	n := createOverhead + len(requester)
+	for k := range tasks {
+		n += len(k) + taskCost
+	}
+	return n
+}
 
 // createdTaskSet is a TaskSet create the guard admitted: by which workflow, sent by which user
 // (request.userInfo.username), with which tasks (the digest of each task's template), when it
@@ -30,6 +52,15 @@ type createdTaskSet struct {
 	tasks     map[string][sha256.Size]byte
 	at        time.Time
 	live      bool
+	// cost is createCost's, and seq the entry's place in taskSetCreates.order.
+	cost int
+	seq  uint64
+}
+
+// notedCreate is an entry of taskSetCreates.order: the key noted, and which noting of it.
+type notedCreate struct {
+	key types.NamespacedName
+	seq uint64
 }
 
 // taskSetCreates remembers, by namespace and name, the last TaskSet create the guard admitted
@@ -59,6 +90,12 @@ type taskSetCreates struct {
 
 	mu sync.Mutex
 	m  map[types.NamespacedName]createdTaskSet
+	// order holds the notings in the order made (an entry noted again, or forgotten, leaves
+	// its earlier ones behind, skipped when reached); bytes is the cost of what m holds; seq
+	// numbers the notings.
+	order []notedCreate
+	bytes int
+	seq   uint64
 }
 
 func newTaskSetCreates(now func() time.Time, repeatMemory time.Duration) *taskSetCreates {
@@ -74,12 +111,68 @@ func (c *taskSetCreates) note(key types.NamespacedName, owner types.UID, request
 	}
 	now := c.now()
 	at = noteAt(at, now)
+	cost := createCost(requester, tasks)
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if _, ok := c.m[key]; !ok {
-		makeRoom(c.m, maxCreatesRemembered, now, createMemory, func(v createdTaskSet) time.Time { return v.at })
+	// What has expired goes first, whatever else: the memory holds only the last createMemory.
+	c.expire(now)
+	// This create replaces what was remembered of the key, remembered or not.
+	c.drop(key)
+	if cost > maxCreateBytes {
+		return
 	}
-	c.m[key] = createdTaskSet{owner: owner, requester: requester, tasks: tasks, at: at, live: live}
+	for len(c.order) > 0 && (len(c.m) >= maxCreatesRemembered || c.bytes+cost > maxCreatesBytes) {
+		c.dropOldest()
+	}
+	c.seq++
+	c.m[key] = createdTaskSet{owner: owner, requester: requester, tasks: tasks, at: at, live: live, cost: cost, seq: c.seq}
+	c.bytes += cost
+	c.order = append(c.order, notedCreate{key, c.seq})
+	if len(c.order) > 2*len(c.m)+64 {
+		// Mostly notings left behind: keep the live ones, in order.
+		kept := c.order[:0]
+		for _, n := range c.order {
+			if v, ok := c.m[n.key]; ok && v.seq == n.seq {
+				kept = append(kept, n)
+			}
+		}
+		c.order = kept
+	}
+}
+
+// expire forgets the entries noted more than createMemory before now; c.mu is held.
+func (c *taskSetCreates) expire(now time.Time) {
+	for len(c.order) > 0 {
+		n := c.order[0]
+		v, ok := c.m[n.key]
+		if ok && v.seq == n.seq && now.Sub(v.at) <= createMemory {
+			return
+		}
+		if ok && v.seq == n.seq {
+			c.drop(n.key)
+		}
+		c.order = c.order[1:]
+	}
+}
+
+// dropOldest forgets the entry noted longest ago; c.mu is held and the memory not empty.
+func (c *taskSetCreates) dropOldest() {
+	for len(c.order) > 0 {
+		n := c.order[0]
+		c.order = c.order[1:]
+		if v, ok := c.m[n.key]; ok && v.seq == n.seq {
+			c.drop(n.key)
+			return
+		}
+	}
+}
+
+// drop forgets the entry of key; c.mu is held.
+func (c *taskSetCreates) drop(key types.NamespacedName) {
+	if v, ok := c.m[key]; ok {
+		c.bytes -= v.cost
+		delete(c.m, key)
+	}
 }
 
 // forget drops what is remembered of the TaskSet key, if owner created it.
@@ -87,7 +180,7 @@ func (c *taskSetCreates) forget(key types.NamespacedName, owner types.UID) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if v, ok := c.m[key]; ok && v.owner == owner {
-		delete(c.m, key)
+		c.drop(key)
 	}
 }
 

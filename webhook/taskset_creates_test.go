@@ -135,3 +135,58 @@ func TestTaskSetRepeatsForIsBoundedByTheMemory(t *testing.T) {
 		t.Errorf("--taskset-repeats-for %s: %v", createMemory, err)
 	}
 }
+
+// The memory is bounded by what it holds, not only by its count: a create that would cost more
+// than maxCreateBytes is not remembered (and forgets the key's earlier one), creates past
+// maxCreatesBytes in all push out the oldest, and every note forgets what has expired, so that
+// no create is held past createMemory however few come after it.
+func TestTaskSetCreatesAreBoundedByBytes(t *testing.T) {
+	now := time.Unix(1000, 0)
+	c := newTaskSetCreates(func() time.Time { return now }, DefaultOptions().TaskSetRepeatsFor)
+	key := func(i int) types.NamespacedName {
+		return types.NamespacedName{Namespace: "argo", Name: fmt.Sprint("wf-", i)}
+	}
+	tasks := func(n int) map[string][sha256.Size]byte {
+		m := make(map[string][sha256.Size]byte, n)
+		for i := range n {
+			m[fmt.Sprint("task-", i)] = sha256.Sum256([]byte(fmt.Sprint("template ", i)))
+		}
+		return m
+	}
+	small := tasks(2)
+	c.note(key(0), "uid-a", "argo", small, time.Time{}, true)
+	huge := tasks(80000)
+	if cost := createCost("argo", huge); cost <= maxCreateBytes {
+		t.Fatalf("a create of 80,000 tasks costs %d, not above maxCreateBytes %d: the case proves nothing", cost, maxCreateBytes)
+	}
+	c.note(key(0), "uid-a", "argo", huge, time.Time{}, true)
+	if len(c.m) != 0 || c.bytes != 0 || c.covers(key(0), "uid-a", "argo", small) {
+		t.Errorf("after a create too large to remember: %d entries, %d bytes, the earlier create still covers: %v; want nothing held", len(c.m), c.bytes, c.covers(key(0), "uid-a", "argo", small))
+	}
+	// Creates just under the per-create bound fill the memory to its byte bound and no further.
+	big := tasks(7000)
+	cost := createCost("argo", big)
+	if cost > maxCreateBytes {
+		t.Fatalf("a create of 7,000 tasks costs %d, above maxCreateBytes", cost)
+	}
+	n := 3 * maxCreatesBytes / cost
+	for i := range n {
+		now = now.Add(time.Millisecond)
+		c.note(key(i), "uid-a", "flood", big, time.Time{}, true)
+		if c.bytes > maxCreatesBytes {
+			t.Fatalf("after %d creates of %d bytes the memory holds %d bytes, past its bound %d", i+1, cost, c.bytes, maxCreatesBytes)
+		}
+	}
+	if !c.covers(key(n-1), "uid-a", "flood", big) || c.covers(key(0), "uid-a", "flood", big) {
+		t.Error("full by bytes, the memory did not keep the newest create and forget the oldest")
+	}
+	// One note after createMemory forgets everything older: nothing waits for a full memory.
+	now = now.Add(createMemory + time.Millisecond)
+	c.note(key(-1), "uid-a", "argo", small, time.Time{}, true)
+	if len(c.m) != 1 || c.bytes != createCost("argo", small) {
+		t.Errorf("a note after createMemory left %d entries, %d bytes; want the new one alone (%d bytes)", len(c.m), c.bytes, createCost("argo", small))
+	}
+	if len(c.order) > 2*len(c.m)+64 {
+		t.Errorf("the notings' order holds %d for %d entries: it grows without bound", len(c.order), len(c.m))
+	}
+}
