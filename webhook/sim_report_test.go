@@ -8,6 +8,14 @@ import (
 	"time"
 )
 
+// label is the setting's name as the report's tables give it.
+func (s setting) label() string {
+	if s.comparison {
+		return "`" + s.name + "` (a comparison: its goals are measured, not asserted)"
+	}
+	return "`" + s.name + "`"
+}
+
 func pct(n, of int) string { return fmt.Sprintf("%.3f%%", 100*float64(n)/float64(max(of, 1))) }
 
 func simulationReport(n int, seed uint64, loads map[string]int, results [][]*tallies, took time.Duration) string {
@@ -31,7 +39,7 @@ func simulationReport(n int, seed uint64, loads map[string]int, results [][]*tal
 	for i, s := range simSettings {
 		r := total(results[i])
 		due := r.staleStopped + sum(r.windows) + sum(r.staleMissedKnown)
-		fmt.Fprintf(&b, "| `%s` | %d | %d | %s | %d | %d | %d, %d | %d | %d | %d | %d, %d | %d | %d (%s) |\n", s.name, r.legit, r.delayed, delayFigures(r.delays), sum(r.lost),
+		fmt.Fprintf(&b, "| %s | %d | %d | %s | %d | %d | %d, %d | %d | %d | %d | %d, %d | %d | %d (%s) |\n", s.label(), r.legit, r.delayed, delayFigures(r.delays), sum(r.lost),
 			r.legitDeniedWrongly, r.byDesign, r.byDesignStalled, r.stale, due, r.staleStopped, r.staleRefusals, r.staleRepeats, sum(r.staleMissedKnown), sum(r.windows), pct(sum(r.windows), due))
 	}
 	b.WriteString("\n## Per load level\n\nStale ones admitted in a window, of those due; legitimate ones delayed (and lost), of the legitimate.\n\n| setting |")
