@@ -23,6 +23,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	"github.com/exit-guard/exit-guard/completionstore"
 	"github.com/exit-guard/exit-guard/contract"
@@ -306,39 +307,48 @@ func FuzzClassify(f *testing.F) {
 // one nested too deep for encoding/json an HTTP 400, and the memory a request may take stays a
 // small multiple of the limit.
 func TestHugeAndDeeplyNestedBodies(t *testing.T) {
-	h := fuzzGuard(t, Options{}).path(ValidatePath, readPodReview)
-	big := reviewOf(admissionv1.Create, []byte(`{"metadata":{"annotations":{"a":"`+strings.Repeat("x", 8<<20)+`"}}}`))
-	deep := reviewOf(admissionv1.Create, []byte(strings.Repeat(`{"a":`, 20000)+`1`+strings.Repeat(`}`, 20000)))
-	nearLimit := reviewOf(admissionv1.Create, []byte(`{"metadata":{"annotations":{"a":"`+strings.Repeat("x", 6<<20)+`"}}}`))
-	for _, tc := range []struct {
-		name string
-		body []byte
-		want int
+	for _, path := range []struct {
+		name   string
+		h      http.Handler
+		review func(object []byte) []byte
 	}{
-		{"a body past the limit", big, http.StatusRequestEntityTooLarge},
-		{"a body nested 20,000 deep", deep, http.StatusBadRequest},
-		{"a 6 MiB pod, under the limit", nearLimit, http.StatusOK},
+		{"pod", fuzzGuard(t, Options{}).path(ValidatePath, readPodReview), func(o []byte) []byte { return reviewOf(admissionv1.Create, o) }},
+		{"WorkflowTaskSet", fuzzGuard(t, Options{}).path(ValidateTaskSetPath, readTaskSetReview), func(o []byte) []byte { return taskSetReviewOf(admissionv1.Create, o, nil) }},
+		{"Event", fuzzGuard(t, Options{}).path(ValidateEventPath, readEventReview), func(o []byte) []byte { return eventReviewOf(admissionv1.Create, o) }},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			var before, after runtime.MemStats
-			runtime.GC()
-			runtime.ReadMemStats(&before)
-			rec := httptest.NewRecorder()
-			req := httptest.NewRequest(http.MethodPost, "/", bytes.NewReader(tc.body))
-			req.Header.Set("Content-Type", "application/json")
-			h.ServeHTTP(rec, req)
-			runtime.ReadMemStats(&after)
-			if rec.Code != tc.want {
-				t.Errorf("HTTP %d, want %d: %.300s", rec.Code, tc.want, rec.Body)
-			}
-			if err := checkAnswer(tc.body, rec.Code, rec.Body.Bytes(), false); err != nil {
-				t.Error(err)
-			}
-			// What one request allocates, against the 7 MiB it may send: a ratio, not a timing.
-			if alloc := after.TotalAlloc - before.TotalAlloc; alloc > 16*7<<20 {
-				t.Errorf("one request allocated %d MiB", alloc>>20)
-			}
-		})
+		big := path.review([]byte(`{"metadata":{"annotations":{"a":"` + strings.Repeat("x", 8<<20) + `"}}}`))
+		deep := path.review([]byte(strings.Repeat(`{"a":`, 20000) + `1` + strings.Repeat(`}`, 20000)))
+		nearLimit := path.review([]byte(`{"metadata":{"annotations":{"a":"` + strings.Repeat("x", 6<<20) + `"}}}`))
+		for _, tc := range []struct {
+			name string
+			body []byte
+			want int
+		}{
+			{"a body past the limit", big, http.StatusRequestEntityTooLarge},
+			{"a body nested 20,000 deep", deep, http.StatusBadRequest},
+			{"a 6 MiB object, under the limit", nearLimit, http.StatusOK},
+		} {
+			t.Run(path.name+", "+tc.name, func(t *testing.T) {
+				var before, after runtime.MemStats
+				runtime.GC()
+				runtime.ReadMemStats(&before)
+				rec := httptest.NewRecorder()
+				req := httptest.NewRequest(http.MethodPost, "/", bytes.NewReader(tc.body))
+				req.Header.Set("Content-Type", "application/json")
+				path.h.ServeHTTP(rec, req)
+				runtime.ReadMemStats(&after)
+				if rec.Code != tc.want {
+					t.Errorf("HTTP %d, want %d: %.300s", rec.Code, tc.want, rec.Body)
+				}
+				if err := checkAnswer(tc.body, rec.Code, rec.Body.Bytes(), false); err != nil {
+					t.Error(err)
+				}
+				// What one request allocates, against the 7 MiB it may send: a ratio, not a timing.
+				if alloc := after.TotalAlloc - before.TotalAlloc; alloc > 16*7<<20 {
+					t.Errorf("one request allocated %d MiB", alloc>>20)
+				}
+			})
+		}
 	}
 }
 
@@ -360,4 +370,66 @@ func FuzzRead(f *testing.F) {
 			t.Fatalf("readPod returned facts %+v and response %v; want exactly one", f, resp)
 		}
 	})
+}
+
+// FuzzReadTaskSet feeds arbitrary WorkflowTaskSet objects, new and old, to the TaskSet path's
+// decoder (its metadata, its tasks each kept raw for its digest): it must never panic, and must
+// either go on with facts or answer.
+func FuzzReadTaskSet(f *testing.F) {
+	owned := `"ownerReferences":[{"apiVersion":"argoproj.io/v1alpha1","kind":"Workflow","name":"w","uid":"u"}]`
+	f.Add([]byte(`{"metadata":{"name":"w",`+owned+`,"labels":{"workflows.argoproj.io/completed":"false"}},"spec":{"tasks":{"w-1":{"name":"n","http":{"url":"http://x"}}}}}`),
+		[]byte(`{"metadata":{"name":"w",`+owned+`,"labels":{"workflows.argoproj.io/completed":"true"}},"spec":{}}`), true)
+	f.Add([]byte(`{"spec":{"tasks":{"a":null,"b":[],"c":"x"}}}`), []byte(`null`), false)
+	f.Add([]byte(`{"spec":{"tasks":[]}}`), []byte(`{"spec":{"tasks":{"a":{}}}}`), true)
+	f.Add([]byte(`{"metadata":{"labels":null,"ownerReferences":{}}}`), []byte(``), false)
+	f.Fuzz(func(t *testing.T, raw, old []byte, update bool) {
+		op := admissionv1.Create
+		if update {
+			op = admissionv1.Update
+		}
+		body := taskSetReviewOf(op, raw, old)
+		if !json.Valid(raw) || len(old) > 0 && !json.Valid(old) {
+			// Not JSON values: the review as the API server could never send it, raw.
+			body = []byte(`{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"f","operation":"` + string(op) + `","object":` + string(raw) + `,"oldObject":` + string(old) + `}}`)
+		}
+		_, fa, resp := readTaskSetReview(body)
+		if err := checkRead(fa, resp); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
+
+// FuzzReadEvent feeds arbitrary Event objects to the Event path's decoder: it must never panic,
+// and must either go on with facts or answer.
+func FuzzReadEvent(f *testing.F) {
+	f.Add([]byte(`{"metadata":{"name":"w.1"},"involvedObject":{"apiVersion":"argoproj.io/v1alpha1","kind":"Workflow","name":"w","uid":"u","resourceVersion":"3"},"reason":"WorkflowFailed","type":"Warning"}`))
+	f.Add([]byte(`{"involvedObject":null,"reason":7}`))
+	f.Add([]byte(`{"involvedObject":{"kind":"Pod"},"reason":"WorkflowFailed","message":""}`))
+	f.Add([]byte(`[]`))
+	f.Fuzz(func(t *testing.T, raw []byte) {
+		body := []byte(`{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"f","resource":{"version":"v1","resource":"events"},"operation":"CREATE","object":` + string(raw) + `}}`)
+		_, fa, resp := readEventReview(body)
+		if err := checkRead(fa, resp); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
+
+// checkRead says what is wrong with a reader's result, if anything: a nil response means go on,
+// with the object read; otherwise the response is the answer, an admission with a reason or an
+// HTTP 4xx with a message (the facts beside it are not used).
+func checkRead(fa facts, resp *admission.Response) error {
+	switch {
+	case resp == nil && fa.object == nil:
+		return errors.New("no response and no object read")
+	case resp == nil:
+		return nil
+	case resp.Allowed:
+		if resp.Result == nil || resp.Result.Message == "" {
+			return fmt.Errorf("admitted without a reason: %+v", resp)
+		}
+	case resp.Result == nil || resp.Result.Code < 400 || resp.Result.Code >= 500 || resp.Result.Message == "":
+		return fmt.Errorf("an answer that is neither an admission nor a 4xx with a message: %+v", resp)
+	}
+	return nil
 }
