@@ -323,7 +323,11 @@ func (g *guard) sweepOverturns(ctx context.Context) {
 			g.reportOverturn(ctx, uid, e, rec.ResourceVersion, rec.Phase, time.Time{})
 			continue
 		}
-		if s, ok := g.overturns.rerunSuspect(uid, rec); ok && len(reruns) < maxRerunChecksPerSweep {
+		if len(reruns) == maxRerunChecksPerSweep {
+			// The rest wait for the next sweep, unmarked.
+			continue
+		}
+		if s, ok := g.overturns.rerunSuspect(uid, rec); ok {
 			reruns = append(reruns, s)
 		}
 	}
@@ -362,12 +366,21 @@ func (o *overturns) rerunSuspect(uid types.UID, rec completionstore.Record) (rer
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	e := o.entries[uid]
-	if e == nil || !rec.Phase.Terminal() || e.writtenAt.IsZero() || rec.ResourceVersion == e.rerunChecked ||
+	if e == nil || o.now().Sub(e.kept()) > overturnWindow || !rec.Phase.Terminal() || e.writtenAt.IsZero() || rec.ResourceVersion == e.rerunChecked ||
 		rec.ResourceVersion == e.resourceVersion || !newerOrSame(rec.ResourceVersion, e.resourceVersion) {
 		return rerunSuspect{}, false
 	}
 	e.rerunChecked = rec.ResourceVersion
 	return rerunSuspect{uid: uid, namespace: e.namespace, name: e.name, rv: rec.ResourceVersion}, true
+}
+
+// uncheck forgets that the completion at rv of workflow uid was checked: its read failed.
+func (o *overturns) uncheck(uid types.UID, rv string) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if e := o.entries[uid]; e != nil && e.rerunChecked == rv {
+		e.rerunChecked = ""
+	}
 }
 
 // ranBetween says whether workflow uid, read whole as wf, started a run after its refused
@@ -379,7 +392,7 @@ func (o *overturns) ranBetween(uid types.UID, wf *argo.Workflow) (*storeRefusal,
 	defer func() { o.size.Store(int64(len(o.entries))) }()
 	e := o.entries[uid]
 	started := wf.Status.StartedAt.Time
-	if e == nil || wf.UID != uid || started.IsZero() || e.writtenAt.IsZero() ||
+	if e == nil || o.now().Sub(e.kept()) > overturnWindow || wf.UID != uid || started.IsZero() || e.writtenAt.IsZero() ||
 		!started.After(e.writtenAt) || started.After(e.last.Add(overturnWriteSlack)) {
 		return nil, false
 	}
@@ -388,14 +401,15 @@ func (o *overturns) ranBetween(uid types.UID, wf *argo.Workflow) (*storeRefusal,
 }
 
 // checkRerun reads the workflow of s whole and counts its refusals overturned when it ran
-// again while they were made. A failed read leaves it uncounted (logged at V(1)).
+// again while they were made. A failed read is tried again at the next sweep (logged at V(1)).
 func (g *guard) checkRerun(ctx context.Context, s rerunSuspect) {
 	rctx, cancel := context.WithTimeout(ctx, rerunCheckTimeout)
 	defer cancel()
 	wf, err := g.readWhole(rctx, s.namespace, s.name)
 	if err != nil {
-		logf.FromContext(ctx).V(1).Info("could not read a workflow that completed again after refusals from the store: not checked for a run in between",
+		logf.FromContext(ctx).V(1).Info("could not read a workflow that completed again after refusals from the store: checked again at the next sweep",
 			"workflow", s.namespace+"/"+s.name, "resourceVersion", s.rv, "error", err.Error())
+		g.overturns.uncheck(s.uid, s.rv)
 		return
 	}
 	if e, ok := g.overturns.ranBetween(s.uid, wf); ok {

@@ -300,7 +300,7 @@ func TestOverturnsAcrossARelist(t *testing.T) {
 		r.g.sweepOverturns(t.Context())
 		r.wantOverturned(t, 0)
 	})
-	t.Run("the read fails: not counted, read again only for a newer completion", func(t *testing.T) {
+	t.Run("the read fails: not counted, read again at the next sweep", func(t *testing.T) {
 		r, reads := rig(t, func(completedAt, refusedAt time.Time) time.Time { return refusedAt.Add(-10 * time.Second) })
 		ok := r.g.readWhole
 		r.g.readWhole = func(ctx context.Context, namespace, name string) (*argo.Workflow, error) {
@@ -308,14 +308,53 @@ func TestOverturnsAcrossARelist(t *testing.T) {
 			return nil, errors.New("the API server does not answer")
 		}
 		r.g.sweepOverturns(t.Context())
-		r.g.sweepOverturns(t.Context())
 		r.wantOverturned(t, 0)
 		r.g.readWhole = ok
-		r.observeWritten("11", argo.PhaseSucceeded, r.clk.Now())
 		r.g.sweepOverturns(t.Context())
 		r.wantOverturned(t, 1)
 		if *reads != 2 {
-			t.Errorf("the workflow was read %d times, want 2 (the failed read, then one for the newer completion)", *reads)
+			t.Errorf("the workflow was read %d times, want 2 (the failed read, then the next sweep's)", *reads)
+		}
+	})
+	t.Run("more workflows to read than a sweep reads: the rest at the next sweeps", func(t *testing.T) {
+		store, clk := fakeClockStore(t)
+		g, err := newGuard(nil, store, Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		g.overturns.now = clk.Now
+		n := 2*maxRerunChecksPerSweep + 3
+		completedAt := clk.Now().Add(-time.Minute).Truncate(time.Second)
+		f := podFacts(t, fixture.ExitPod(tableWorkflow))
+		for i := range n {
+			uid := types.UID("uid-" + strconv.Itoa(i))
+			name := "wf-" + strconv.Itoa(i)
+			store.Observe(completionstore.Observation{UID: uid, Namespace: "ns", Name: name, ResourceVersion: "6", Phase: argo.PhaseSucceeded, WrittenAt: completedAt})
+			d := refused(contract.ReasonWorkflowCompleted)
+			d.source, d.wfUID, d.wfNamespace, d.wfName, d.phase, d.resourceVersion, d.writtenAt = sourceStore, uid, "ns", name, argo.PhaseSucceeded, "6", completedAt
+			g.overturns.note(f, d)
+		}
+		clk.Step(30 * time.Second)
+		for i := range n {
+			store.Observe(completionstore.Observation{UID: types.UID("uid-" + strconv.Itoa(i)), Namespace: "ns", Name: "wf-" + strconv.Itoa(i),
+				ResourceVersion: "9", Phase: argo.PhaseSucceeded, WrittenAt: clk.Now()})
+		}
+		read := 0
+		g.readWhole = func(_ context.Context, namespace, name string) (*argo.Workflow, error) {
+			read++
+			wf := &argo.Workflow{}
+			wf.Namespace, wf.Name, wf.UID, wf.ResourceVersion = namespace, name, types.UID("uid-"+strings.TrimPrefix(name, "wf-")), "9"
+			wf.Status.Phase, wf.Status.StartedAt = argo.PhaseSucceeded, metav1.NewTime(completedAt.Add(10*time.Second))
+			return wf, nil
+		}
+		for sweep := 1; sweep <= 3; sweep++ {
+			g.sweepOverturns(t.Context())
+			if want := min(n, sweep*maxRerunChecksPerSweep); read != want {
+				t.Errorf("after sweep %d: %d workflows read, want %d", sweep, read, want)
+			}
+		}
+		if got := value(t, g.overturns.counter.WithLabelValues(string(kindPod))); got != float64(n) {
+			t.Errorf("overturned = %v, want %d: every workflow ran again before its refusal", got, n)
 		}
 	})
 }

@@ -85,6 +85,9 @@ type Watcher struct {
 	served  map[string]time.Time
 	// reported: the waiters logged as stuck, so that each is logged once.
 	reported map[waitKey]bool
+	// lastStuck: the waiters the last scan counted stuck (a scan that cannot read a lock's
+	// holds counts them as that scan did).
+	lastStuck map[waitKey]bool
 }
 
 type waitKey struct {
@@ -207,11 +210,10 @@ func (w *Watcher) Scan(ctx context.Context) error {
 				}
 			}
 			if unknown {
-				// Not known this scan: the waiter stays as it was, its timer running.
-				for _, c := range []string{CauseFreeNotGranted, CauseHeldByCompleted} {
-					if k := (waitKey{wt.uid, wt.lock, c}); w.suspect[k] != (time.Time{}) {
-						seen[k] = true
-					}
+				// Not known this scan: the waiter stays as it was, its timer running (held
+				// by a completed workflow, the only cause a waiter with no free slot has).
+				if k := (waitKey{wt.uid, wt.lock, CauseHeldByCompleted}); !w.suspect[k].IsZero() {
+					seen[k] = true
 				}
 				continue
 			}
@@ -248,6 +250,7 @@ func (w *Watcher) Scan(ctx context.Context) error {
 
 	type series struct{ namespace, lock, cause string }
 	stuck := map[series]float64{}
+	counted := map[waitKey]bool{}
 	for _, wt := range ws {
 		for _, cause := range []string{CauseFreeNotGranted, CauseHeldByCompleted} {
 			k := waitKey{wt.uid, wt.lock, cause}
@@ -276,9 +279,10 @@ func (w *Watcher) Scan(ctx context.Context) error {
 				running[lockNS] = holds
 			}
 			if holds == nil {
-				// The lock's holds could not be read: as the last scan found it.
-				if w.reported[k] {
+				// The lock's holds could not be read: as the last scan counted it.
+				if w.lastStuck[k] {
 					stuck[series{wt.namespace, wt.lock, cause}]++
+					counted[k] = true
 				}
 				continue
 			}
@@ -293,6 +297,7 @@ func (w *Watcher) Scan(ctx context.Context) error {
 				continue
 			}
 			stuck[series{wt.namespace, wt.lock, cause}]++
+			counted[k] = true
 			if !w.reported[k] {
 				w.reported[k] = true
 				w.opts.Log.Info("a workflow waits on a lock that Argo's controller keeps for a completed workflow: restart the workflow controller to free it",
@@ -301,6 +306,7 @@ func (w *Watcher) Scan(ctx context.Context) error {
 			}
 		}
 	}
+	w.lastStuck = counted
 	// Swapped in at once: a scrape never sees a half-filled scan.
 	w.stuck.Reset()
 	for s, n := range stuck {

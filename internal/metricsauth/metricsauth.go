@@ -84,7 +84,7 @@ func Filter(c client.Client, audiences []string) metricsserver.Filter {
 
 func filter(c client.Client, audiences []string, now func() time.Time) metricsserver.Filter {
 	cache := &reviews{now: now, m: map[[sha256.Size]byte]verdict{}, known: map[[sha256.Size]byte]time.Time{}, sources: map[string]time.Time{},
-		budget: bucket{rate: reviewRate, burst: reviewBurst, tokens: reviewBurst, last: now()},
+		budget:      bucket{rate: reviewRate, burst: reviewBurst, tokens: reviewBurst, last: now()},
 		knownBudget: bucket{rate: knownSourceRate, burst: knownSourceBurst, tokens: knownSourceBurst, last: now()}}
 	return func(log logr.Logger, next http.Handler) (http.Handler, error) {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
