@@ -36,7 +36,7 @@ func newCheckFlagSet() (*checkFlags, *flag.FlagSet) {
 func runCheck(args []string) int {
 	c, fs := newCheckFlagSet()
 	if err := fs.Parse(args); err != nil {
-		return 2
+		return usageExit(err)
 	}
 	if c.timeout <= 0 {
 		fmt.Fprintln(os.Stderr, "exit-guard check: --timeout must be positive")

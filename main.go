@@ -6,6 +6,8 @@ package main
 import (
 	"context"
 	"crypto/tls"
+	"errors"
+	"flag"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -35,7 +37,7 @@ func main() {
 	}
 	f, err := parseFlags(os.Args[1:])
 	if err != nil {
-		os.Exit(2)
+		os.Exit(usageExit(err))
 	}
 	if f.version {
 		fmt.Println(versionLine())
@@ -211,4 +213,13 @@ func run(ctx context.Context, f *flags, opts options, drainer *shutdown.Drainer,
 
 	ctrl.Log.WithName("setup").Info("starting manager")
 	return mgr.Start(ctx)
+}
+
+// usageExit is the exit status for a command line that did not parse: 0 for -h or --help (the
+// usage was asked for, and printed), 2 for anything else.
+func usageExit(err error) int {
+	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	return 2
 }

@@ -177,3 +177,21 @@ func TestDeprecatedCoverFlags(t *testing.T) {
 		})
 	}
 }
+
+// -h and --help print the usage and exit 0, for the guard and for `exit-guard check`; a command
+// line that does not parse exits 2.
+func TestHelpExitsZero(t *testing.T) {
+	for _, args := range [][]string{{"-h"}, {"--help"}} {
+		_, err := parseFlags(args)
+		if got := usageExit(err); got != 0 {
+			t.Errorf("exit-guard %s: exit %d (%v), want 0", args[0], got, err)
+		}
+		if got := runCheck(args); got != 0 {
+			t.Errorf("exit-guard check %s: exit %d, want 0", args[0], got)
+		}
+	}
+	_, err := parseFlags([]string{"--no-such-flag"})
+	if got := usageExit(err); got != 2 {
+		t.Errorf("an unknown flag: exit %d, want 2", got)
+	}
+}

@@ -213,19 +213,7 @@ func scan(t *testing.T, w *Watcher, reg *prometheus.Registry, filter string) map
 	if err := w.Scan(t.Context()); err != nil {
 		t.Fatal(err)
 	}
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	got := map[string]float64{}
-	for _, mf := range mfs {
-		for _, m := range mf.GetMetric() {
-			if ls := labels(m); strings.Contains(ls, filter) {
-				got[ls] = m.GetGauge().GetValue()
-			}
-		}
-	}
-	return got
+	return gauges(t, reg, filter)
 }
 
 func namespace(t *testing.T) string {
@@ -370,13 +358,13 @@ func TestAFailedPageChangesNoTimer(t *testing.T) {
 		t.Error("a scan that could not read a holder returned no error")
 	}
 	flaky.getsFail = false
-	if got := gauges(t, reg); !equal(got, want) {
+	if got := gauges(t, reg, ""); !equal(got, want) {
 		t.Errorf("after a scan that could not read the holder: %v, want %v", got, want)
 	}
 }
 
-// gauges are the stuck gauges reg holds, by their labels.
-func gauges(t *testing.T, reg *prometheus.Registry) map[string]float64 {
+// gauges are the stuck gauges reg holds, by their labels, those whose labels contain filter.
+func gauges(t *testing.T, reg *prometheus.Registry, filter string) map[string]float64 {
 	t.Helper()
 	mfs, err := reg.Gather()
 	if err != nil {
@@ -385,7 +373,9 @@ func gauges(t *testing.T, reg *prometheus.Registry) map[string]float64 {
 	got := map[string]float64{}
 	for _, mf := range mfs {
 		for _, m := range mf.GetMetric() {
-			got[labels(m)] = m.GetGauge().GetValue()
+			if ls := labels(m); strings.Contains(ls, filter) {
+				got[ls] = m.GetGauge().GetValue()
+			}
 		}
 	}
 	return got
