@@ -328,6 +328,12 @@ func TestChartRefusesTimingsThatDoNotFit(t *testing.T) {
 		{name: "a lookahead shorter than two checks", set: []string{"certificates.self.lookahead=20h"}, wantErr: "shorter than two checks"},
 		{name: "a short certificate with a shorter lookahead and frequent checks", set: []string{"certificates.self.serverCertDuration=1h30m", "certificates.self.lookahead=30m", "certificates.self.checkFrequency=10m"}},
 		{name: "cert-manager renewing before it is issued", set: []string{"certificates.mode=cert-manager", "certificates.certManager.renewBefore=2160h"}, wantErr: "certificates.certManager.renewBefore (2160h) is not shorter than certificates.certManager.duration (2160h)"},
+		// The sidecar shares the controller's pod: none of its ports may be one the argo-workflows
+		// chart's controller uses (metrics 9090, telemetry 8081, health 6060).
+		{name: "the sidecar's defaults take none of the controller's ports", set: []string{"installMode=sidecar"}},
+		{name: "a sidecar probe port on the controller's telemetry port", set: []string{"installMode=sidecar", "sidecar.probePort=8081"}, wantErr: "sidecar.probePort (8081) is a port of Argo's controller pod"},
+		{name: "a sidecar metrics port on the controller's metrics port", set: []string{"installMode=sidecar", "metrics.port=9090"}, wantErr: "metrics.port (9090) is a port of Argo's controller pod"},
+		{name: "standalone, the probe port 8081 is the guard's own", set: []string{"probePort=8081"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			args := []string{"template", "exit-guard", chartDir, "--namespace", "argo", "--kube-version", testenv.KubeVersion()}

@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -54,8 +55,23 @@ func TestSidecarSnippetMatchesTheChart(t *testing.T) {
 	c, volumes := readSidecarValues(t)
 	standalone := convert[appsv1.Deployment](t, only(t, render(t, profiles[0], "exit-guard", "argo"), "Deployment"))
 	want := standalone.Spec.Template.Spec.Containers[0]
-	if diff := cmp.Diff(append(want.Args, "--restart-on-failure"), c.Args); diff != "" {
+	// The chart's arguments, with the sidecar's own probe port (sidecar.probePort: the
+	// controller's pod has 8081 taken) and --restart-on-failure.
+	wantArgs := slices.Clone(want.Args)
+	for i, a := range wantArgs {
+		if strings.HasPrefix(a, "--health-probe-bind-address=") {
+			wantArgs[i] = "--health-probe-bind-address=:8082"
+		}
+	}
+	if diff := cmp.Diff(append(wantArgs, "--restart-on-failure"), c.Args); diff != "" {
 		t.Errorf("sidecar args differ from the chart's and --restart-on-failure (-want +docs):\n%s", diff)
+	}
+	for _, p := range c.Ports {
+		for _, taken := range []int32{9090, 8081, 6060} {
+			if p.ContainerPort == taken {
+				t.Errorf("the sidecar's port %s is %d, a port of the argo-workflows chart's controller", p.Name, taken)
+			}
+		}
 	}
 	if diff := cmp.Diff(want.Env, c.Env); diff != "" {
 		t.Errorf("sidecar env differs from the chart's (-chart +docs):\n%s", diff)

@@ -213,7 +213,11 @@ name: exit-guard
 image: {{ include "exit-guard.image" $ }}
 imagePullPolicy: {{ $.Values.image.pullPolicy }}
 args:
-  {{- include "exit-guard.args" $ | nindent 2 }}
+  {{- $args := include "exit-guard.args" $ }}
+  {{- if $sidecar }}
+  {{- $args = replace (printf "--health-probe-bind-address=:%v" $.Values.probePort) (printf "--health-probe-bind-address=:%v" $.Values.sidecar.probePort) $args }}
+  {{- end }}
+  {{- $args | nindent 2 }}
   {{- if $sidecar }}
   # A failure restarts the guard in its process: an exiting container would make the
   # controller's pod NotReady (docs/sidecar.md).
@@ -243,7 +247,7 @@ ports:
     containerPort: {{ $.Values.metrics.port }}
     protocol: TCP
   - name: {{ $probes }}
-    containerPort: {{ $.Values.probePort }}
+    containerPort: {{ ternary $.Values.sidecar.probePort $.Values.probePort $sidecar }}
     protocol: TCP
 livenessProbe:
   httpGet:
@@ -351,6 +355,25 @@ on the guard first and applies the failure policy to every slow decision.
 {{- if hasSuffix "h" $part }}{{ $total = add $total (mul $n 3600) }}{{ else if hasSuffix "m" $part }}{{ $total = add $total (mul $n 60) }}{{ else }}{{ $total = add $total $n }}{{ end }}
 {{- end }}
 {{- $total }}
+{{- end }}
+
+{{/*
+exit-guard.checkSidecarPorts refuses, in sidecar mode, a port of the guard that Argo's
+controller pod already uses (networkPolicy.controllerPorts): two containers of one pod cannot
+bind the same port, and the guard would crash-loop beside the controller.
+*/}}
+{{- define "exit-guard.checkSidecarPorts" -}}
+{{- if eq .Values.installMode "sidecar" }}
+{{- $taken := dict }}
+{{- range .Values.networkPolicy.controllerPorts }}
+{{- $_ := set $taken (toString .port) true }}
+{{- end }}
+{{- range $name, $port := dict "webhook.port" .Values.webhook.port "metrics.port" .Values.metrics.port "sidecar.probePort" .Values.sidecar.probePort }}
+{{- if hasKey $taken (toString $port) }}
+{{- fail (printf "%s (%v) is a port of Argo's controller pod (networkPolicy.controllerPorts): the sidecar cannot bind it; choose another" $name $port) }}
+{{- end }}
+{{- end }}
+{{- end }}
 {{- end }}
 
 {{- define "exit-guard.checkTimings" -}}
