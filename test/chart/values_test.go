@@ -191,7 +191,7 @@ func TestTuningValuesLandWhereTheySay(t *testing.T) {
 				open[p.Port.IntValue()] = true
 			}
 		}
-		for _, port := range []int{9443, 8080, 9090, 6060} {
+		for _, port := range []int{9443, 8080, 9090, 8081, 6060} {
 			if !open[port] {
 				t.Errorf("port %d is closed by the policy on the controller's pod: %v", port, np.Spec.Ingress)
 			}
