@@ -274,7 +274,7 @@ func TestOverturnsAcrossARelist(t *testing.T) {
 		return r, reads
 	}
 	t.Run("retried before the refusal, its running state skipped: counted once, from one read", func(t *testing.T) {
-		r, reads := rig(t, func(completedAt, refusedAt time.Time) time.Time { return refusedAt.Add(-10 * time.Second) })
+		r, reads := rig(t, func(_, refusedAt time.Time) time.Time { return refusedAt.Add(-10 * time.Second) })
 		r.g.sweepOverturns(t.Context())
 		r.g.sweepOverturns(t.Context())
 		r.wantOverturned(t, 1)
@@ -287,7 +287,7 @@ func TestOverturnsAcrossARelist(t *testing.T) {
 		}
 	})
 	t.Run("retried after the last refusal (a right refusal): not counted, read once", func(t *testing.T) {
-		r, reads := rig(t, func(completedAt, refusedAt time.Time) time.Time { return refusedAt.Add(10 * time.Second) })
+		r, reads := rig(t, func(_, refusedAt time.Time) time.Time { return refusedAt.Add(10 * time.Second) })
 		r.g.sweepOverturns(t.Context())
 		r.g.sweepOverturns(t.Context())
 		r.wantOverturned(t, 0)
@@ -296,14 +296,14 @@ func TestOverturnsAcrossARelist(t *testing.T) {
 		}
 	})
 	t.Run("a later write of the same run (artifact GC, a label): not counted", func(t *testing.T) {
-		r, _ := rig(t, func(completedAt, refusedAt time.Time) time.Time { return completedAt.Add(-5 * time.Minute) })
+		r, _ := rig(t, func(completedAt, _ time.Time) time.Time { return completedAt.Add(-5 * time.Minute) })
 		r.g.sweepOverturns(t.Context())
 		r.wantOverturned(t, 0)
 	})
 	t.Run("the read fails: not counted, read again at the next sweep", func(t *testing.T) {
-		r, reads := rig(t, func(completedAt, refusedAt time.Time) time.Time { return refusedAt.Add(-10 * time.Second) })
+		r, reads := rig(t, func(_, refusedAt time.Time) time.Time { return refusedAt.Add(-10 * time.Second) })
 		ok := r.g.readWhole
-		r.g.readWhole = func(ctx context.Context, namespace, name string) (*argo.Workflow, error) {
+		r.g.readWhole = func(context.Context, string, string) (*argo.Workflow, error) {
 			*reads++
 			return nil, errors.New("the API server does not answer")
 		}
