@@ -26,18 +26,13 @@ func wideWorkflow() *unstructured.Unstructured {
 	for i := range passSteps {
 		group = append(group, map[string]any{"name": fmt.Sprintf("s%02d", i), "template": "work"})
 	}
-	wf := &unstructured.Unstructured{}
-	wf.SetGroupVersionKind(argo.WorkflowGVK)
-	wf.SetNamespace(namespace)
-	wf.SetGenerateName("wide-")
-	wf.Object["spec"] = map[string]any{
+	return newWorkflow("wide-", map[string]any{
 		"entrypoint": "main",
 		"templates": []any{
 			map[string]any{"name": "main", "steps": []any{group}},
 			map[string]any{"name": "work", "container": map[string]any{"image": "busybox", "command": []any{"sh", "-c", "echo working"}}},
 		},
-	}
-	return wf
+	})
 }
 
 // passFigures is what one run of TestArgosPassWithAStaleGuard measured: the time from the

@@ -22,11 +22,7 @@ func referenceWorkflow(fail bool) *unstructured.Unstructured {
 	container := func(name, msg string) map[string]any {
 		return map[string]any{"name": name, "container": map[string]any{"image": "busybox", "command": []any{"sh", "-c", "echo " + msg}}}
 	}
-	wf := &unstructured.Unstructured{}
-	wf.SetGroupVersionKind(argo.WorkflowGVK)
-	wf.SetNamespace(namespace)
-	wf.SetGenerateName("notify-on-failure-")
-	wf.Object["spec"] = map[string]any{
+	return newWorkflow("notify-on-failure-", map[string]any{
 		"entrypoint": "main",
 		"onExit":     "exit-handler",
 		"podGC":      map[string]any{"strategy": "OnPodCompletion"},
@@ -40,7 +36,16 @@ func referenceWorkflow(fail bool) *unstructured.Unstructured {
 			map[string]any{"name": "exit-handler", "steps": []any{[]any{map[string]any{
 				"name": "notify", "template": "notify-failure", "when": "{{workflow.status}} != Succeeded"}}}},
 		},
-	}
+	})
+}
+
+// newWorkflow is a Workflow of the test's namespace, named from generateName, with spec.
+func newWorkflow(generateName string, spec map[string]any) *unstructured.Unstructured {
+	wf := &unstructured.Unstructured{}
+	wf.SetGroupVersionKind(argo.WorkflowGVK)
+	wf.SetNamespace(namespace)
+	wf.SetGenerateName(generateName)
+	wf.Object["spec"] = spec
 	return wf
 }
 
