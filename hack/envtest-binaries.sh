@@ -5,9 +5,10 @@
 # kube-controller-manager (its garbage collector: what deletes a TaskSet whose Workflow is
 # gone) is built beside them for the Argo proof only.
 #
-# Usage: hack/envtest-binaries.sh [ensure|ensure-gc|path]
-#   ensure     build whatever is missing or stale, then print the assets directory (default)
-#   ensure-gc  the same, and kube-controller-manager too
+# Usage: hack/envtest-binaries.sh [ensure|ensure-gc|ensure-kubectl|path]
+#   ensure          build whatever is missing or stale, then print the assets directory (default)
+#   ensure-gc       the same, and kube-controller-manager too
+#   ensure-kubectl  the same, and kubectl too (the tests that run the docs' kubectl recipes)
 #   path       print the assets directory without building anything
 #
 # Environment:
@@ -128,5 +129,12 @@ case "${1:-ensure}" in
     build_kube kube-controller-manager
     echo "$ASSETS"
     ;;
-  *) echo "usage: $0 [ensure|ensure-gc|path]" >&2; exit 2 ;;
+  ensure-kubectl)
+    mkdir -p "$ASSETS"
+    build_etcd
+    build_kube kube-apiserver
+    build_kube kubectl
+    echo "$ASSETS"
+    ;;
+  *) echo "usage: $0 [ensure|ensure-gc|ensure-kubectl|path]" >&2; exit 2 ;;
 esac
