@@ -25,8 +25,8 @@ func newCheckFlagSet() (*checkFlags, *flag.FlagSet) {
 	fs.StringVar(&c.namespace, "namespace", os.Getenv("POD_NAMESPACE"),
 		"The namespace to send the dry-run exit-handler pod to: one the guard watches (default $POD_NAMESPACE).")
 	fs.StringVar(&c.image, "image", "pause", "The image of the dry-run pod (never pulled; image policies may look at it).")
-	fs.DurationVar(&c.timeout, "timeout", time.Minute,
-		"How long the check may take: until then it sends the dry-run pod again every second while the guard does not answer (its webhook not yet served).")
+	fs.DurationVar(&c.timeout, "timeout", 3*time.Minute,
+		"How long the check may take: until then it sends the dry-run pod again every second while the guard does not answer (its webhook not yet served; a new install's certificate can take a minute or two to reach its pods).")
 	return c, fs
 }
 

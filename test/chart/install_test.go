@@ -388,10 +388,7 @@ func checkPermissions(t *testing.T, ns, sa string, out *testenv.Output) {
 	}
 
 	user := "system:serviceaccount:" + ns + ":" + sa
-	for _, tc := range []struct {
-		attrs authorizationv1.ResourceAttributes
-		want  bool
-	}{
+	expectPermissions(t, user, ns, []permission{
 		{authorizationv1.ResourceAttributes{Group: "argoproj.io", Resource: "workflows", Verb: "watch"}, true},
 		{authorizationv1.ResourceAttributes{Group: "argoproj.io", Resource: "workflows", Verb: "get", Namespace: "other"}, true},
 		{authorizationv1.ResourceAttributes{Group: "events.k8s.io", Resource: "events", Verb: "create", Namespace: "other"}, true},
@@ -409,10 +406,58 @@ func checkPermissions(t *testing.T, ns, sa string, out *testenv.Output) {
 		{authorizationv1.ResourceAttributes{Group: "argoproj.io", Resource: "workflowtasksets", Verb: "list"}, false},
 		{authorizationv1.ResourceAttributes{Group: "argoproj.io", Resource: "workflowtasksets", Verb: "patch", Namespace: ns}, false},
 		{authorizationv1.ResourceAttributes{Group: "coordination.k8s.io", Resource: "leases", Verb: "create", Namespace: ns}, false},
-	} {
+	})
+}
+
+// permission is a request a ServiceAccount may or may not make.
+type permission struct {
+	attrs authorizationv1.ResourceAttributes
+	want  bool
+}
+
+// expectPermissions asks the API server whether user (a ServiceAccount of ns) may make each
+// request, and fails each answer that is not the one wanted.
+func expectPermissions(t *testing.T, user, ns string, cases []permission) {
+	t.Helper()
+	for _, tc := range cases {
 		name := fmt.Sprintf("%s %s.%s in %q", tc.attrs.Verb, tc.attrs.Resource, tc.attrs.Group, tc.attrs.Namespace)
 		if allowed := serviceAccountMay(t, user, ns, tc.attrs); allowed != tc.want {
 			t.Errorf("%s: allowed = %v, want %v", name, allowed, tc.want)
 		}
 	}
+}
+
+// TestNamespacedInstallIsScopedToItsNamespaces installs the chart with guard.namespaces, runs
+// the guard with exactly the chart's permissions (Roles in the guarded namespaces, no
+// cluster-wide rule): it refuses a stale exit-handler pod in its namespace, writes the Event
+// there, the API server never calls it for another namespace, and its ServiceAccount may read
+// Workflows nowhere else.
+func TestNamespacedInstallIsScopedToItsNamespaces(t *testing.T) {
+	guarded := newNamespace(t, nil)
+	other := newNamespace(t, nil)
+	objs := render(t, profile{name: "namespaced", set: []string{"certificates.mode=chart", "guard.namespaces={" + guarded + "}"}}, "scoped", guarded)
+	webhooks := install(t, objs)
+	sa := only(t, objs, "ServiceAccount").GetName()
+	_, out := startChartGuard(t, guarded, objs)
+	registerAt(t, webhooks[0], fmt.Sprintf("https://%s:%d", env.WebhookHost, env.WebhookPort), env.WebhookCAData)
+
+	done := createWorkflow(t, guarded, argo.PhaseSucceeded)
+	if err := env.Client.Create(t.Context(), fixture.ExitPod(done)); !contract.IsRefusal(err) {
+		t.Fatalf("stale exit-handler pod in the guarded namespace: err = %v, want refused by exit-guard\n%s", err, out)
+	}
+	waitDeniedEvent(t, done)
+	elsewhere := createWorkflow(t, other, argo.PhaseSucceeded)
+	if err := env.Client.Create(t.Context(), fixture.ExitPod(elsewhere), client.DryRunAll); err != nil {
+		t.Errorf("exit-handler pod in a namespace the install does not guard: %v (the webhook's namespaceSelector should keep it from the guard)", err)
+	}
+	if strings.Contains(strings.ToLower(out.String()), "forbidden") {
+		t.Errorf("the guard hit a permission it lacks:\n%s", out)
+	}
+	expectPermissions(t, "system:serviceaccount:"+guarded+":"+sa, guarded, []permission{
+		{authorizationv1.ResourceAttributes{Group: "argoproj.io", Resource: "workflows", Verb: "watch", Namespace: guarded}, true},
+		{authorizationv1.ResourceAttributes{Group: "events.k8s.io", Resource: "events", Verb: "create", Namespace: guarded}, true},
+		{authorizationv1.ResourceAttributes{Group: "argoproj.io", Resource: "workflows", Verb: "watch"}, false},
+		{authorizationv1.ResourceAttributes{Group: "argoproj.io", Resource: "workflows", Verb: "get", Namespace: other}, false},
+		{authorizationv1.ResourceAttributes{Group: "events.k8s.io", Resource: "events", Verb: "create", Namespace: other}, false},
+	})
 }

@@ -77,6 +77,8 @@ func runHelm(t *testing.T, args ...string) []byte {
 type profile struct {
 	name string
 	set  []string
+	// setJSON are --set-json values (those --set cannot write, such as a template in a string).
+	setJSON []string
 	// podSecurity is the Pod Security level the guard's pods need; empty means restricted.
 	podSecurity string
 }
@@ -114,6 +116,19 @@ var profiles = []profile{
 		"networkPolicy.enabled=true", "networkPolicy.webhookFrom[0].ipBlock.cidr=10.0.0.10/32",
 		"guard.expectedRequester=system:serviceaccount:workflows:controller", "guard.maxConcurrentDecisions=64",
 		"guard.liveReadGetAfter=-1ms", "guard.taskSetRepeatsFor=3s", "guard.sweepInterval=1m"}},
+	// The conventional values of charts like argo-helm's, Kyverno's and cert-manager's.
+	{name: "conventional-values", set: []string{
+		"global.image.registry=mirror.example.com", "revisionHistoryLimit=3", "service.annotations.team=platform",
+		`extraVolumes[0].name=scratch`, `extraVolumes[0].emptyDir.medium=Memory`,
+		`extraVolumeMounts[0].name=scratch`, `extraVolumeMounts[0].mountPath=/scratch`,
+		"livenessProbe.periodSeconds=20", "readinessProbe.failureThreshold=6",
+		`check.nodeSelector.pool=system`, "check.tolerations[0].key=dedicated", "check.tolerations[0].operator=Exists",
+		"prometheusRule.enabled=true", "prometheusRule.disabled.ExitGuardAPIServerMetricsMissing=true",
+		"metrics.serviceMonitor.enabled=true", "metrics.serviceMonitor.namespace=monitoring",
+	}, setJSON: []string{`extraObjects=[{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"{{ .Release.Name }}-extra","namespace":"{{ .Release.Namespace }}"}}]`}},
+	// A namespaced install: the webhook and the Workflow and Event rights scoped to the
+	// namespaces guarded.
+	{name: "namespaced", set: []string{"certificates.mode=chart", "guard.namespaces={argo,ci}"}},
 	{name: "dns-policy-percentage-budget", set: []string{"dnsPolicy=Default", "podDisruptionBudget.minAvailable=50%"}},
 	{name: "everything", set: []string{
 		"image.digest=sha256:" + strings.Repeat("ab", 32),
@@ -152,6 +167,9 @@ func (p profile) args() []string {
 	var out []string
 	for _, s := range p.set {
 		out = append(out, "--set", s)
+	}
+	for _, s := range p.setJSON {
+		out = append(out, "--set-json", s)
 	}
 	return out
 }

@@ -138,7 +138,7 @@ func contains(list []string, s string) bool {
 // guard's pod template must also pass the restricted Pod Security profile.
 func TestRenderedManifestsAreAcceptedByTheAPIServer(t *testing.T) {
 	// The namespaces the "everything" profile guards, where its `helm test` RBAC goes.
-	for _, ns := range []string{"argo", "ci"} {
+	for _, ns := range []string{"argo", "ci", "monitoring"} {
 		if err := env.Client.Create(t.Context(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil && !apierrors.IsAlreadyExists(err) {
 			t.Fatal(err)
 		}

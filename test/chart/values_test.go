@@ -6,6 +6,7 @@ import (
 	"context"
 	"crypto/tls"
 	"net/http"
+	"os/exec"
 	"slices"
 	"strings"
 	"testing"
@@ -16,6 +17,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/util/wait"
 
@@ -90,6 +92,87 @@ func TestTuningValuesLandWhereTheySay(t *testing.T) {
 			}
 		}
 	})
+	t.Run("conventional values", func(t *testing.T) {
+		objs := render(t, profileNamed(t, "conventional-values"), "eg", "argo")
+		dep := convert[appsv1.Deployment](t, only(t, objs, "Deployment"))
+		c := dep.Spec.Template.Spec.Containers[0]
+		if c.Image != "mirror.example.com/exit-guard/exit-guard:"+chartVersion(t) {
+			t.Errorf("global.image.registry: image %s", c.Image)
+		}
+		if *dep.Spec.RevisionHistoryLimit != 3 {
+			t.Errorf("revisionHistoryLimit %d, want 3", *dep.Spec.RevisionHistoryLimit)
+		}
+		if v := dep.Spec.Template.Spec.Volumes; v[len(v)-1].Name != "scratch" || v[len(v)-1].EmptyDir == nil {
+			t.Errorf("extraVolumes: %v", v)
+		}
+		if m := c.VolumeMounts; m[len(m)-1].Name != "scratch" || m[len(m)-1].MountPath != "/scratch" {
+			t.Errorf("extraVolumeMounts: %v", m)
+		}
+		if c.LivenessProbe.PeriodSeconds != 20 || c.LivenessProbe.HTTPGet.Path != "/healthz" || c.ReadinessProbe.FailureThreshold != 6 || c.ReadinessProbe.PeriodSeconds != 5 {
+			t.Errorf("probe overrides: liveness %+v readiness %+v", c.LivenessProbe, c.ReadinessProbe)
+		}
+		if svc := only(t, objs, "Service"); svc.GetAnnotations()["team"] != "platform" {
+			t.Errorf("service.annotations: %v", svc.GetAnnotations())
+		}
+		extra := false
+		for _, o := range find(objs, "ConfigMap") {
+			extra = extra || o.GetName() == "eg-extra"
+		}
+		if !extra {
+			t.Error("extraObjects: no ConfigMap eg-extra (its name through tpl)")
+		}
+		pod := convert[corev1.Pod](t, onlyTestHook(t, objs, "Pod"))
+		if pod.Spec.NodeSelector["pool"] != "system" || len(pod.Spec.Tolerations) != 1 || !slices.Contains(pod.Spec.Containers[0].Args, "--timeout=3m") || pod.Spec.Containers[0].Image != c.Image {
+			t.Errorf("the test pod's scheduling, timeout or image: %+v", pod.Spec)
+		}
+		if sm := only(t, objs, "ServiceMonitor"); sm.GetNamespace() != "monitoring" {
+			t.Errorf("serviceMonitor.namespace: %s", sm.GetNamespace())
+		} else if names, _, _ := unstructured.NestedStringSlice(sm.Object, "spec", "namespaceSelector", "matchNames"); !slices.Equal(names, []string{"argo"}) {
+			t.Errorf("a ServiceMonitor in another namespace must select the release's: %v", names)
+		}
+		spec := only(t, objs, "PrometheusRule").Object["spec"]
+		if names := alertNames(t, spec); slices.Contains(names, "ExitGuardAPIServerMetricsMissing") || !slices.Contains(names, "ExitGuardNoReadyReplica") {
+			t.Errorf("prometheusRule.disabled: alerts %v", names)
+		}
+		// An image that names its registry keeps it (the values of a release before
+		// image.registry), and a name that is not an alert is refused.
+		old := render(t, profile{name: "mirror", set: []string{"image.repository=registry.example.com:5000/platform/exit-guard"}}, "eg", "argo")
+		if img := convert[appsv1.Deployment](t, only(t, old, "Deployment")).Spec.Template.Spec.Containers[0].Image; img != "registry.example.com:5000/platform/exit-guard:"+chartVersion(t) {
+			t.Errorf("image.repository naming a registry: %s", img)
+		}
+		args := append([]string{"template", "eg", chartDir, "--namespace", "argo", "--kube-version", testenv.KubeVersion()},
+			"--set", "prometheusRule.enabled=true", "--set", "prometheusRule.disabled.ExitGuardNoSuchAlert=true")
+		if out, err := exec.CommandContext(t.Context(), helm(t), args...).CombinedOutput(); err == nil || !strings.Contains(string(out), "ExitGuardNoSuchAlert, which is not an alert") { //nolint:gosec // G204: the pinned helm of this repository
+			t.Errorf("a disabled name that is no alert rendered, or without saying so: %v\n%s", err, out)
+		}
+	})
+	t.Run("namespaced", func(t *testing.T) {
+		objs := render(t, profileNamed(t, "namespaced"), "eg", "argo")
+		for _, o := range find(objs, "ClusterRole") {
+			if o.GetName() != "eg-exit-guard" {
+				continue
+			}
+			if rules := convert[rbacv1.ClusterRole](t, o).Rules; len(rules) != 0 {
+				t.Errorf("a namespaced install grants cluster-wide: %v", rules)
+			}
+		}
+		var roles []string
+		for _, o := range find(objs, "Role") {
+			if o.GetName() == "eg-exit-guard" {
+				roles = append(roles, o.GetNamespace())
+			}
+		}
+		if !slices.Equal(roles, []string{"argo", "ci"}) {
+			t.Errorf("Roles of the guard in %v, want argo and ci", roles)
+		}
+		vwc := convert[admissionregistrationv1.ValidatingWebhookConfiguration](t, only(t, objs, "ValidatingWebhookConfiguration"))
+		for _, w := range vwc.Webhooks {
+			last := w.NamespaceSelector.MatchExpressions[len(w.NamespaceSelector.MatchExpressions)-1]
+			if last.Key != "kubernetes.io/metadata.name" || last.Operator != "In" || !slices.Equal(last.Values, []string{"argo", "ci"}) {
+				t.Errorf("webhook %s is not scoped to the guarded namespaces: %+v", w.Name, w.NamespaceSelector)
+			}
+		}
+	})
 	t.Run("everything", func(t *testing.T) {
 		objs := render(t, profileNamed(t, "everything"), "eg", "argo")
 		c := convert[appsv1.Deployment](t, only(t, objs, "Deployment")).Spec.Template.Spec.Containers[0]
@@ -111,8 +194,32 @@ func TestTuningValuesLandWhereTheySay(t *testing.T) {
 		sm := only(t, objs, "ServiceMonitor")
 		ep, _, _ := unstructured.NestedSlice(sm.Object, "spec", "endpoints")
 		e := ep[0].(map[string]any)
-		if e["scheme"] != "https" || e["scrapeTimeout"] != "10s" || e["honorLabels"] != true || e["relabelings"] == nil || e["metricRelabelings"] == nil || e["bearerTokenFile"] == nil {
-			t.Errorf("ServiceMonitor endpoint %v lacks the values", e)
+		if e["scheme"] != "https" || e["scrapeTimeout"] != "10s" || e["honorLabels"] != true || e["relabelings"] == nil || e["metricRelabelings"] == nil || e["bearerTokenFile"] != nil {
+			t.Errorf("ServiceMonitor endpoint %v lacks the values, or has the deprecated bearerTokenFile", e)
+		}
+		// The scrape's token: the chart's scraper, a token Secret the API server fills, bound to
+		// the metrics reader alone.
+		if cred, _, _ := unstructured.NestedString(e, "authorization", "credentials", "name"); cred != "eg-exit-guard-scraper-token" {
+			t.Errorf("ServiceMonitor authorization names the Secret %q, want the chart's scraper token", cred)
+		}
+		var scraperSecret *unstructured.Unstructured
+		for _, o := range find(objs, "Secret") {
+			if o.GetName() == "eg-exit-guard-scraper-token" {
+				scraperSecret = o
+			}
+		}
+		if scraperSecret == nil || scraperSecret.Object["type"] != "kubernetes.io/service-account-token" || scraperSecret.GetAnnotations()["kubernetes.io/service-account.name"] != "eg-exit-guard-scraper" {
+			t.Errorf("no token Secret of the scraper ServiceAccount: %v", scraperSecret)
+		}
+		bound := false
+		for _, o := range find(objs, "ClusterRoleBinding") {
+			if o.GetName() == "eg-exit-guard-scraper" {
+				ref, _, _ := unstructured.NestedString(o.Object, "roleRef", "name")
+				bound = ref == "eg-exit-guard-metrics-reader"
+			}
+		}
+		if !bound {
+			t.Error("the scraper is not bound to the metrics reader")
 		}
 		serverName, _, _ := unstructured.NestedString(e, "tlsConfig", "serverName")
 		caSecret, _, _ := unstructured.NestedString(e, "tlsConfig", "ca", "secret", "name")

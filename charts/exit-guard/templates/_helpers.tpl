@@ -51,11 +51,21 @@ annotations:
 {{- end }}
 
 {{/* The image reference: a digest wins over a tag. */}}
+{{/*
+The image: global.image.registry or image.registry, then image.repository, unless the repository
+names a registry itself (its first part has a . or :, or is localhost: the values of a release
+before image.registry existed); then the digest, or the tag (the chart's appVersion by default).
+*/}}
 {{- define "exit-guard.image" -}}
+{{- $repo := .Values.image.repository }}
+{{- $first := first (splitList "/" $repo) }}
+{{- $named := and (gt (len (splitList "/" $repo)) 1) (or (contains "." $first) (contains ":" $first) (eq $first "localhost")) }}
+{{- $registry := dig "image" "registry" "" (.Values.global | default dict) | default .Values.image.registry }}
+{{- if and $registry (not $named) }}{{ $repo = printf "%s/%s" (trimSuffix "/" $registry) $repo }}{{ end }}
 {{- if .Values.image.digest }}
-{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- printf "%s@%s" $repo .Values.image.digest }}
 {{- else }}
-{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- printf "%s:%s" $repo (default .Chart.AppVersion .Values.image.tag) }}
 {{- end }}
 {{- end }}
 
@@ -250,18 +260,12 @@ ports:
     containerPort: {{ ternary $.Values.sidecar.probePort $.Values.probePort $sidecar }}
     protocol: TCP
 livenessProbe:
-  httpGet:
-    path: /healthz
-    port: {{ $probes }}
-  periodSeconds: 10
+  {{- toYaml (merge (dict "httpGet" (dict "path" "/healthz" "port" $probes)) ($.Values.livenessProbe | default dict)) | nindent 2 }}
 {{- if $sidecar }}
 # No readiness probe: the guard's readiness must not become the controller pod's.
 {{- else }}
 readinessProbe:
-  httpGet:
-    path: /readyz
-    port: {{ $probes }}
-  periodSeconds: 5
+  {{- toYaml (merge (dict "httpGet" (dict "path" "/readyz" "port" $probes)) ($.Values.readinessProbe | default dict)) | nindent 2 }}
 {{- end }}
 resources:
   {{- toYaml $.Values.resources | nindent 2 }}
@@ -280,6 +284,9 @@ volumeMounts:
   - name: exit-guard-client-ca
     mountPath: /etc/exit-guard/client-ca
     readOnly: true
+  {{- end }}
+  {{- with $.Values.extraVolumeMounts }}
+  {{- toYaml . | nindent 2 }}
   {{- end }}
 {{- end }}
 
@@ -311,6 +318,9 @@ controller:
       configMap:
         name: {{ .Values.webhook.clientAuth.caConfigMap }}
         optional: true
+    {{- end }}
+    {{- with .Values.extraVolumes }}
+    {{- toYaml . | nindent 4 }}
     {{- end }}
 {{- end }}
 
@@ -416,4 +426,17 @@ bind the same port, and the guard would crash-loop beside the controller.
 {{- if and .Values.webhook.events.enabled (gt (add $eventBudget 1000) (mul .Values.webhook.events.timeoutSeconds 1000 | int)) }}
 {{- fail (printf "guard.eventReadBudget (%s) does not fit in webhook.events.timeoutSeconds (%d): keep it at least 1s shorter" .Values.guard.eventReadBudget (int .Values.webhook.events.timeoutSeconds)) }}
 {{- end }}
+{{- end }}
+
+{{/*
+The webhooks' namespaceSelector: webhook.namespaceSelector, and with guard.namespaces only those
+namespaces too (the API server then never calls the guard for a namespace it does not watch).
+*/}}
+{{- define "exit-guard.namespaceSelector" -}}
+{{- $sel := deepCopy (.Values.webhook.namespaceSelector | default dict) }}
+{{- with .Values.guard.namespaces }}
+{{- $exprs := append ($sel.matchExpressions | default list) (dict "key" "kubernetes.io/metadata.name" "operator" "In" "values" .) }}
+{{- $_ := set $sel "matchExpressions" $exprs }}
+{{- end }}
+{{- toYaml $sel }}
 {{- end }}
