@@ -28,9 +28,9 @@ version=$(sed -n 's/^appVersion: *"\(.*\)"$/\1/p' "$chart/Chart.yaml")
 chart_version=$(sed -n 's/^version: *//p' "$chart/Chart.yaml")
 [ -n "$version" ] || die "no appVersion in $chart/Chart.yaml"
 [ "$version" = "$chart_version" ] || die "$chart/Chart.yaml: version $chart_version and appVersion $version differ; a release has one version"
-default_image=$(sed -n '/^image:/,/^[^ ]/s/^  repository: *//p' "$chart/values.yaml")
+default_image=$(sed -n '/^image:/,/^[^ ]/s/^  registry: *//p' "$chart/values.yaml")/$(sed -n '/^image:/,/^[^ ]/s/^  repository: *//p' "$chart/values.yaml")
 [ "$default_image" = "ghcr.io/exit-guard/exit-guard" ] ||
-  die "$chart/values.yaml: image.repository is $default_image, not the image this release publishes (ghcr.io/exit-guard/exit-guard)"
+  die "$chart/values.yaml: image.registry/image.repository is $default_image, not the image this release publishes (ghcr.io/exit-guard/exit-guard)"
 
 case $mode in
 publish)
