@@ -60,5 +60,10 @@ func runCheck(args []string) int {
 	}
 	fmt.Printf("exit-guard check: OK: the API server called the guard, which %s the dry-run exit-handler pod %s/%s of the workflow %s, which does not exist.\n%s\n",
 		verdict, c.namespace, res.Pod, res.Workflow, res.Message)
+	if res.Argo != "" {
+		fmt.Println(res.Argo)
+	} else {
+		fmt.Println("exit-guard: the guard that answered has judged no pod of Argo's yet, so it cannot say which Argo Workflows release runs here; run a workflow, then check again (or compare your controller's version with the README's Am I affected?).")
+	}
 	return 0
 }

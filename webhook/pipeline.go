@@ -49,8 +49,21 @@ func (h *handler) handle(ctx context.Context, body []byte, req *request) admissi
 	}
 	answer := h.answer(ctx, f, d, v)
 	h.metrics.decisionTime.WithLabelValues(string(f.role)).Observe(time.Since(received).Seconds())
+	if o, ok := f.object.(executorImager); ok {
+		h.argo.observe(o.executorImage())
+	}
+	if f.dryRun {
+		// exit-guard check and helm test print it: what the guard saw of Argo's release.
+		if w := h.argo.summary(); w != "" {
+			answer.Warnings = append(answer.Warnings, w)
+		}
+	}
 	return answer
 }
+
+// executorImager is an object that names the image of the Argo executor it runs (a pod), which
+// says which Argo release made it (argoVersions).
+type executorImager interface{ executorImage() string }
 
 // unexpectedRequester says whether req was sent on behalf of someone other than the workflow
 // controller the guard expects (Options.ExpectedRequester; empty: anyone is expected). It reads

@@ -31,9 +31,43 @@ const (
 
 var podResource = metav1.GroupVersionResource{Version: "v1", Resource: "pods"}
 
-// podMetadata is the only part of a pod the guard decodes.
+// podMetadata is the only part of a pod the guard decodes: its metadata, and the name and image
+// of each container (the executor image says which Argo release made the pod: argoversion.go).
 type podMetadata struct {
 	Metadata metav1.ObjectMeta `json:"metadata"`
+	Spec     struct {
+		InitContainers []containerImage `json:"initContainers"`
+		Containers     []containerImage `json:"containers"`
+	} `json:"spec"`
+}
+
+// containerImage is what the guard decodes of a container.
+type containerImage struct {
+	Name  string `json:"name"`
+	Image string `json:"image"`
+}
+
+// executorImage is the image of the pod's Argo executor: its wait container, else its init
+// container, else the main container of an agent pod (argoexec agent); "" for none.
+func (p *podMetadata) executorImage() string {
+	for _, c := range p.Spec.Containers {
+		if c.Name == argo.ContainerWait {
+			return c.Image
+		}
+	}
+	for _, c := range p.Spec.InitContainers {
+		if c.Name == argo.ContainerInit {
+			return c.Image
+		}
+	}
+	if p.Metadata.Labels[argo.LabelComponent] == argo.ComponentAgent {
+		for _, c := range p.Spec.Containers {
+			if c.Name == argo.ContainerMain {
+				return c.Image
+			}
+		}
+	}
+	return ""
 }
 
 // readPodReview is the reader of the pod paths: the review decoded once, the pod's metadata
@@ -58,7 +92,9 @@ func readPod(req *reviewRequest[podMetadata]) (facts, *admission.Response) {
 		// The API server sends the pod before defaulting its namespace from the request.
 		pod.Metadata.Namespace = req.Namespace
 	}
-	return classify(&pod.Metadata), nil
+	f := classify(&pod.Metadata)
+	f.object.(*podObject).executor = pod.executorImage()
+	return f, nil
 }
 
 // classify reads a pod's metadata: who owns it and what it runs. The owner is nil for a pod
@@ -95,7 +131,12 @@ type podObject struct {
 	name, node string
 	role       role
 	owned      bool
+	// executor is the image of its Argo executor (executorImage): observed, never decided on.
+	executor string
 }
+
+// executorImage is the image of the pod's Argo executor, for argoVersions.
+func (p *podObject) executorImage() string { return p.executor }
 
 var _ object = (*podObject)(nil)
 

@@ -53,6 +53,9 @@ type guard struct {
 	overturns *overturns
 	// repeats remembers the row T7 admissions, to tell when one came after the name's reuse.
 	repeats *repeats
+	// argo keeps the Argo releases seen on the pods judged (argoversion.go): said, never
+	// decided on.
+	argo *argoVersions
 }
 
 // The live read GETs the owning Workflow (rbac on completionstore.Watch); the audit writes
@@ -98,6 +101,10 @@ func setup(mgr manager.Manager, reader client.Reader, store *completionstore.Sto
 	if err := reg.Register(g.repeats.counter); err != nil {
 		return fmt.Errorf("webhook: registering metrics: %w", err)
 	}
+	if err := reg.Register(g.argo.gauge); err != nil {
+		return fmt.Errorf("webhook: registering metrics: %w", err)
+	}
+	g.argo.log.Info("Argo Workflows' release is read from the executor image of the pods the guard judges, and said when first seen (exit_guard_argo_exposure); no pod seen yet")
 	for _, k := range kinds {
 		// At 0 from the start: its alert counts it with increase().
 		g.overturns.counter.WithLabelValues(string(k.kind))
@@ -161,7 +168,7 @@ func newGuard(reader client.Reader, store *completionstore.Store, opts Options) 
 	g := &guard{opts: opts, store: store, reader: reader, metrics: newGuardMetrics(), denyPhases: map[argo.Phase]bool{},
 		extraReads: make(chan struct{}, maxExtraLiveReads), getBudget: newGetBudget(), creates: newTaskSetCreates(time.Now, opts.TaskSetRepeatsFor),
 		slots: make(chan struct{}, opts.MaxConcurrentDecisions), otherSlots: make(chan struct{}, max(1, opts.MaxConcurrentDecisions/8)),
-		overturns: newOverturns(time.Now), repeats: newRepeats(time.Now)}
+		overturns: newOverturns(time.Now), repeats: newRepeats(time.Now), argo: newArgoVersions(logf.Log.WithName("argo-version"))}
 	g.readLive = g.liveRead
 	g.readNodes = g.liveNodes
 	g.readWhole = g.getWorkflow

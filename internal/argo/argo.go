@@ -55,6 +55,15 @@ const (
 	AnnotationNodeName = "workflows.argoproj.io/node-name"
 )
 
+// The containers of Argo's pods that run its executor image (argoexec, of the controller's
+// release unless the controller's configuration names another image): the wait sidecar and
+// the init container of a node's pod; the agent pod's init and main containers.
+const (
+	ContainerWait = "wait"
+	ContainerInit = "init"
+	ContainerMain = "main"
+)
+
 // WorkflowTaskSet: the controller hands a workflow's HTTP and plugin tasks to its agent pod
 // through one, named like the workflow, in its namespace, with a non-controller owner reference
 // to the Workflow. spec.tasks maps node IDs to templates; the agent writes results to

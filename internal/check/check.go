@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -52,6 +53,32 @@ type Result struct {
 	Reason contract.Reason
 	// Message is the API server's refusal, or the mark's reason.
 	Message string
+	// Argo is what the guard said of the Argo Workflows release it saw on the pods it judged,
+	// in a warning of its answer ("" when it has judged none yet).
+	Argo string
+}
+
+// argoWarning begins the guard's warning about Argo's release on a dry run's answer.
+const argoWarning = "exit-guard: Argo Workflows "
+
+// warnings keeps the guard's warning about Argo's release, as client-go hands warnings over.
+type warnings struct {
+	mu   sync.Mutex
+	argo string
+}
+
+func (w *warnings) HandleWarningHeader(_ int, _ string, text string) {
+	if strings.HasPrefix(text, argoWarning) {
+		w.mu.Lock()
+		w.argo = text
+		w.mu.Unlock()
+	}
+}
+
+func (w *warnings) last() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.argo
 }
 
 // Run sends the dry-run create and returns what the guard did, or an error that says why the
@@ -69,6 +96,9 @@ func Run(ctx context.Context, cfg *rest.Config, opts Options) (Result, error) {
 	if opts.Interval <= 0 {
 		opts.Interval = time.Second
 	}
+	seen := &warnings{}
+	cfg = rest.CopyConfig(cfg)
+	cfg.WarningHandler = seen
 	c, err := client.New(cfg, client.Options{})
 	if err != nil {
 		return Result{}, fmt.Errorf("check: reaching the API server: %w", err)
@@ -80,6 +110,7 @@ func Run(ctx context.Context, cfg *rest.Config, opts Options) (Result, error) {
 	for attempt := 1; ; attempt++ {
 		res, answered, err := once(ctx, c, opts, wf, uid)
 		if answered {
+			res.Argo = seen.last()
 			return res, err
 		}
 		// An attempt the deadline cut short says less than the one before it.

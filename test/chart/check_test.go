@@ -17,9 +17,11 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/exit-guard/exit-guard/internal/argo"
+	"github.com/exit-guard/exit-guard/test/support/fixture"
 	"github.com/exit-guard/exit-guard/test/support/testenv"
 )
 
@@ -102,7 +104,7 @@ func TestCheckProvesTheInstall(t *testing.T) {
 			g, gout := startChartGuard(t, ns, objs)
 			// A cluster where workflows run: the guard's watch has advanced (a watch that never
 			// has is ExitGuardWatchStalled's, with or without the check).
-			createWorkflow(t, ns, argo.PhaseRunning)
+			running := createWorkflow(t, ns, argo.PhaseRunning)
 			if err := wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
 				mfs, err := g.Metrics(ctx)
 				return err == nil && testenv.SumSeries(mfs, "exit_guard_watch_last_progress_timestamp_seconds", nil) > 0, nil
@@ -127,6 +129,25 @@ func TestCheckProvesTheInstall(t *testing.T) {
 			}
 			checkAlertsSilent(t, "chk", ns, before, after)
 			checkPanelsUnmoved(t, ns, before, after)
+			if !strings.Contains(r.out, "has judged no pod of Argo's yet") {
+				t.Errorf("before any pod of Argo's, the check does not say the guard cannot tell Argo's release:\n%s", r.out)
+			}
+			// Once the guard judged a pod of Argo's, the check says which release made it and
+			// what the README's table says of it.
+			step := fixture.StepPod(running)
+			step.Spec.Containers = append(step.Spec.Containers, corev1.Container{Name: "wait", Image: "quay.io/argoproj/argoexec:v3.5.14"})
+			// The namespace enforces the restricted profile, which is checked before the guard.
+			step.Spec.SecurityContext = &corev1.PodSecurityContext{RunAsNonRoot: ptr.To(true), SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault}}
+			for i := range step.Spec.Containers {
+				step.Spec.Containers[i].SecurityContext = &corev1.SecurityContext{AllowPrivilegeEscalation: ptr.To(false),
+					Capabilities: &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}}}
+			}
+			if err := env.Client.Create(t.Context(), step, client.DryRunAll); err != nil {
+				t.Fatalf("the step pod of a running workflow: %v", err)
+			}
+			if code, out := runCheck(t, ns, sa, c.Args); code != 0 || !strings.Contains(out, "exit-guard: Argo Workflows v3.5.14 seen on the pods it judges: exposed") {
+				t.Errorf("after a pod of Argo v3.5.14: exit %d, want 0 and the release said exposed:\n%s", code, out)
+			}
 
 			if err := g.Stop(); err != nil {
 				t.Logf("stopping the guard: %v", err)

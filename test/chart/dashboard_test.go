@@ -21,6 +21,7 @@ import (
 	"github.com/grafana/grafana-foundation-sdk/go/cog/plugins"
 	"github.com/grafana/grafana-foundation-sdk/go/dashboard"
 	dto "github.com/prometheus/client_model/go"
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"sigs.k8s.io/yaml"
@@ -176,7 +177,10 @@ func TestDashboardQueriesNameRealMetrics(t *testing.T) {
 		}
 	}
 	registerAt(t, webhooks[0], fmt.Sprintf("https://%s:%d", env.WebhookHost, env.WebhookPort), env.WebhookCAData)
-	if err := env.Client.Create(t.Context(), fixture.ExitPod(createWorkflow(t, ns, argo.PhaseRunning))); err != nil {
+	// A pod as Argo makes it, with its executor (the release panel's exit_guard_argo_exposure).
+	running := fixture.ExitPod(createWorkflow(t, ns, argo.PhaseRunning))
+	running.Spec.Containers = append(running.Spec.Containers, corev1.Container{Name: "wait", Image: "quay.io/argoproj/argoexec:v3.5.14"})
+	if err := env.Client.Create(t.Context(), running); err != nil {
 		t.Fatal(err)
 	}
 	done := createWorkflow(t, ns, argo.PhaseSucceeded)

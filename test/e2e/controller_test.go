@@ -39,6 +39,13 @@ func controller(t *testing.T, version string) (bin, crds string) {
 	return bin, crds
 }
 
+// executorImage is the executor image a default install of bin's release names (never pulled:
+// no kubelet runs here), from the version folder hack/argo-controllers.sh keeps it in. The
+// guard reads the release from it (exit_guard_argo_exposure).
+func executorImage(bin string) string {
+	return "quay.io/argoproj/argoexec:" + filepath.Base(filepath.Dir(bin))
+}
+
 // controllerGrace is how long a controller told to stop (SIGTERM) has before it is killed.
 const controllerGrace = 20 * time.Second
 
@@ -49,7 +56,7 @@ const controllerGrace = 20 * time.Second
 func launchController(t *testing.T, bin, kubeconfig, level string, args, env []string, out io.Writer) *testenv.Process {
 	t.Helper()
 	p, err := testenv.Launch(bin, append([]string{"--kubeconfig=" + kubeconfig, "--namespaced", "--managed-namespace=" + namespace,
-		"--namespace=" + namespace, "--executor-image=executor:e2e", "--loglevel=" + level}, args...),
+		"--namespace=" + namespace, "--executor-image=" + executorImage(bin), "--loglevel=" + level}, args...),
 		append(append(os.Environ(), "LEADER_ELECTION_DISABLE=true", "DEFAULT_REQUEUE_TIME=1s"), env...), out)
 	if err != nil {
 		t.Fatal(err)

@@ -1,0 +1,143 @@
+package webhook
+
+import (
+	"fmt"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+
+	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// What Argo Workflows release the pods the guard judges were made by, read from their executor
+// image, held against the README's "Am I affected?" table, and said: on a metric
+// (exit_guard_argo_exposure), in the log, and in the answer to a dry run (exit-guard check,
+// helm test). It is observed only: no decision reads it, so a wrong reading changes what the
+// guard says, never what it refuses or admits.
+
+// exposure is what the "Am I affected?" table says of an Argo release.
+type exposure string
+
+const (
+	exposureExposed     exposure = "exposed"
+	exposureWriteBack   exposure = "exposed-with-informer-write-back"
+	exposureFixed       exposure = "fixed"
+	exposureOlder       exposure = "older-than-supported"
+	exposureUnknown     exposure = "unknown"
+	maxArgoVersionsSeen          = 16
+)
+
+// exposureWords say what an exposure means for the guard, in the log line and the dry run's
+// warning.
+var exposureWords = map[exposure]string{
+	exposureExposed:   "this line sends stale passes (README, Am I affected?): the guard refuses what they send",
+	exposureWriteBack: "exposed only when the controller runs with INFORMER_WRITE_BACK=true, which the guard cannot see; with 4.0's default the guard adds nothing measured",
+	exposureFixed:     "this release carries upstream's fix: the guard adds nothing measured here (it still refuses the step pods a stale list would send)",
+	exposureOlder:     "older than the lines the guard was proved on (3.4 and later): exposed, not measured",
+	exposureUnknown:   "the executor image's tag is not a release (a retagged, mirrored under another tag, or digest-only image): the guard cannot tell; compare your controller's version with the README's Am I affected?",
+}
+
+var releaseTag = regexp.MustCompile(`^v?(\d+)\.(\d+)\.(\d+)`)
+
+// exposureOf holds an Argo release (a tag such as v3.5.14) against the "Am I affected?" table.
+func exposureOf(tag string) exposure {
+	m := releaseTag.FindStringSubmatch(tag)
+	if m == nil {
+		return exposureUnknown
+	}
+	major, _ := strconv.Atoi(m[1])
+	minor, _ := strconv.Atoi(m[2])
+	patch, _ := strconv.Atoi(m[3])
+	switch {
+	case major < 3 || major == 3 && minor < 4:
+		return exposureOlder
+	case major == 3 && minor < 7, major == 3 && minor == 7 && patch <= 15:
+		return exposureExposed
+	case major == 3:
+		return exposureFixed
+	case major == 4 && minor == 0 && patch <= 6:
+		return exposureWriteBack
+	default:
+		return exposureFixed
+	}
+}
+
+// executorTag is the tag of an executor image ("v3.5.14" of quay.io/argoproj/argoexec:v3.5.14),
+// or "" for an image named by digest alone or without a tag.
+func executorTag(image string) string {
+	image, _, _ = strings.Cut(image, "@")
+	last := image[strings.LastIndex(image, "/")+1:]
+	_, tag, ok := strings.Cut(last, ":")
+	if !ok {
+		return ""
+	}
+	return tag
+}
+
+// argoVersions keeps the Argo releases seen on the pods judged (at most maxArgoVersionsSeen,
+// the metric's series), their gauge, and the last image seen, so that the pod of the same
+// image as the one before costs one atomic load.
+type argoVersions struct {
+	log   logr.Logger
+	gauge *prometheus.GaugeVec
+	last  atomic.Pointer[string]
+
+	mu     sync.Mutex
+	seen   map[string]exposure // by tag; "" for an image with none
+	newest string              // the tag of the last release first seen
+}
+
+func newArgoVersions(log logr.Logger) *argoVersions {
+	return &argoVersions{log: log, seen: map[string]exposure{},
+		gauge: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "exit_guard_argo_exposure",
+			Help: "1 for each Argo Workflows release seen on the executor image of the pods the guard judged (version: the image's tag; unknown for an image without a release tag), by what the README's Am I affected? says of it (exposure: exposed, exposed-with-informer-write-back, fixed, older-than-supported, unknown). Observed only: no decision reads it."},
+			[]string{"version", "exposure"})}
+}
+
+// observe notes the executor image of a pod the guard judged ("" when it has none).
+func (a *argoVersions) observe(image string) {
+	if image == "" {
+		return
+	}
+	if last := a.last.Load(); last != nil && *last == image {
+		return
+	}
+	a.last.Store(&image)
+	tag := executorTag(image)
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if _, ok := a.seen[tag]; ok || len(a.seen) >= maxArgoVersionsSeen {
+		return
+	}
+	e := exposureOf(tag)
+	a.seen[tag] = e
+	a.newest = tag
+	version := tag
+	if version == "" || e == exposureUnknown {
+		version = "unknown"
+	}
+	a.gauge.WithLabelValues(version, string(e)).Set(1)
+	a.log.Info("Argo Workflows release seen on the pods the guard judges", "version", version, "image", image, "exposure", e, "meaning", exposureWords[e])
+}
+
+// summary says what was seen, for the answer to a dry run: "" before any pod of Argo's.
+func (a *argoVersions) summary() string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if len(a.seen) == 0 {
+		return ""
+	}
+	e := a.seen[a.newest]
+	version := a.newest
+	if version == "" || e == exposureUnknown {
+		version = "an executor image without a release tag"
+	}
+	s := fmt.Sprintf("exit-guard: Argo Workflows %s seen on the pods it judges: %s (%s)", version, e, exposureWords[e])
+	if len(a.seen) > 1 {
+		s += fmt.Sprintf("; %d releases seen since the guard started (exit_guard_argo_exposure)", len(a.seen))
+	}
+	return s
+}
