@@ -4,9 +4,14 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"regexp"
+	"slices"
 	"strings"
 	"testing"
+
+	"github.com/exit-guard/exit-guard/test/support/testenv"
 )
 
 var updateDocs = flag.Bool("update-docs", false, "write docs/flags.md from the command line (make manifests)")
@@ -18,14 +23,17 @@ func flagReference(guard, check *flag.FlagSet) string {
 	b.WriteString(`# Command-line reference
 
 Generated from the binary's own flags by ` + "`make manifests`" + ` (` + "`TestFlagReference`" + `); ` + "`make verify`" + `
-fails when this page and the binary disagree. The chart sets these flags from its values
+fails when this page and the binary disagree. The chart sets the first two groups from its values
 ([the chart's values](../charts/exit-guard/README.md)); ` + "`extraArgs`" + ` adds any other. ` + "`exit-guard -h`" + `
-prints the same.
+prints the same, grouped the same way.
 
 `)
-	section := func(title, intro string, fs *flag.FlagSet) {
-		b.WriteString("## " + title + "\n\n" + intro + "\n\n| flag | default | meaning |\n| --- | --- | --- |\n")
+	table := func(fs *flag.FlagSet, keep func(string) bool) {
+		b.WriteString("| flag | default | meaning |\n| --- | --- | --- |\n")
 		fs.VisitAll(func(f *flag.Flag) {
+			if !keep(f.Name) {
+				return
+			}
 			def := "`" + f.DefValue + "`"
 			if f.DefValue == "" {
 				def = "(none)"
@@ -36,8 +44,13 @@ prints the same.
 		})
 		b.WriteString("\n")
 	}
-	section("exit-guard", "`exit-guard [flags]` runs the guard (the chart's Deployment or sidecar does).", guard)
-	section("exit-guard check", "`exit-guard check [flags]` proves, with a dry-run exit-handler pod, that the API server calls the guard and that it refuses the pod (`helm test` runs it).", check)
+	b.WriteString("## exit-guard\n\n`exit-guard [flags]` runs the guard (the chart's Deployment or sidecar does). Its flags, in three groups:\n\n")
+	for _, g := range flagGroups {
+		b.WriteString("### " + g.title + "\n\n")
+		table(guard, func(name string) bool { return groupOf(name) == g.name })
+	}
+	b.WriteString("## exit-guard check\n\n`exit-guard check [flags]` proves, with a dry-run exit-handler pod, that the API server calls the guard and that it refuses the pod (`helm test` runs it).\n\n")
+	table(check, func(string) bool { return true })
 	return strings.TrimSuffix(b.String(), "\n")
 }
 
@@ -72,4 +85,49 @@ func countFlags(fs *flag.FlagSet) int {
 	n := 0
 	fs.VisitAll(func(*flag.Flag) { n++ })
 	return n
+}
+
+// TestFlagGroupsAreTheCharts holds the groups of -h and docs/flags.md to the chart: every flag
+// the chart renders (in any of the profiles below, the sidecar's values among them) is in the
+// tune or chart group, and every flag of those groups is one the chart renders.
+func TestFlagGroupsAreTheCharts(t *testing.T) {
+	helm, err := testenv.HelmBin()
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, guard := newFlagSet()
+	_, check := newCheckFlagSet()
+	rendered := map[string]bool{}
+	for _, set := range [][]string{
+		nil,
+		{"installMode=sidecar"},
+		{"guard.mode=warn"},
+		{"metrics.secure=true", "metrics.tokenAudiences={exit-guard}", "pprof.enabled=true", "webhook.clientAuth.caConfigMap=client-ca"},
+	} {
+		args := []string{"template", "eg", filepath.Join("charts", "exit-guard"), "--namespace", "argo", "--kube-version", testenv.KubeVersion()}
+		for _, s := range set {
+			args = append(args, "--set", s)
+		}
+		out, err := exec.CommandContext(t.Context(), helm, args...).CombinedOutput() //nolint:gosec // G204: the pinned helm of this repository
+		if err != nil {
+			t.Fatalf("helm %v: %v\n%s", args, err, out)
+		}
+		for _, m := range regexp.MustCompile(`- --([a-z0-9-]+)`).FindAllStringSubmatch(string(out), -1) {
+			if guard.Lookup(m[1]) != nil || check.Lookup(m[1]) == nil {
+				rendered[m[1]] = true
+			}
+		}
+	}
+	for name := range rendered {
+		if g := groupOf(name); g == "other" {
+			t.Errorf("the chart renders --%s, which flags.go groups as %q: add it to tunedFlags or chartFlags", name, g)
+		}
+	}
+	for _, name := range append(slices.Clone(tunedFlags), chartFlags...) {
+		if guard.Lookup(name) == nil {
+			t.Errorf("flags.go groups --%s, which is no flag of the guard", name)
+		} else if !rendered[name] {
+			t.Errorf("flags.go groups --%s as set by the chart, which never renders it", name)
+		}
+	}
 }

@@ -4,7 +4,9 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -106,7 +108,7 @@ type options struct {
 // selfCertFlags are the flags only --cert-mode=self honours.
 var selfCertFlags = []string{"cert-secret", "cert-namespace", "cert-dns-name", "cert-extra-dns-names",
 	"validating-webhook-configuration", "mutating-webhook-configuration", "server-cert-duration", "cert-lookahead",
-	"cert-check-frequency"}
+	"cert-check-frequency", "restart-on-failure"}
 
 // options checks the command line and turns it into the options of the guard's parts. A flag
 // given explicitly that the chosen certificate mode cannot honour is an error: judged by what
@@ -374,10 +376,66 @@ func newFlagSet() (*flags, *flag.FlagSet) {
   exit-guard check [flags]    prove, with a dry-run exit-handler pod, that the API server calls the guard
                               and that it answers (helm test runs it; exit-guard check -h for its flags)
   exit-guard --version        print the version, commit and build date
-
-Flags:
 `)
-		fs.PrintDefaults()
+		for _, g := range flagGroups {
+			_, _ = fmt.Fprintf(fs.Output(), "\n%s:\n", g.title)
+			fs.VisitAll(func(fl *flag.Flag) {
+				if groupOf(fl.Name) == g.name {
+					printFlag(fs.Output(), fl)
+				}
+			})
+		}
 	}
 	return f, fs
+}
+
+// A flag's group, in -h and docs/flags.md: what users tune (each a chart value under guard.),
+// what the chart sets from its other values (ports, certificates, logging, shutdown: set the
+// value), and the rest (extraArgs passes them). hack/chartcheck's TestFlagGroupsAreTheCharts
+// holds the first two to the flags the chart renders.
+var flagGroups = []struct{ name, title string }{
+	{"tune", "Tune these (the chart's guard.* values set them)"},
+	{"chart", "Set by the chart from its values (set the value, not the flag)"},
+	{"other", "Everything else (the chart's extraArgs passes them)"},
+}
+
+var (
+	tunedFlags = []string{"mode", "deny-phases", "cover", "namespaces", "expected-requester", "store-first", "store-fallback",
+		"store-fresh-for", "store-refusals-for", "live-read-budget", "live-read-timeout", "live-read-get-after", "hook-step-read-budget",
+		"event-read-budget", "event-read-timeout", "taskset-repeats-for", "completion-ttl", "sweep-interval", "lock-check-interval",
+		"lock-stuck-after", "max-concurrent-decisions"}
+	chartFlags = []string{"webhook-port", "webhook-cert-path", "webhook-client-ca-file", "metrics-bind-address", "metrics-secure",
+		"metrics-token-audiences", "health-probe-bind-address", "pprof-bind-address", "shutdown-delay", "graceful-shutdown-timeout",
+		"zap-log-level", "zap-encoder", "cert-mode", "cert-secret", "cert-dns-name", "validating-webhook-configuration",
+		"mutating-webhook-configuration", "server-cert-duration", "cert-lookahead", "cert-check-frequency", "restart-on-failure"}
+)
+
+// groupOf is the group of the flag name: tune, chart or other.
+func groupOf(name string) string {
+	switch {
+	case slices.Contains(tunedFlags, name):
+		return "tune"
+	case slices.Contains(chartFlags, name):
+		return "chart"
+	default:
+		return "other"
+	}
+}
+
+// printFlag prints fl as flag.PrintDefaults does.
+func printFlag(w io.Writer, fl *flag.Flag) {
+	name, usage := flag.UnquoteUsage(fl)
+	line := "  -" + fl.Name
+	if name != "" {
+		line += " " + name
+	}
+	line += "\n    \t" + strings.ReplaceAll(usage, "\n", "\n    \t")
+	if fl.DefValue != "" && fl.DefValue != "false" && fl.DefValue != "0" && fl.DefValue != "[]" {
+		if fmt.Sprintf("%T", fl.Value) == "*flag.stringValue" {
+			line += fmt.Sprintf(" (default %q)", fl.DefValue)
+		} else {
+			line += " (default " + fl.DefValue + ")"
+		}
+	}
+	_, _ = fmt.Fprintln(w, line)
 }
