@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"os"
 	"strconv"
+	"slices"
 	"strings"
 	"time"
 
@@ -67,6 +68,11 @@ func run(guardBin string, verbose bool) error {
 	c := env.Client
 	ns := "demo"
 	if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
+		return err
+	}
+
+	before, err := scrape(ctx, metricsAddr)
+	if err != nil {
 		return err
 	}
 
@@ -126,9 +132,13 @@ func run(guardBin string, verbose bool) error {
 	}
 	say("Workflow %s is Failed, and its failure notice went out.", failed.GetName())
 
-	say("\n== The guard's metrics (http://%s/metrics)", metricsAddr)
-	if err := showMetrics(ctx, metricsAddr); err != nil {
+	after, err := scrape(ctx, metricsAddr)
+	if err != nil {
 		return err
+	}
+	say("\n== What moved in the guard's metrics (http://%s/metrics; the series that did not move are left out)", metricsAddr)
+	for _, l := range moved(before, after) {
+		say("  %s", l)
 	}
 	say("\ndemo done: one stale exit handler refused, one real one admitted.")
 	return nil
@@ -205,21 +215,42 @@ func waitEvent(ctx context.Context, c client.Client, ns string, wf *unstructured
 	return found, nil
 }
 
-func showMetrics(ctx context.Context, addr string) error {
+// scrape reads the guard's own series (exit_guard_*, histogram buckets left out): each line's
+// name and labels, and its value.
+func scrape(ctx context.Context, addr string) (map[string]string, error) {
 	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/metrics", nil)
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer func() { _ = resp.Body.Close() }()
 	body, err := io.ReadAll(resp.Body)
 	if err != nil {
-		return err
+		return nil, err
 	}
+	out := map[string]string{}
 	for _, l := range strings.Split(string(body), "\n") {
-		if strings.HasPrefix(l, "exit_guard_decisions_total") || strings.HasPrefix(l, "exit_guard_store_records") {
-			say("  %s", l)
+		if !strings.HasPrefix(l, "exit_guard_") || strings.Contains(l, "_bucket{") {
+			continue
+		}
+		if i := strings.LastIndexByte(l, ' '); i > 0 {
+			out[l[:i]] = l[i+1:]
 		}
 	}
-	return nil
+	return out, nil
+}
+
+// moved lists the series whose value changed from before to after (new ones too), sorted.
+func moved(before, after map[string]string) []string {
+	var out []string
+	for series, v := range after {
+		if was, ok := before[series]; !ok || was != v {
+			if !ok {
+				was = "none"
+			}
+			out = append(out, fmt.Sprintf("%s %s (was %s)", series, v, was))
+		}
+	}
+	slices.Sort(out)
+	return out
 }
