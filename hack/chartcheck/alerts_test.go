@@ -142,13 +142,41 @@ func TestNoDocTypesACount(t *testing.T) {
 	}
 }
 
-// TestEveryAlertHasARunbook: each alert's runbook_url is its row of docs/alerts.md
-// (prometheusRule.runbookBaseURL and the anchor TestAlertsTableIsTheChartsAlerts checks).
+// TestEveryAlertHasARunbook: each alert's runbook_url is its section of docs/runbooks.md
+// (prometheusRule.runbookBaseURL, then the heading's anchor), and that section is a runbook in
+// the usual form: meaning, impact, diagnosis, mitigation, escalation. A section for an alert
+// the chart does not render fails too.
 func TestEveryAlertHasARunbook(t *testing.T) {
-	const base = "https://github.com/exit-guard/exit-guard/blob/main/docs/alerts.md"
-	for _, a := range renderedAlerts(t) {
+	const base = "https://github.com/exit-guard/exit-guard/blob/main/docs/runbooks.md"
+	raw, err := os.ReadFile(filepath.Join(testenv.RepoRoot(), "docs", "runbooks.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sections := map[string]string{}
+	parts := regexp.MustCompile(`(?m)^## `).Split(string(raw), -1)
+	for _, p := range parts[1:] {
+		name, body, _ := strings.Cut(p, "\n")
+		sections[strings.TrimSpace(name)] = body
+	}
+	alerts := renderedAlerts(t)
+	for _, a := range alerts {
 		if got, want := a.Annotations["runbook_url"], base+"#"+strings.ToLower(a.Alert); got != want {
 			t.Errorf("%s: runbook_url %q, want %q", a.Alert, got, want)
+		}
+		body, ok := sections[a.Alert]
+		if !ok {
+			t.Errorf("docs/runbooks.md has no section ## %s", a.Alert)
+			continue
+		}
+		for _, part := range []string{"**Meaning**", "**Impact**", "**Diagnosis**", "**Mitigation**", "**Escalation**"} {
+			if !strings.Contains(body, part) {
+				t.Errorf("docs/runbooks.md: the runbook of %s has no %s", a.Alert, part)
+			}
+		}
+	}
+	for name := range sections {
+		if !slices.Contains(alertNames(alerts), name) {
+			t.Errorf("docs/runbooks.md has a section %q, which is not an alert the chart renders", name)
 		}
 	}
 }
