@@ -12,8 +12,8 @@ import (
 	"io"
 	"net/http"
 	"os"
-	"strconv"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
