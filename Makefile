@@ -122,8 +122,8 @@ envtest-binaries: ## Build kube-apiserver and etcd from Go modules into the user
 # it and runs every test; make test-unit builds without it and runs the rest, starting no API
 # server (the packages whose TestMain starts one have no test files there).
 .PHONY: test
-test: $(HELM) $(PROMTOOL) ## Run every test with the race detector against a real kube-apiserver (builds it, helm and promtool if missing).
-	@assets=$$(hack/envtest-binaries.sh ensure) && \
+test: $(HELM) $(PROMTOOL) ## Run every test with the race detector against a real kube-apiserver (builds it, kubectl, helm and promtool if missing).
+	@assets=$$(hack/envtest-binaries.sh ensure-kubectl) && \
 	  KUBEBUILDER_ASSETS="$$assets" HELM="$(HELM)" PROMTOOL="$(PROMTOOL)" $(GO) test -tags envtest -race -count=1 $(GOTESTFLAGS) ./...
 
 .PHONY: test-unit

@@ -12,11 +12,18 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	flowcontrolv1 "k8s.io/api/flowcontrol/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 
 	"github.com/exit-guard/exit-guard/test/support/testenv"
@@ -250,4 +257,63 @@ func olderChart(t *testing.T) string {
 	edit("values.schema.json", func(s map[string]any) { delete(s["properties"].(map[string]any), "check") })
 	edit("Chart.yaml", func(c map[string]any) { c["version"] = "0.0.9" })
 	return dir
+}
+
+// TestUninstallLeavesWhatTheDocsSay installs the chart with helm, runs helm test (no kubelet
+// runs its pod here, so it times out, as a failed test would), uninstalls, and lists what is
+// left of the release: only the test pod, which docs/install.md's uninstall table names (with
+// the command that removes it); every cluster-scoped object of the release is gone.
+func TestUninstallLeavesWhatTheDocsSay(t *testing.T) {
+	doc, err := os.ReadFile(filepath.Join(testenv.RepoRoot(), "docs", "install.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(doc), "| the `helm test` pod `exit-guard-check` |") {
+		t.Fatal("docs/install.md's uninstall table no longer names the helm test pod: the test checks what it says")
+	}
+	ns := newNamespace(t, nil)
+	kc := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := os.WriteFile(kc, env.KubeConfig(), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	h := func(args ...string) ([]byte, error) {
+		cmd := exec.CommandContext(t.Context(), helm(t), append(args, "--kubeconfig", kc, "--namespace", ns)...) //nolint:gosec // G204: the pinned helm of this repository
+		return cmd.CombinedOutput()
+	}
+	const release = "exit-guard"
+	if out, err := h("install", release, chartDir, "--set", "prometheusRule.enabled=false"); err != nil {
+		t.Fatalf("helm install: %v\n%s", err, out)
+	}
+	if out, err := h("test", release, "--timeout", "2s"); err == nil {
+		t.Fatalf("helm test passed with no kubelet to run its pod: %s", out)
+	}
+	if out, err := h("uninstall", release); err != nil {
+		t.Fatalf("helm uninstall: %v\n%s", err, out)
+	}
+	sel := client.MatchingLabels{"app.kubernetes.io/instance": release}
+	var left []string
+	for _, list := range []client.ObjectList{&corev1.PodList{}, &corev1.SecretList{}, &corev1.ServiceList{}, &corev1.ServiceAccountList{},
+		&corev1.ConfigMapList{}, &appsv1.DeploymentList{}, &rbacv1.RoleList{}, &rbacv1.RoleBindingList{}} {
+		if err := env.Client.List(t.Context(), list, client.InNamespace(ns), sel); err != nil {
+			t.Fatal(err)
+		}
+		items, _ := meta.ExtractList(list)
+		for _, o := range items {
+			obj := o.(client.Object)
+			left = append(left, fmt.Sprintf("%T %s", o, obj.GetName()))
+		}
+	}
+	for _, list := range []client.ObjectList{&admissionregistrationv1.ValidatingWebhookConfigurationList{}, &admissionregistrationv1.MutatingWebhookConfigurationList{},
+		&rbacv1.ClusterRoleList{}, &rbacv1.ClusterRoleBindingList{}, &admissionregistrationv1.ValidatingAdmissionPolicyList{}, &flowcontrolv1.FlowSchemaList{}} {
+		if err := env.Client.List(t.Context(), list, sel); err != nil {
+			t.Fatal(err)
+		}
+		items, _ := meta.ExtractList(list)
+		for _, o := range items {
+			left = append(left, fmt.Sprintf("%T %s", o, o.(client.Object).GetName()))
+		}
+	}
+	if want := []string{"*v1.Pod exit-guard-check"}; !slices.Equal(left, want) {
+		t.Errorf("left after helm uninstall: %v, want %v (the uninstall table of docs/install.md)", left, want)
+	}
 }

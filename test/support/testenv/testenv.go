@@ -80,6 +80,20 @@ func AssetsDir() (string, error) {
 	})
 }
 
+// KubectlBin returns the kubectl of the API server's version, which hack/envtest-binaries.sh
+// ensure-kubectl builds beside it: the tests that run the docs' kubectl recipes use it.
+func KubectlBin() (string, error) {
+	dir, err := cachedDir("KUBEBUILDER_ASSETS", "envtest-binaries.sh", []string{"kubectl"}, func(dir, bin string) error {
+		return fmt.Errorf("the docs' kubectl recipes run a real kubectl, and %s has no %s: "+
+			"run 'hack/envtest-binaries.sh ensure-kubectl' (it builds it from Go modules, a minute or two) "+
+			"or 'make test', which does it for you", dir, bin)
+	})
+	if err != nil {
+		return "", err
+	}
+	return filepath.Join(dir, "kubectl"), nil
+}
+
 // cachedDir is the folder of the binaries a script of hack/ builds into the user cache: $env
 // when set, else what `hack/<script> path` prints. Each of files must be in it, else missing
 // says how to get it.
