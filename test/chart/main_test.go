@@ -129,6 +129,8 @@ var profiles = []profile{
 	// A namespaced install: the webhook and the Workflow and Event rights scoped to the
 	// namespaces guarded.
 	{name: "namespaced", set: []string{"certificates.mode=chart", "guard.namespaces={argo,ci}"}},
+	// OpenShift's restricted-v2 SCC chooses the user (docs/platforms.md).
+	{name: "openshift", set: []string{"podSecurityContext.runAsUser=null", "podSecurityContext.runAsGroup=null"}},
 	{name: "dns-policy-percentage-budget", set: []string{"dnsPolicy=Default", "podDisruptionBudget.minAvailable=50%"}},
 	{name: "everything", set: []string{
 		"image.digest=sha256:" + strings.Repeat("ab", 32),

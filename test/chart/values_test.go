@@ -146,6 +146,12 @@ func TestTuningValuesLandWhereTheySay(t *testing.T) {
 			t.Errorf("a disabled name that is no alert rendered, or without saying so: %v\n%s", err, out)
 		}
 	})
+	t.Run("openshift", func(t *testing.T) {
+		sc := convert[appsv1.Deployment](t, only(t, render(t, profileNamed(t, "openshift"), "eg", "argo"), "Deployment")).Spec.Template.Spec.SecurityContext
+		if sc.RunAsUser != nil || sc.RunAsGroup != nil || sc.RunAsNonRoot == nil || !*sc.RunAsNonRoot {
+			t.Errorf("podSecurityContext %+v, want no fixed user or group and runAsNonRoot", sc)
+		}
+	})
 	t.Run("namespaced", func(t *testing.T) {
 		objs := render(t, profileNamed(t, "namespaced"), "eg", "argo")
 		for _, o := range find(objs, "ClusterRole") {
