@@ -206,7 +206,7 @@ E2E_TRIES ?= 5
 # write a $ as $$, or make reads it as a variable). A pattern that matches no test fails the run.
 # CI builds v3.4.17 alone and runs its core proofs at requeue 1 s (about 5 minutes once built; a
 # whole cold .ci/run measured 50 minutes: docs/evidence/ci.md): see .ci/run.
-ARGO_VERSIONS ?= v3.4.17 v3.6.18 v3.7.15 v3.7.18 v4.0.5 v4.0.7
+ARGO_VERSIONS ?= v3.4.17 v3.5.14 v3.6.18 v3.7.15 v3.7.18 v4.0.5 v4.0.7
 E2E_RUN ?= .
 # Where TestSignalsNoWebhookCanStop keeps the promtool tests of the series it captured (empty:
 # a temporary directory); test/chart/testdata/captured holds those committed.

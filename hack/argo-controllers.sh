@@ -7,7 +7,7 @@
 # Usage: hack/argo-controllers.sh [ensure|path] [VERSION ...]
 #   ensure  build what is missing, then print the cache folder (default)
 #   path    print the cache folder
-# Versions default to ARGO_VERSIONS (v3.4.17 v3.6.18 v3.7.15 v3.7.18 v4.0.5 v4.0.7). A controller of VERSION is at
+# Versions default to ARGO_VERSIONS (v3.4.17 v3.5.14 v3.6.18 v3.7.15 v3.7.18 v4.0.5 v4.0.7). A controller of VERSION is at
 # <folder>/<VERSION>/workflow-controller, its argoexec beside it, its CRDs in <folder>/<VERSION>/crds.
 set -euo pipefail
 
@@ -79,7 +79,7 @@ build() {
 cmd=${1:-ensure}
 shift || true
 versions=("$@")
-[ ${#versions[@]} -gt 0 ] || read -r -a versions <<<"${ARGO_VERSIONS:-v3.4.17 v3.6.18 v3.7.15 v3.7.18 v4.0.5 v4.0.7}"
+[ ${#versions[@]} -gt 0 ] || read -r -a versions <<<"${ARGO_VERSIONS:-v3.4.17 v3.5.14 v3.6.18 v3.7.15 v3.7.18 v4.0.5 v4.0.7}"
 case "$cmd" in
   path) echo "$DIR" ;;
   ensure)

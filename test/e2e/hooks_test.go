@@ -10,13 +10,14 @@ import (
 	"testing"
 )
 
-// hookLines are the exposed controller lines the hook proof runs on: the unfixed 3.4, 3.6 and
-// 3.7 releases, and 4.0 with the informer write-back that exposes it.
+// hookLines are the exposed controller lines the hook proof runs on: the unfixed 3.4, 3.5, 3.6
+// and 3.7 releases, and 4.0 with the informer write-back that exposes it.
 var hookLines = []struct {
 	version string
 	env     []string
 }{
 	{"v3.4.17", nil},
+	{"v3.5.14", nil},
 	{"v3.6.18", nil},
 	{"v3.7.15", nil},
 	{"v4.0.5", []string{"INFORMER_WRITE_BACK=true"}},
@@ -31,7 +32,7 @@ var hookLines = []struct {
 // lines, E2E_HOOKS (shape names, comma-separated) the shapes.
 func TestFailureHooksOnExposedControllers(t *testing.T) {
 	n := tries(t)
-	lines := strings.Fields(cmp.Or(os.Getenv("E2E_LINES"), "v3.4.17 v3.6.18 v3.7.15 v4.0.5"))
+	lines := strings.Fields(cmp.Or(os.Getenv("E2E_LINES"), "v3.4.17 v3.5.14 v3.6.18 v3.7.15 v4.0.5"))
 	shapes := strings.Split(cmp.Or(os.Getenv("E2E_HOOKS"), strings.Join([]string{hookWorkflow, hookStep, hookDAG}, ",")), ",")
 	for _, line := range hookLines {
 		if !slices.Contains(lines, line.version) {
