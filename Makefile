@@ -256,6 +256,20 @@ ops-binaries: ## Build the real Prometheus and Alertmanager from Go modules into
 # its preview of the dashboard (empty: none).
 OPS_RUN ?= .
 OPS_PREVIEW ?=
+# The Kubernetes versions the chart supports (Chart.yaml's kubeVersion: 1.30 and later), the
+# newest patch of each minor the module proxy serves, and the chart's tests that make compat runs
+# on each: render, accepted by the API server, the guard's job with the chart's permissions
+# (cluster-wide and namespaced), the admission policies, the FlowSchema, helm install and
+# upgrade, and helm test's check.
+COMPAT_KUBE_VERSIONS ?= v1.30.14 v1.31.14 v1.32.13 v1.33.13 v1.34.4 v1.35.4 v1.36.3 v1.37.2
+COMPAT_RUN ?= ^(TestTheAPIServerIsTheVersionRenderedFor|TestEveryProfileLintsAndRenders|TestRenderedManifestsAreAcceptedByTheAPIServer|TestGuardDoesItsJobWithTheChartsPermissions|TestNamespacedInstallIsScopedToItsNamespaces|TestGuardIdentityChangesOnlyItsCABundle|TestClientCAIsHeldByThePolicy|TestFlowSchemaLiftsTheGuardsReadsOfWorkflows|TestUpgradeKeepsTheNewChartsDefaults|TestCheckProvesTheInstall)$$
+COMPAT_REPORT ?= docs/evidence/compatibility-kubernetes.md
+.PHONY: compat
+compat: $(HELM) $(PROMTOOL) ## The chart's install tests on a real kube-apiserver of each COMPAT_KUBE_VERSIONS (each built from Go modules, ~5 min a version the first time); writes COMPAT_REPORT.
+	HELM="$(HELM)" PROMTOOL="$(PROMTOOL)" COMPAT_RUN='$(COMPAT_RUN)' hack/compat.sh $(COMPAT_KUBE_VERSIONS) > $(COMPAT_REPORT).tmp
+	mv $(COMPAT_REPORT).tmp $(COMPAT_REPORT)
+	@cat $(COMPAT_REPORT)
+
 .PHONY: e2e-ops
 e2e-ops: $(HELM) ## The chart's alerts on a real Prometheus and Alertmanager, each brought about by its real cause (docs/alerts.md).
 	@assets=$$(hack/envtest-binaries.sh ensure) && ops=$$(hack/ops-binaries.sh ensure) && \

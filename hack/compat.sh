@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Runs the chart's install tests (test/chart, COMPAT_RUN) on a real kube-apiserver of each
+# Kubernetes version given, each built from Go modules by hack/envtest-binaries.sh into the user
+# cache, and prints a Markdown table of the results: the compatibility matrix's Kubernetes rows
+# (docs/evidence/compatibility.md; make compat writes it).
+#
+# Usage: hack/compat.sh VERSION ...   (e.g. v1.30.14 v1.37.2)
+# Environment: HELM, PROMTOOL (the tools make builds), COMPAT_RUN (a go test -run pattern).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+: "${HELM:?HELM: the helm binary}" "${PROMTOOL:?PROMTOOL: the promtool binary}" "${COMPAT_RUN:?COMPAT_RUN: the tests to run}"
+logs=$(mktemp -d)
+trap 'rm -rf "$logs"' EXIT
+rows=()
+failed=0
+for v in "$@"; do
+  echo "compat: kube-apiserver $v" >&2
+  assets=$(KUBE_VERSION=$v hack/envtest-binaries.sh ensure)
+  start=$(date +%s)
+  rc=0
+  KUBEBUILDER_ASSETS=$assets KUBE_VERSION=$v HELM=$HELM PROMTOOL=$PROMTOOL \
+    go test -tags envtest -count=1 -v -run "$COMPAT_RUN" ./test/chart >"$logs/$v.log" 2>&1 || rc=$?
+  secs=$(($(date +%s) - start))
+  pass=$(grep -c '^--- PASS: ' "$logs/$v.log" || true)
+  fails=$(sed -n 's/^--- FAIL: \([^ ]*\).*/\1/p' "$logs/$v.log" | paste -sd, - | sed 's/,/, /g')
+  if [ "$rc" -ne 0 ]; then
+    failed=1
+    grep -E '^(--- FAIL|FAIL|panic)|_test\.go:[0-9]+:' "$logs/$v.log" | head -40 >&2
+  fi
+  rows+=("| ${v%.*} | $v | $pass | ${fails:-none} | $((secs / 60))m$((secs % 60))s |")
+done
+cat <<MD
+# The chart on each Kubernetes minor
+
+Written by \`make compat\` (hack/compat.sh); do not edit. Each row is the chart's install tests
+(test/chart) run against a real kube-apiserver and etcd of that version, built from Go modules.
+
+MD
+echo "| Kubernetes minor | kube-apiserver run | tests passed | failed | time |"
+echo "|---|---|---|---|---|"
+printf '%s\n' "${rows[@]}"
+cat <<MD
+
+Command: \`make compat COMPAT_KUBE_VERSIONS="$*"\` ($(go env GOOS)/$(go env GOARCH), $(nproc) cores; the
+first run builds each API server, about 5 minutes a version on 2 cores).
+
+The tests (COMPAT_RUN), each a test of test/chart:
+
+$(echo "$COMPAT_RUN" | tr -d '^()$' | tr '|' '\n' | sed 's/^/- /')
+MD
+exit "$failed"
