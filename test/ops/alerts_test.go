@@ -77,14 +77,14 @@ func newNamespace(t *testing.T) string {
 	return testenv.Namespace(t, env.Client, "ops-", nil)
 }
 
-// timing is one row of docs/alerts.md's table: from the cause to the delivered notification,
+// timing is one row of docs/evidence/alerts.md's table: from the cause to the delivered notification,
 // and from the end of the cause to the delivered resolution.
 type timing struct {
 	alert           string
 	fired, resolved time.Duration
 }
 
-// logTimings logs the rows of docs/alerts.md's table that *timings holds when it is called.
+// logTimings logs the rows of docs/evidence/alerts.md's table that *timings holds when it is called.
 func logTimings(t *testing.T, timings *[]timing) {
 	t.Helper()
 	var b strings.Builder
