@@ -178,22 +178,33 @@ LOAD_LARGE_KB ?= 300
 LOAD_LARGE_EVERY ?= 100
 # Where make load draws its plots (docs/evidence/performance.md shows them).
 LOAD_PLOTS ?= docs/img
+# Back-to-back restarts in the start-up run: LOAD_ROUNDS rounds, each restarting this guard and,
+# with LOAD_COMPARE (a commit), the guard of that commit (built into bin/ from a worktree), in a
+# random order, beside a timed metadata LIST of the same workflows.
+LOAD_ROUNDS ?= 0
+LOAD_COMPARE ?=
+LOAD_COMPARE_BIN := $(if $(LOAD_COMPARE),$(BIN)/exit-guard-$(LOAD_COMPARE))
 
 ##@ Measure
 
 .PHONY: load
-load: build $(HELM) ## Measure the guard on a local API server, loopback only, bounded (LOAD_SCENARIOS); prints Markdown tables, draws plots into LOAD_PLOTS.
+load: build $(HELM) $(LOAD_COMPARE_BIN) ## Measure the guard on a local API server, loopback only, bounded (LOAD_SCENARIOS); prints Markdown tables, draws plots into LOAD_PLOTS.
 	@assets=$$(hack/envtest-binaries.sh ensure) && export KUBEBUILDER_ASSETS="$$assets" HELM="$(HELM)" && \
 	  $(GO) build -o $(BIN)/load ./test/load && \
 	  for s in $(LOAD_SCENARIOS); do \
 	    case $$s in \
-	      startup) args="--workflows $(LOAD_WORKFLOWS) --size-kb $(LOAD_SIZE_KB) --large-kb $(LOAD_LARGE_KB) --large-every $(LOAD_LARGE_EVERY) --plot $(LOAD_PLOTS)/load-startup-$(LOAD_WORKFLOWS).svg";; \
+	      startup) args="--workflows $(LOAD_WORKFLOWS) --size-kb $(LOAD_SIZE_KB) --large-kb $(LOAD_LARGE_KB) --large-every $(LOAD_LARGE_EVERY) --plot $(LOAD_PLOTS)/load-startup-$(LOAD_WORKFLOWS).svg --rounds $(LOAD_ROUNDS) $(if $(LOAD_COMPARE),--compare $(LOAD_COMPARE_BIN))";; \
 	      apiserver) args="--plot $(LOAD_PLOTS)/load-apiserver.svg";; \
 	      *) args="";; \
 	    esac; \
 	    echo "== load $$s $$args"; \
 	    $(BIN)/load $$s --guard $(BIN)/exit-guard $$args || exit 1; \
 	  done
+
+# The guard of an earlier commit, for make load's back-to-back restarts (LOAD_COMPARE).
+$(BIN)/exit-guard-%:
+	@dir=$$(mktemp -d) && git worktree add --detach -q "$$dir" $* && \
+	  ( cd "$$dir" && $(GO) build -o $@ . ); rc=$$?; git worktree remove --force "$$dir"; exit $$rc
 
 .PHONY: bench
 bench: ## Run the benchmarks (one decision, live reads by size, the Workflow cache) against a real API server.

@@ -5,10 +5,13 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"math/rand/v2"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -34,6 +37,8 @@ func runStartup(args []string) error {
 	settle := fs.Duration("settle", 15*time.Second, "How long after Ready the steady memory is read.")
 	plotPath := fs.String("plot", "", "Also draw time to Ready and memory per workflow as an SVG at this path.")
 	watchers := fs.String("watchers", "exit-guard,"+shapePhase+","+shapeFull, "The watchers measured, in order.")
+	compare := fs.String("compare", "", "Another guard binary (an earlier commit's) to restart beside this one, alternated over --rounds on the same data.")
+	rounds := fs.Int("rounds", 0, "Rounds of back-to-back restarts: each round restarts the guard (and --compare), in a random order, and times a metadata LIST of the workflows beside them (0: none).")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -61,9 +66,12 @@ func runStartup(args []string) error {
 	measure := func(watcher string, workflows int) (row, error) {
 		var p *process
 		var err error
-		if watcher == "exit-guard" {
+		switch watcher {
+		case "exit-guard":
 			p, err = startGuard(c.guard, env, env.WebhookPort)
-		} else {
+		case "exit-guard (compared)":
+			p, err = startGuard(*compare, env, env.WebhookPort)
+		default:
 			p, err = startWatcher(watcher, env.KubeConfig())
 		}
 		if err != nil {
@@ -78,7 +86,7 @@ func runStartup(args []string) error {
 		if r.at, err = p.memory(); err != nil {
 			return row{}, err
 		}
-		if watcher == "exit-guard" && workflows > 0 {
+		if strings.HasPrefix(watcher, "exit-guard") && workflows > 0 {
 			if err := checkGuard(ctx, p, cl, workflows); err != nil {
 				return row{}, err
 			}
@@ -115,6 +123,29 @@ func runStartup(args []string) error {
 		rows = append(rows, r)
 	}
 
+	var backToBack []row
+	var lists []time.Duration
+	for round := 1; round <= *rounds; round++ {
+		order := []string{"exit-guard"}
+		if *compare != "" {
+			order = append(order, "exit-guard (compared)")
+		}
+		rand.Shuffle(len(order), func(i, j int) { order[i], order[j] = order[j], order[i] })
+		for _, w := range order {
+			r, err := measure(w, *n)
+			if err != nil {
+				return err
+			}
+			backToBack = append(backToBack, r)
+		}
+		d, err := listMetadata(ctx, cl, "retained")
+		if err != nil {
+			return err
+		}
+		lists = append(lists, d)
+		fmt.Fprintf(os.Stderr, "  round %d: a metadata LIST of the workflows took %s\n", round, d.Round(time.Millisecond))
+	}
+
 	fmt.Printf("\n%d retained workflows, %s of JSON (%s); memory read from /proc: VmHWM (peak) and VmRSS; settled = %s after Ready.\n\n",
 		*n, mib(bytes), sz, *settle)
 	fmt.Println("| watcher | workflows | Ready after | peak RSS | RSS at Ready | RSS settled | settled per workflow | peak / settled |")
@@ -130,6 +161,34 @@ func runStartup(args []string) error {
 		}
 		fmt.Printf("| %s | %d | %s | %s | %s | %s | %s | %.2f |\n", r.watcher, r.workflows, r.ready.Round(time.Millisecond),
 			mib(r.at.peak), mib(r.at.rss), mib(r.settled.rss), per, float64(r.at.peak)/float64(r.settled.rss))
+	}
+	if len(backToBack) > 0 {
+		// Back to back on the same data: each binary's restarts, and what the first list itself
+		// costs (a paginated metadata LIST of the same workflows, timed in each round).
+		listMedian := median(lists)
+		fmt.Printf("\nBack to back, %d rounds on the same %d workflows, the binaries in a random order each round; a metadata LIST of them (pages of 500, as an informer lists) took %s at the median (%s).\n\n",
+			*rounds, *n, listMedian.Round(time.Millisecond), durations(lists))
+		fmt.Println("| guard | Ready after each restart | median | median / the LIST | peak RSS (max) |")
+		fmt.Println("|---|---|---|---|---|")
+		for _, w := range []string{"exit-guard", "exit-guard (compared)"} {
+			var ds []time.Duration
+			var peak int64
+			for _, r := range backToBack {
+				if r.watcher == w {
+					ds = append(ds, r.ready)
+					peak = max(peak, r.at.peak)
+				}
+			}
+			if len(ds) == 0 {
+				continue
+			}
+			name := w
+			if w != "exit-guard" {
+				name = "compared: " + *compare
+			}
+			fmt.Printf("| %s | %s | %s | %.2f | %s |\n", name, durations(ds), median(ds).Round(time.Millisecond),
+				median(ds).Seconds()/listMedian.Seconds(), mib(peak))
+		}
 	}
 	// The runs with the workflows (not the guard's empty one), each watcher a point.
 	ready := figure.Panel{Title: fmt.Sprintf("Ready after a restart, %d workflows", *n), YLabel: "seconds (log)", Dots: true}
@@ -204,3 +263,36 @@ func scrapeLabelled(ctx context.Context, url, series string) (float64, error) {
 }
 
 func mib(b int64) string { return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20)) }
+
+// listMetadata times a paginated metadata-only LIST of the workflows of namespace, as the
+// guard's informer lists them at its start (pages of 500).
+func listMetadata(ctx context.Context, cl client.Client, namespace string) (time.Duration, error) {
+	start := time.Now()
+	cont := ""
+	for {
+		l := &metav1.PartialObjectMetadataList{}
+		l.SetGroupVersionKind(argo.GroupVersion.WithKind("WorkflowList"))
+		if err := cl.List(ctx, l, client.InNamespace(namespace), client.Limit(500), client.Continue(cont)); err != nil {
+			return 0, err
+		}
+		if cont = l.GetContinue(); cont == "" {
+			return time.Since(start), nil
+		}
+	}
+}
+
+// median is the middle of ds (the lower of the two middles).
+func median(ds []time.Duration) time.Duration {
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	return s[(len(s)-1)/2]
+}
+
+// durations lists ds, rounded to the millisecond.
+func durations(ds []time.Duration) string {
+	var out []string
+	for _, d := range ds {
+		out = append(out, d.Round(time.Millisecond).String())
+	}
+	return strings.Join(out, ", ")
+}
