@@ -5,8 +5,10 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io/fs"
 	"math/rand/v2"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"time"
@@ -115,6 +117,8 @@ func runStartup(args []string) error {
 		return err
 	}
 	fmt.Fprintf(os.Stderr, "created %d workflows, %s of JSON, in %s\n", *n, mib(bytes), time.Since(start).Round(time.Second))
+	etcdBytes := dirSize(env.EtcdDataDir())
+	fmt.Fprintf(os.Stderr, "etcd's data on disk: %s\n", mib(etcdBytes))
 	for _, w := range strings.Split(*watchers, ",") {
 		r, err := measure(w, *n)
 		if err != nil {
@@ -146,8 +150,8 @@ func runStartup(args []string) error {
 		fmt.Fprintf(os.Stderr, "  round %d: a metadata LIST of the workflows took %s\n", round, d.Round(time.Millisecond))
 	}
 
-	fmt.Printf("\n%d retained workflows, %s of JSON (%s); memory read from /proc: VmHWM (peak) and VmRSS; settled = %s after Ready.\n\n",
-		*n, mib(bytes), sz, *settle)
+	fmt.Printf("\n%d retained workflows, %s of JSON (%s), %s of etcd data on disk once created; memory read from /proc: VmHWM (peak) and VmRSS; settled = %s after Ready.\n\n",
+		*n, mib(bytes), sz, mib(etcdBytes), *settle)
 	fmt.Println("| watcher | workflows | Ready after | peak RSS | RSS at Ready | RSS settled | settled per workflow | peak / settled |")
 	fmt.Println("|---|---|---|---|---|---|---|---|")
 	for _, r := range rows {
@@ -295,4 +299,21 @@ func durations(ds []time.Duration) string {
 		out = append(out, d.Round(time.Millisecond).String())
 	}
 	return strings.Join(out, ", ")
+}
+
+// dirSize is the bytes of the files under dir (0 when it cannot be read).
+func dirSize(dir string) int64 {
+	var n int64
+	if dir == "" {
+		return 0
+	}
+	_ = filepath.WalkDir(dir, func(_ string, d fs.DirEntry, err error) error {
+		if err == nil && !d.IsDir() {
+			if info, err := d.Info(); err == nil {
+				n += info.Size()
+			}
+		}
+		return nil
+	})
+	return n
 }

@@ -177,6 +177,14 @@ func Start(opts Options) (*Env, error) {
 	}, nil
 }
 
+// EtcdDataDir is the folder of etcd's data (its WAL and database): what a run writes to disk.
+func (e *Env) EtcdDataDir() string {
+	if e.env.ControlPlane.Etcd == nil {
+		return ""
+	}
+	return e.env.ControlPlane.Etcd.DataDir
+}
+
 // KubeConfig returns a kubeconfig file's contents for an administrator of the API server.
 func (e *Env) KubeConfig() []byte {
 	return e.env.KubeConfig
