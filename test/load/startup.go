@@ -134,7 +134,7 @@ func runStartup(args []string) error {
 		if *compare != "" {
 			order = append(order, "exit-guard (compared)")
 		}
-		rand.Shuffle(len(order), func(i, j int) { order[i], order[j] = order[j], order[i] })
+		rand.Shuffle(len(order), func(i, j int) { order[i], order[j] = order[j], order[i] }) //nolint:gosec // G404: an order of restarts, not a secret
 		for _, w := range order {
 			r, err := measure(w, *n)
 			if err != nil {
