@@ -129,6 +129,8 @@ var profiles = []profile{
 	// A namespaced install: the webhook and the Workflow and Event rights scoped to the
 	// namespaces guarded.
 	{name: "namespaced", set: []string{"certificates.mode=chart", "guard.namespaces={argo,ci}"}},
+	// HTTPS metrics scraped with the chart's own scraper identity.
+	{name: "secure-metrics-scraper", set: []string{"metrics.secure=true", "metrics.serviceMonitor.enabled=true"}},
 	// OpenShift's restricted-v2 SCC chooses the user (docs/platforms.md).
 	{name: "openshift", set: []string{"podSecurityContext.runAsUser=null", "podSecurityContext.runAsGroup=null"}},
 	{name: "dns-policy-percentage-budget", set: []string{"dnsPolicy=Default", "podDisruptionBudget.minAvailable=50%"}},
@@ -143,6 +145,8 @@ var profiles = []profile{
 		"dashboard.enabled=true", "dashboard.annotations.grafana_folder=Argo",
 		"prometheusRule.enabled=true", "prometheusRule.labels.release=prometheus", "prometheusRule.alertLabels.team=platform",
 		"metrics.secure=true", "metrics.tokenAudiences={exit-guard}", "metrics.serviceMonitor.scrapeTimeout=10s", "metrics.serviceMonitor.honorLabels=true",
+		"metrics.serviceMonitor.authorization.type=Bearer", "metrics.serviceMonitor.authorization.credentials.name=prometheus-exit-guard-token",
+		"metrics.serviceMonitor.authorization.credentials.key=token",
 		"metrics.serviceMonitor.annotations.note=guard",
 		"metrics.serviceMonitor.relabelings[0].targetLabel=cluster", "metrics.serviceMonitor.relabelings[0].replacement=prod",
 		"metrics.serviceMonitor.metricRelabelings[0].sourceLabels={__name__}",

@@ -334,6 +334,11 @@ func TestChartRefusesTimingsThatDoNotFit(t *testing.T) {
 		{name: "a sidecar probe port on the controller's telemetry port", set: []string{"installMode=sidecar", "sidecar.probePort=8081"}, wantErr: "sidecar.probePort (8081) is a port of Argo's controller pod"},
 		{name: "a sidecar metrics port on the controller's metrics port", set: []string{"installMode=sidecar", "metrics.port=9090"}, wantErr: "metrics.port (9090) is a port of Argo's controller pod"},
 		{name: "standalone, the probe port 8081 is the guard's own", set: []string{"probePort=8081"}},
+		// A scrape the Prometheus Operator would skip, or the guard refuse, is refused here.
+		{name: "secure metrics scraped from another namespace without a CA there", set: []string{"metrics.secure=true", "metrics.serviceMonitor.enabled=true",
+			"metrics.serviceMonitor.namespace=monitoring"}, wantErr: "set metrics.serviceMonitor.tlsConfig to a CA found there"},
+		{name: "token audiences with the chart's scraper token", set: []string{"metrics.secure=true", "metrics.serviceMonitor.enabled=true",
+			"metrics.tokenAudiences={exit-guard}"}, wantErr: "the guard would refuse every scrape"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			args := []string{"template", "exit-guard", chartDir, "--namespace", "argo", "--kube-version", testenv.KubeVersion()}

@@ -146,6 +146,38 @@ func TestTuningValuesLandWhereTheySay(t *testing.T) {
 			t.Errorf("a disabled name that is no alert rendered, or without saying so: %v\n%s", err, out)
 		}
 	})
+	t.Run("secure metrics, the chart's scraper", func(t *testing.T) {
+		objs := render(t, profileNamed(t, "secure-metrics-scraper"), "eg", "argo")
+		ep, _, _ := unstructured.NestedSlice(only(t, objs, "ServiceMonitor").Object, "spec", "endpoints")
+		e := ep[0].(map[string]any)
+		if e["bearerTokenFile"] != nil {
+			t.Errorf("the ServiceMonitor has the deprecated bearerTokenFile: %v", e)
+		}
+		// The scrape's token: the chart's scraper, a token Secret the API server fills, bound to
+		// the metrics reader alone.
+		if cred, _, _ := unstructured.NestedString(e, "authorization", "credentials", "name"); cred != "eg-exit-guard-scraper-token" {
+			t.Errorf("ServiceMonitor authorization names the Secret %q, want the chart's scraper token", cred)
+		}
+		var scraperSecret *unstructured.Unstructured
+		for _, o := range find(objs, "Secret") {
+			if o.GetName() == "eg-exit-guard-scraper-token" {
+				scraperSecret = o
+			}
+		}
+		if scraperSecret == nil || scraperSecret.Object["type"] != "kubernetes.io/service-account-token" || scraperSecret.GetAnnotations()["kubernetes.io/service-account.name"] != "eg-exit-guard-scraper" {
+			t.Errorf("no token Secret of the scraper ServiceAccount: %v", scraperSecret)
+		}
+		bound := false
+		for _, o := range find(objs, "ClusterRoleBinding") {
+			if o.GetName() == "eg-exit-guard-scraper" {
+				ref, _, _ := unstructured.NestedString(o.Object, "roleRef", "name")
+				bound = ref == "eg-exit-guard-metrics-reader"
+			}
+		}
+		if !bound {
+			t.Error("the scraper is not bound to the metrics reader")
+		}
+	})
 	t.Run("openshift", func(t *testing.T) {
 		sc := convert[appsv1.Deployment](t, only(t, render(t, profileNamed(t, "openshift"), "eg", "argo"), "Deployment")).Spec.Template.Spec.SecurityContext
 		if sc.RunAsUser != nil || sc.RunAsGroup != nil || sc.RunAsNonRoot == nil || !*sc.RunAsNonRoot {
@@ -203,29 +235,8 @@ func TestTuningValuesLandWhereTheySay(t *testing.T) {
 		if e["scheme"] != "https" || e["scrapeTimeout"] != "10s" || e["honorLabels"] != true || e["relabelings"] == nil || e["metricRelabelings"] == nil || e["bearerTokenFile"] != nil {
 			t.Errorf("ServiceMonitor endpoint %v lacks the values, or has the deprecated bearerTokenFile", e)
 		}
-		// The scrape's token: the chart's scraper, a token Secret the API server fills, bound to
-		// the metrics reader alone.
-		if cred, _, _ := unstructured.NestedString(e, "authorization", "credentials", "name"); cred != "eg-exit-guard-scraper-token" {
-			t.Errorf("ServiceMonitor authorization names the Secret %q, want the chart's scraper token", cred)
-		}
-		var scraperSecret *unstructured.Unstructured
-		for _, o := range find(objs, "Secret") {
-			if o.GetName() == "eg-exit-guard-scraper-token" {
-				scraperSecret = o
-			}
-		}
-		if scraperSecret == nil || scraperSecret.Object["type"] != "kubernetes.io/service-account-token" || scraperSecret.GetAnnotations()["kubernetes.io/service-account.name"] != "eg-exit-guard-scraper" {
-			t.Errorf("no token Secret of the scraper ServiceAccount: %v", scraperSecret)
-		}
-		bound := false
-		for _, o := range find(objs, "ClusterRoleBinding") {
-			if o.GetName() == "eg-exit-guard-scraper" {
-				ref, _, _ := unstructured.NestedString(o.Object, "roleRef", "name")
-				bound = ref == "eg-exit-guard-metrics-reader"
-			}
-		}
-		if !bound {
-			t.Error("the scraper is not bound to the metrics reader")
+		if cred, _, _ := unstructured.NestedString(e, "authorization", "credentials", "name"); cred != "prometheus-exit-guard-token" {
+			t.Errorf("ServiceMonitor authorization names the Secret %q, want the one of metrics.serviceMonitor.authorization", cred)
 		}
 		serverName, _, _ := unstructured.NestedString(e, "tlsConfig", "serverName")
 		caSecret, _, _ := unstructured.NestedString(e, "tlsConfig", "ca", "secret", "name")

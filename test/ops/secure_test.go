@@ -28,7 +28,14 @@ import (
 type serviceMonitorEndpoint struct {
 	Scheme          string `json:"scheme"`
 	BearerTokenFile string `json:"bearerTokenFile"`
-	TLSConfig       struct {
+	Authorization   struct {
+		Type        string `json:"type"`
+		Credentials struct {
+			Name string `json:"name"`
+			Key  string `json:"key"`
+		} `json:"credentials"`
+	} `json:"authorization"`
+	TLSConfig struct {
 		ServerName string `json:"serverName"`
 		CA         struct {
 			Secret struct {
@@ -51,16 +58,33 @@ func TestSecureMetricsOnTheRealPrometheus(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The template renders the chart's scraper (a ServiceAccount, its token Secret, its binding)
+	// before the ServiceMonitor.
 	var sm struct {
+		Kind string `json:"kind"`
 		Spec struct {
 			Endpoints []serviceMonitorEndpoint `json:"endpoints"`
 		} `json:"spec"`
 	}
-	if err := yaml.Unmarshal(raw, &sm); err != nil || len(sm.Spec.Endpoints) != 1 {
-		t.Fatalf("the ServiceMonitor: %v (%d endpoints)", err, len(sm.Spec.Endpoints))
+	for _, doc := range strings.Split(string(raw), "\n---") {
+		var d struct {
+			Kind string `json:"kind"`
+		}
+		if yaml.Unmarshal([]byte(doc), &d) == nil && d.Kind == "ServiceMonitor" {
+			if err := yaml.Unmarshal([]byte(doc), &sm); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if len(sm.Spec.Endpoints) != 1 {
+		t.Fatalf("the ServiceMonitor: %d endpoints\n%s", len(sm.Spec.Endpoints), raw)
 	}
 	ep := sm.Spec.Endpoints[0]
-	if ep.Scheme != "https" || ep.BearerTokenFile == "" || ep.TLSConfig.ServerName == "" || ep.TLSConfig.CA.Secret.Name == "" {
+	// The Prometheus Operator reads the scrape's token from the Secret authorization names (the
+	// chart's scraper token); the test's own ServiceAccount token, bound as the chart binds the
+	// scraper, stands in for it below.
+	if ep.Scheme != "https" || ep.BearerTokenFile != "" || ep.Authorization.Type != "Bearer" || ep.Authorization.Credentials.Name == "" ||
+		ep.TLSConfig.ServerName == "" || ep.TLSConfig.CA.Secret.Name == "" {
 		t.Fatalf("the ServiceMonitor's endpoint with metrics.secure: %+v", ep)
 	}
 	cs, err := kubernetes.NewForConfig(env.Config)
