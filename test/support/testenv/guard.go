@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
@@ -12,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -105,19 +107,48 @@ func (g *Guard) Kill() error {
 	return nil
 }
 
-// FreeAddr returns a loopback address with a port that was free a moment ago and that it has not
-// returned before in this process.
+// FreeAddr returns a loopback address with a port that was free a moment ago (on every
+// interface), that it has not returned before in this process, and that no other process
+// that uses it (another package's tests) holds: see reserve. The port lies below the
+// kernel's ephemeral range where there is room for it: a port from that range, bound only later
+// (a guard's webhook port, bound again by each test), can meanwhile become the local port of any
+// outgoing connection on the machine, and the bind then fails for as long as that connection
+// lives.
 func FreeAddr() (string, error) {
 	handedOut.Lock()
 	defer handedOut.Unlock()
+	low, high := fixedPortRange()
 	for range 100 {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return "", err
-		}
-		addr := l.Addr().String()
-		if err := l.Close(); err != nil {
-			return "", err
+		var addr string
+		if low < high {
+			port := low + rand.IntN(high-low) //nolint:gosec // G404: a port to try, not a secret
+			addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+			if handedOut.ports[addr] {
+				continue
+			}
+			l, err := net.Listen("tcp", ":"+strconv.Itoa(port))
+			if err != nil {
+				continue
+			}
+			if err := l.Close(); err != nil {
+				return "", err
+			}
+			// Test binaries of other packages run beside this one and draw from the same
+			// range: each holds a lock on the ports it handed out, for as long as it lives.
+			if held, err := reserve(port); err != nil {
+				return "", err
+			} else if !held {
+				continue
+			}
+		} else {
+			l, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				return "", err
+			}
+			addr = l.Addr().String()
+			if err := l.Close(); err != nil {
+				return "", err
+			}
 		}
 		// The kernel may hand a port just closed out again: two callers that have not bound
 		// theirs yet (a guard's webhook and probe ports) would then collide.
@@ -127,6 +158,25 @@ func FreeAddr() (string, error) {
 		}
 	}
 	return "", errors.New("no free port not handed out before, in 100 tries")
+}
+
+// fixedPortRange is the range [low, high) FreeAddr draws ports from: the 10,000 ports below
+// the kernel's ephemeral range (net.ipv4.ip_local_port_range), none below 1025; empty where the
+// range cannot be read (FreeAddr then asks the kernel for a port).
+func fixedPortRange() (low, high int) {
+	raw, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		return 0, 0
+	}
+	f := strings.Fields(string(raw))
+	if len(f) != 2 {
+		return 0, 0
+	}
+	ephemeralLow, err := strconv.Atoi(f[0])
+	if err != nil {
+		return 0, 0
+	}
+	return max(1025, ephemeralLow-10000), ephemeralLow
 }
 
 // FreePort is the port of FreeAddr.
@@ -152,10 +202,35 @@ func TestPort(t testing.TB) int {
 	return port
 }
 
-// handedOut are the addresses FreeAddr returned, in this process.
+// reserve takes an exclusive lock on a file named for port, shared by every process on the
+// machine, and keeps it until this process ends (the kernel releases it then, however the
+// process ends). It reports false when another process holds it.
+func reserve(port int) (bool, error) {
+	dir := filepath.Join(os.TempDir(), "exit-guard-test-ports")
+	if err := os.MkdirAll(dir, 0o750); err != nil {
+		return false, err
+	}
+	f, err := os.OpenFile(filepath.Join(dir, strconv.Itoa(port)), os.O_CREATE|os.O_RDWR, 0o600) //nolint:gosec // G304: a file named for a port
+	if err != nil {
+		return false, err
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil { //nolint:gosec // G115: a file descriptor fits an int
+		_ = f.Close()
+		if errors.Is(err, syscall.EWOULDBLOCK) {
+			return false, nil
+		}
+		return false, fmt.Errorf("locking a port's file: %w", err)
+	}
+	handedOut.locks = append(handedOut.locks, f)
+	return true, nil
+}
+
+// handedOut are the addresses FreeAddr returned, in this process, and the files whose locks
+// reserve them.
 var handedOut = struct {
 	sync.Mutex
 	ports map[string]bool
+	locks []*os.File
 }{ports: map[string]bool{}}
 
 // GuardWebhook is the guard's ValidatingWebhookConfiguration as config/webhook generates it

@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -126,6 +127,16 @@ func Start(opts Options) (*Env, error) {
 	if opts.OwnCRDs {
 		crdDirs = opts.CRDDirs
 	}
+	// The webhook's port is bound again by each guard a test starts, and the API server's by
+	// each restart: both from FreeAddr's range, which no outgoing connection takes meanwhile.
+	webhookPort, err := FreePort()
+	if err != nil {
+		return nil, err
+	}
+	apiPort, err := FreePort()
+	if err != nil {
+		return nil, err
+	}
 	te := &envtest.Environment{
 		BinaryAssetsDirectory: assets,
 		CRDDirectoryPaths:     crdDirs,
@@ -133,6 +144,8 @@ func Start(opts Options) (*Env, error) {
 		WebhookInstallOptions: envtest.WebhookInstallOptions{
 			ValidatingWebhooks: opts.ValidatingWebhooks,
 			MutatingWebhooks:   opts.MutatingWebhooks,
+			LocalServingHost:   "127.0.0.1",
+			LocalServingPort:   webhookPort,
 		},
 		// A cold 2-core machine running tests in parallel packages can take longer than
 		// envtest's 20 s default to bring up etcd and the API server.
@@ -140,6 +153,8 @@ func Start(opts Options) (*Env, error) {
 		ControlPlaneStopTimeout:  30 * time.Second,
 	}
 	api := te.ControlPlane.GetAPIServer()
+	// Its secure serving address (the fields of the embedded SecureServing).
+	api.Address, api.Port = "127.0.0.1", strconv.Itoa(apiPort)
 	for k, v := range opts.APIServerFlags {
 		api.Configure().Set(k, v)
 	}
