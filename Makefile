@@ -171,7 +171,9 @@ fuzz: ## Run each fuzz target of the request decoders (AdmissionReview on every 
 
 # make load's scenarios, and the retained workflows of its start-up run and their sizes
 # (docs/evidence/performance.md has the runs at 10,000 and 100,000).
-LOAD_SCENARIOS ?= apiserver webhook startup watch
+LOAD_SCENARIOS ?= apiserver roles webhook startup watch
+# The retained workflows at each step of the roles run (each role's writes through the API server).
+LOAD_ROLES_RETAINED ?= 0,10000,100000
 LOAD_WORKFLOWS ?= 10000
 LOAD_SIZE_KB ?= 32
 LOAD_LARGE_KB ?= 300
@@ -195,6 +197,7 @@ load: build $(HELM) $(LOAD_COMPARE_BIN) ## Measure the guard on a local API serv
 	    case $$s in \
 	      startup) args="--workflows $(LOAD_WORKFLOWS) --size-kb $(LOAD_SIZE_KB) --large-kb $(LOAD_LARGE_KB) --large-every $(LOAD_LARGE_EVERY) --plot $(LOAD_PLOTS)/load-startup-$(LOAD_WORKFLOWS).svg --rounds $(LOAD_ROUNDS) $(if $(LOAD_COMPARE),--compare $(LOAD_COMPARE_BIN))";; \
 	      apiserver) args="--plot $(LOAD_PLOTS)/load-apiserver.svg";; \
+	      roles) args="--retained $(LOAD_ROLES_RETAINED)";; \
 	      *) args="";; \
 	    esac; \
 	    echo "== load $$s $$args"; \
@@ -239,13 +242,15 @@ e2e-argo: argo-controllers $(HELM) $(PROMTOOL) ## Reproduce the stale exit handl
 	  KUBEBUILDER_ASSETS="$$assets" HELM="$(HELM)" PROMTOOL="$(PROMTOOL)" E2E_CAPTURE_DIR="$(E2E_CAPTURE_DIR)" E2E_TRIES=$(E2E_TRIES) $(GO) test -tags e2e -count=1 -v -timeout 120m -run '$(E2E_RUN)' ./test/e2e
 
 # The throughput run (make e2e-throughput): Argo versions, workflows per batch, the controller's
-# parallelism, rounds, loads and configurations compared, and where the Markdown report goes.
+# parallelism, rounds, loads, workflow mixes (pods, http, mixed: test/e2e/throughput_test.go) and
+# configurations compared, and where the Markdown report goes.
 THROUGHPUT_VERSIONS ?= v3.4.17 v4.0.5
 THROUGHPUT_WORKFLOWS ?= 24
 THROUGHPUT_PARALLELISM ?= 8
 THROUGHPUT_ROUNDS ?= 3
 THROUGHPUT_LOADS ?= idle,loaded
-THROUGHPUT_CONFIGS ?= no webhook,exit-guard,exit-guard --store-first,exit-guard --taskset-repeats-for=-1s,live-GET peer
+THROUGHPUT_MIXES ?= pods,http
+THROUGHPUT_CONFIGS ?= no webhook,do-nothing webhook,exit-guard,exit-guard --store-first,exit-guard --taskset-repeats-for=-1s,live-GET peer
 THROUGHPUT_REPORT ?= $(BIN)/throughput.md
 
 .PHONY: e2e-throughput
@@ -255,7 +260,7 @@ e2e-throughput: $(HELM) $(PROMTOOL) ## Argo's own throughput with and without th
 	@assets=$$(hack/envtest-binaries.sh ensure) && \
 	  KUBEBUILDER_ASSETS="$$assets" HELM="$(HELM)" PROMTOOL="$(PROMTOOL)" \
 	  E2E_THROUGHPUT_VERSIONS="$(subst $(eval) ,$(comma),$(strip $(THROUGHPUT_VERSIONS)))" E2E_THROUGHPUT_WORKFLOWS=$(THROUGHPUT_WORKFLOWS) \
-	  E2E_THROUGHPUT_PARALLELISM=$(THROUGHPUT_PARALLELISM) E2E_THROUGHPUT_ROUNDS=$(THROUGHPUT_ROUNDS) E2E_THROUGHPUT_LOADS="$(THROUGHPUT_LOADS)" \
+	  E2E_THROUGHPUT_PARALLELISM=$(THROUGHPUT_PARALLELISM) E2E_THROUGHPUT_ROUNDS=$(THROUGHPUT_ROUNDS) E2E_THROUGHPUT_LOADS="$(THROUGHPUT_LOADS)" E2E_THROUGHPUT_MIXES="$(THROUGHPUT_MIXES)" \
 	  E2E_THROUGHPUT_CONFIGS="$(THROUGHPUT_CONFIGS)" E2E_THROUGHPUT_REPORT="$(abspath $(THROUGHPUT_REPORT))" \
 	  $(GO) test -tags e2e -count=1 -v -timeout 300m -run '^TestArgoThroughput$$' ./test/e2e
 

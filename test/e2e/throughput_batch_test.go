@@ -4,6 +4,7 @@ package e2e
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -25,14 +26,14 @@ import (
 	"github.com/exit-guard/exit-guard/test/support/testenv"
 )
 
-// runThroughput runs one batch under config and load, on a fresh API server.
-func runThroughput(t *testing.T, version, config, load string, p throughputParams, loadBin string) throughputRun {
+// runThroughput runs one batch of mix under config and load, on a fresh API server.
+func runThroughput(t *testing.T, version, config, load, mix string, p throughputParams, loadBin string) throughputRun {
 	t.Helper()
 	ctrlBin, crds := controller(t, version)
 	opts := testenv.Options{CRDDirs: []string{crds}, OwnCRDs: true}
 	vwc := chartWebhook(t)
 	switch config {
-	case "no webhook":
+	case noWebhook:
 	case "live-GET peer":
 		// The peer is sent every pod of the namespace, as a policy engine's webhook is.
 		for _, w := range vwc.Webhooks {
@@ -51,6 +52,9 @@ func runThroughput(t *testing.T, version, config, load string, p throughputParam
 	defer stop()
 	c := env.Client
 
+	// server is the webhook's process, whose CPU time the batch reads.
+	var server *testenv.Process
+	var guard *testenv.Guard
 	switch config {
 	case "exit-guard", "exit-guard --store-first", "exit-guard --taskset-repeats-for=-1s":
 		args := []string{"--webhook-port=" + strconv.Itoa(env.WebhookPort), "--webhook-cert-path=" + env.WebhookCertDir, "--shutdown-delay=0s"}
@@ -61,7 +65,8 @@ func runThroughput(t *testing.T, version, config, load string, p throughputParam
 			t.Fatalf("%v\n%s", err, out.String())
 		}
 		defer func() { _ = g.Stop() }()
-	case "live-GET peer":
+		server, guard = g.Process, g
+	case doNothing, "live-GET peer":
 		kc := filepath.Join(t.TempDir(), "kubeconfig")
 		if err := os.WriteFile(kc, env.KubeConfig(), 0o600); err != nil {
 			t.Fatal(err)
@@ -70,15 +75,22 @@ func runThroughput(t *testing.T, version, config, load string, p throughputParam
 		if err != nil {
 			t.Fatal(err)
 		}
-		peer, err := testenv.Launch(loadBin, []string{"liveget", "--addr=" + env.WebhookHost + ":" + strconv.Itoa(env.WebhookPort),
-			"--cert-dir=" + env.WebhookCertDir, "--probe=" + probe}, append(os.Environ(), "KUBECONFIG="+kc), nil)
+		// The do-nothing webhook is test/load's floor as controller-runtime serves it (the
+		// guard's server and decoding, no decision), on every path of the chart's webhooks.
+		args := []string{"floor", "--kind=controller-runtime"}
+		if config == "live-GET peer" {
+			args = []string{"liveget"}
+		}
+		peer, err := testenv.Launch(loadBin, append(args, "--addr="+env.WebhookHost+":"+strconv.Itoa(env.WebhookPort),
+			"--cert-dir="+env.WebhookCertDir, "--probe="+probe), append(os.Environ(), "KUBECONFIG="+kc), nil)
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer peer.Kill()
 		if _, err := peer.WaitReady(ctx, "http://"+probe+"/readyz", 200*time.Millisecond, 90*time.Second); err != nil {
-			t.Fatalf("the live-GET peer: %v", err)
+			t.Fatalf("the %s: %v", config, err)
 		}
+		server = peer
 	}
 
 	logDir := t.TempDir()
@@ -116,12 +128,18 @@ func runThroughput(t *testing.T, version, config, load string, p throughputParam
 		t.Fatalf("%s: the controller never served its metrics: %v\ncontroller log:\n%s", version, err, tail(logs, 40))
 	}
 	before := webhookCalls(ctx, t, env)
+	var served0 time.Duration
+	if server != nil {
+		if served0, err = server.CPU(); err != nil {
+			t.Fatal(err)
+		}
+	}
 
 	created := map[string]time.Time{}
 	var wfs []*unstructured.Unstructured
 	start := time.Now()
 	for i := range p.workflows {
-		wf := throughputWorkflow(i, notify)
+		wf := throughputWorkflow(i, mix, notify)
 		if err := c.Create(ctx, wf); err != nil {
 			t.Fatal(err)
 		}
@@ -143,7 +161,7 @@ func runThroughput(t *testing.T, version, config, load string, p throughputParam
 					doneAt[wf.GetName()] = now
 					if argo.Phase(ph) != argo.PhaseSucceeded {
 						msg, _, _ := unstructured.NestedString(wf.Object, "status", "message")
-						t.Errorf("%s, %s, %s: workflow %s ended %s (%s): a throughput run must not fail a workflow", version, load, config, wf.GetName(), ph, msg)
+						t.Errorf("%s, %s, %s mix, %s: workflow %s ended %s (%s): a throughput run must not fail a workflow", version, load, mix, config, wf.GetName(), ph, msg)
 					}
 				}
 			}
@@ -152,9 +170,16 @@ func runThroughput(t *testing.T, version, config, load string, p throughputParam
 	})
 	if err != nil {
 		logs, _ := os.ReadFile(logFile)
-		t.Fatalf("%s, %s, %s: %d of %d workflows completed within 10 minutes (%v)\ncontroller log:\n%s", version, load, config, len(doneAt), len(wfs), err, tail(logs, 40))
+		t.Fatalf("%s, %s, %s mix, %s: %d of %d workflows completed within 10 minutes (%v)\ncontroller log:\n%s", version, load, mix, config, len(doneAt), len(wfs), err, tail(logs, 40))
 	}
-	r := throughputRun{config: config, load: load}
+	r := throughputRun{config: config, load: load, mix: mix}
+	if server != nil {
+		served1, err := server.CPU()
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.served = served1 - served0
+	}
 	var last time.Time
 	for name, at := range doneAt {
 		r.done = append(r.done, at.Sub(created[name]))
@@ -176,6 +201,9 @@ func runThroughput(t *testing.T, version, config, load string, p throughputParam
 	}
 	if r.calls > 0 {
 		r.callMean = time.Duration(sum / r.calls * float64(time.Second))
+	}
+	if guard != nil {
+		r.decisions = guardDecisions(ctx, t, guard)
 	}
 	if mfs, err := scrapeController(ctx); err == nil {
 		r.queueAdds, r.queueWait = workflowQueue(mfs)
@@ -273,4 +301,36 @@ func loadAPIServer(ctx context.Context, t *testing.T, c client.Client) (stop fun
 		})
 	}
 	return func() { cancel(); wg.Wait() }
+}
+
+// guardDecisions says what the guard decided over the batch, from its own metrics: its decisions
+// by kind, verdict and reason, and its live reads (how many, their mean).
+func guardDecisions(ctx context.Context, t *testing.T, g *testenv.Guard) string {
+	t.Helper()
+	mfs, err := g.Metrics(ctx)
+	if err != nil {
+		t.Errorf("reading the guard's metrics: %v", err)
+		return ""
+	}
+	var parts []string
+	for _, m := range mfs["exit_guard_decisions_total"].GetMetric() {
+		labels := map[string]string{}
+		for _, l := range m.GetLabel() {
+			labels[l.GetName()] = l.GetValue()
+		}
+		if n := m.GetCounter().GetValue(); n > 0 {
+			parts = append(parts, fmt.Sprintf("%s %s %s %.0f", labels["kind"], labels["verdict"], labels["reason"], n))
+		}
+	}
+	slices.Sort(parts)
+	var reads, sum float64
+	for _, m := range mfs["exit_guard_live_read_duration_seconds"].GetMetric() {
+		reads += float64(m.GetHistogram().GetSampleCount())
+		sum += m.GetHistogram().GetSampleSum()
+	}
+	mean := time.Duration(0)
+	if reads > 0 {
+		mean = time.Duration(sum / reads * float64(time.Second))
+	}
+	return fmt.Sprintf("%s; live reads %.0f, mean %s", strings.Join(parts, ", "), reads, mean.Round(10*time.Microsecond))
 }

@@ -29,9 +29,19 @@ import (
 // webhook in the same round, with its spread over the rounds. `make e2e-throughput` runs it at
 // length (docs/evidence/performance.md); `make e2e-argo` runs one short round.
 
-// throughputConfigs are the configurations compared: no webhook, the guard as the chart
-// installs it (default and --store-first), and the live-GET peer (pods only).
-var throughputConfigs = []string{"no webhook", "exit-guard", "exit-guard --store-first", "exit-guard --taskset-repeats-for=-1s", "live-GET peer"}
+// throughputConfigs are the configurations compared: no webhook; the do-nothing webhook, which
+// admits every review at once, registered and served as the guard is (the chart's webhooks, the
+// same TLS and server): the floor under any webhook; the guard as the chart installs it (default
+// and --store-first, row T7 off); and the live-GET peer (pods only).
+var throughputConfigs = []string{noWebhook, doNothing, "exit-guard", "exit-guard --store-first", "exit-guard --taskset-repeats-for=-1s", "live-GET peer"}
+
+const (
+	noWebhook = "no webhook"
+	doNothing = "do-nothing webhook"
+)
+
+// throughputMixes are the workflows a batch can be made of (throughputWorkflow).
+var throughputMixes = []string{"pods", "http", "mixed"}
 
 // throughputParams are the run's sizes, from the environment (make e2e-throughput).
 type throughputParams struct {
@@ -40,6 +50,7 @@ type throughputParams struct {
 	parallelism int
 	rounds      int
 	loads       []string
+	mixes       []string
 	configs     []string
 	report      string
 }
@@ -47,7 +58,7 @@ type throughputParams struct {
 func throughputFromEnv(t *testing.T) throughputParams {
 	t.Helper()
 	p := throughputParams{versions: []string{"v3.4.17"}, workflows: 8, parallelism: 4, rounds: 1, loads: []string{"idle"},
-		configs: []string{"no webhook", "exit-guard"}, report: os.Getenv("E2E_THROUGHPUT_REPORT")}
+		mixes: []string{"mixed"}, configs: []string{noWebhook, "exit-guard"}, report: os.Getenv("E2E_THROUGHPUT_REPORT")}
 	num := func(name string, into *int) {
 		if s := os.Getenv(name); s != "" {
 			n, err := strconv.Atoi(s)
@@ -74,8 +85,9 @@ func throughputFromEnv(t *testing.T) throughputParams {
 	num("E2E_THROUGHPUT_ROUNDS", &p.rounds)
 	list("E2E_THROUGHPUT_VERSIONS", &p.versions, nil)
 	list("E2E_THROUGHPUT_LOADS", &p.loads, []string{"idle", "loaded"})
+	list("E2E_THROUGHPUT_MIXES", &p.mixes, throughputMixes)
 	list("E2E_THROUGHPUT_CONFIGS", &p.configs, throughputConfigs)
-	if !slices.Contains(p.configs, "no webhook") {
+	if !slices.Contains(p.configs, noWebhook) {
 		t.Fatal("E2E_THROUGHPUT_CONFIGS must include \"no webhook\": every ratio is to it")
 	}
 	return p
@@ -83,8 +95,8 @@ func throughputFromEnv(t *testing.T) throughputParams {
 
 // throughputRun is what one batch measured.
 type throughputRun struct {
-	config, load string
-	round        int
+	config, load, mix string
+	round             int
 	// perMinute: workflows completed per minute, from the first create to the last completion.
 	perMinute float64
 	// done: from each workflow's create to its completion as the test's poll saw it; held:
@@ -102,18 +114,22 @@ type throughputRun struct {
 	// time an item waited in it; workers busy on average is not exported by every version.
 	queueAdds float64
 	queueWait time.Duration
+	// served: the CPU time (user and system) the webhook's process used over the batch.
+	served time.Duration
+	// decisions: what the guard decided, from its metrics (guardDecisions).
+	decisions string
 }
 
 func TestArgoThroughput(t *testing.T) {
 	p := throughputFromEnv(t)
 	runs.Add(1)
 	loadBin := ""
-	if slices.Contains(p.configs, "live-GET peer") {
+	if slices.Contains(p.configs, "live-GET peer") || slices.Contains(p.configs, doNothing) {
 		loadBin = filepath.Join(t.TempDir(), "load")
 		cmd := exec.Command("go", "build", "-o", loadBin, "./test/load") //nolint:gosec // G204: this repository's own tool
 		cmd.Dir = testenv.RepoRoot()
 		if out, err := cmd.CombinedOutput(); err != nil {
-			t.Fatalf("building the live-GET peer (test/load): %v\n%s", err, out)
+			t.Fatalf("building the live-GET peer and the do-nothing webhook (test/load): %v\n%s", err, out)
 		}
 	}
 	var report strings.Builder
@@ -121,20 +137,22 @@ func TestArgoThroughput(t *testing.T) {
 		var all []throughputRun
 		for round := range p.rounds {
 			for _, load := range p.loads {
-				order := slices.Clone(p.configs)
-				rand.Shuffle(len(order), func(i, j int) { order[i], order[j] = order[j], order[i] }) //nolint:gosec // G404: an order of runs, not a secret
-				for _, config := range order {
-					r := runThroughput(t, version, config, load, p, loadBin)
-					r.round = round
-					all = append(all, r)
-					var hooks []string
-					for name, h := range r.byHook {
-						hooks = append(hooks, fmt.Sprintf("%s %.0f in %s", name, h.count, time.Duration(h.seconds*float64(time.Second)).Round(time.Millisecond)))
+				for _, mix := range p.mixes {
+					order := slices.Clone(p.configs)
+					rand.Shuffle(len(order), func(i, j int) { order[i], order[j] = order[j], order[i] }) //nolint:gosec // G404: an order of runs, not a secret
+					for _, config := range order {
+						r := runThroughput(t, version, config, load, mix, p, loadBin)
+						r.round = round
+						all = append(all, r)
+						var hooks []string
+						for name, h := range r.byHook {
+							hooks = append(hooks, fmt.Sprintf("%s %.0f in %s", name, h.count, time.Duration(h.seconds*float64(time.Second)).Round(time.Millisecond)))
+						}
+						slices.Sort(hooks)
+						t.Logf("%s, %s, %s mix, %s, round %d: %.2f workflows/min, create to done p50 %s p99 %s; webhook calls %.0f (mean %s; %s), served in %s of CPU; controller queue adds %.0f, mean wait %s; the guard's decisions: %s",
+							version, load, mix, config, round+1, r.perMinute, q(r.done, 0.5), q(r.done, 0.99), r.calls, r.callMean.Round(10*time.Microsecond), strings.Join(hooks, ", "),
+							r.served, r.queueAdds, r.queueWait.Round(10*time.Microsecond), r.decisions)
 					}
-					slices.Sort(hooks)
-					t.Logf("%s, %s, %s, round %d: %.2f workflows/min, create to done p50 %s p99 %s; webhook calls %.0f (mean %s; %s); controller queue adds %.0f, mean wait %s",
-						version, load, config, round+1, r.perMinute, q(r.done, 0.5), q(r.done, 0.99), r.calls, r.callMean.Round(10*time.Microsecond), strings.Join(hooks, ", "),
-						r.queueAdds, r.queueWait.Round(10*time.Microsecond))
 				}
 			}
 		}
@@ -149,10 +167,17 @@ func TestArgoThroughput(t *testing.T) {
 	t.Log("\n" + report.String())
 }
 
-// throughputWorkflow is the i-th workflow of the mix: steps with a pod exit handler; a DAG; a
-// step that fails once and is retried; HTTP steps with an HTTP exit handler (Argo's agent). Each
-// exit handler runs (no `when`): its pod or its TaskSet write is what the guard judges.
-func throughputWorkflow(i int, notify *notifier) *unstructured.Unstructured {
+// throughputWorkflow is the i-th workflow of mix. Each exit handler and hook runs (no `when`, an
+// expression true while the workflow runs): its pod or its TaskSet write is what the guard
+// judges.
+//   - mixed: steps with a pod exit handler; a DAG; a step that fails once and is retried; HTTP
+//     steps with an HTTP exit handler (Argo's agent).
+//   - pods: every pod role the guard judges: steps with a pod exit handler; a DAG whose last
+//     task has an exit handler of its own (<task>.onExit); a step retried once; steps with a
+//     workflow-level hook and a step-level hook, both `running` (<wf>.hooks.running,
+//     <step>.hooks.running), and a pod exit handler.
+//   - http: HTTP steps with an HTTP exit handler, every workflow.
+func throughputWorkflow(i int, mix string, notify *notifier) *unstructured.Unstructured {
 	container := func(name string) map[string]any {
 		return map[string]any{"name": name, "container": map[string]any{"image": "busybox", "command": []any{"sh", "-c", "echo " + name}}}
 	}
@@ -161,50 +186,63 @@ func throughputWorkflow(i int, notify *notifier) *unstructured.Unstructured {
 			"body": "workflow {{workflow.name}} is {{workflow.status}}", "successCondition": "response.statusCode == 200"}}
 	}
 	step := func(name, template string) map[string]any { return map[string]any{"name": name, "template": template} }
-	var kind string
+	const onExit = "exit-handler"
+	exitHandler := map[string]any{"name": onExit, "steps": []any{[]any{step("notify", "notify")}}}
+	spec := map[string]any{"entrypoint": "main", "onExit": onExit, "podGC": map[string]any{"strategy": "OnPodCompletion"}}
+	shape := "http"
+	switch mix {
+	case "mixed":
+		shape = []string{"steps", "dag", "retry", "http"}[i%4]
+	case "pods":
+		shape = []string{"steps", "dag-exit", "retry", "hooks"}[i%4]
+	}
 	var templates []any
-	onExit := "exit-handler"
-	switch i % 4 {
-	case 0:
-		kind = "steps"
+	switch shape {
+	case "steps":
 		templates = []any{
 			map[string]any{"name": "main", "steps": []any{[]any{step("s1", "work")}, []any{step("s2", "work"), step("s3", "work")}}},
-			container("work"), container("notify"),
-			map[string]any{"name": onExit, "steps": []any{[]any{step("notify", "notify")}}},
+			container("work"), container("notify"), exitHandler,
 		}
-	case 1:
-		kind = "dag"
+	case "dag", "dag-exit":
+		last := map[string]any{"name": "d4", "template": "work", "dependencies": []any{"d2", "d3"}}
+		if shape == "dag-exit" {
+			last["onExit"] = "notify"
+		}
 		templates = []any{
 			map[string]any{"name": "main", "dag": map[string]any{"tasks": []any{
 				step("d1", "work"),
 				map[string]any{"name": "d2", "template": "work", "dependencies": []any{"d1"}},
 				map[string]any{"name": "d3", "template": "work", "dependencies": []any{"d1"}},
-				map[string]any{"name": "d4", "template": "work", "dependencies": []any{"d2", "d3"}},
+				last,
 			}}},
-			container("work"), container("notify"),
-			map[string]any{"name": onExit, "steps": []any{[]any{step("notify", "notify")}}},
+			container("work"), container("notify"), exitHandler,
 		}
-	case 2:
-		kind = "retry"
+	case "retry":
 		flaky := container("flaky")
 		flaky["retryStrategy"] = map[string]any{"limit": "2"}
 		templates = []any{
 			map[string]any{"name": "main", "steps": []any{[]any{step("s1", "work")}, []any{step("flaky", "flaky")}}},
-			container("work"), flaky, container("notify"),
-			map[string]any{"name": onExit, "steps": []any{[]any{step("notify", "notify")}}},
+			container("work"), flaky, container("notify"), exitHandler,
+		}
+	case "hooks":
+		spec["hooks"] = map[string]any{"running": map[string]any{"expression": `workflow.status == "Running"`, "template": "notify"}}
+		s1 := step("s1", "work")
+		s1["hooks"] = map[string]any{"running": map[string]any{"expression": `steps["s1"].status == "Running"`, "template": "notify"}}
+		templates = []any{
+			map[string]any{"name": "main", "steps": []any{[]any{s1}, []any{step("s2", "work")}}},
+			container("work"), container("notify"), exitHandler,
 		}
 	default:
-		kind = "http"
 		templates = []any{
 			map[string]any{"name": "main", "steps": []any{[]any{step("s1", "work"), step("ping", "ping")}, []any{step("ping2", "ping")}}},
-			container("work"), httpTemplate("ping", notify.pingURL()), httpTemplate("notify", notify.url()),
-			map[string]any{"name": onExit, "steps": []any{[]any{step("notify", "notify")}}},
+			container("work"), httpTemplate("ping", notify.pingURL()), httpTemplate("notify", notify.url()), exitHandler,
 		}
 	}
+	spec["templates"] = templates
 	wf := &unstructured.Unstructured{}
 	wf.SetGroupVersionKind(argo.WorkflowGVK)
 	wf.SetNamespace(namespace)
-	wf.SetGenerateName("tp-" + kind + "-")
-	wf.Object["spec"] = map[string]any{"entrypoint": "main", "onExit": onExit, "podGC": map[string]any{"strategy": "OnPodCompletion"}, "templates": templates}
+	wf.SetGenerateName("tp-" + shape + "-")
+	wf.Object["spec"] = spec
 	return wf
 }

@@ -194,7 +194,7 @@ func runAPIServer(args []string) error {
 		errs, timeouts := map[string]int{}, map[string]int{}
 		cpu0 := map[string]time.Duration{}
 		for col, p := range procOf {
-			if cpu0[col], err = p.cpu(); err != nil {
+			if cpu0[col], err = p.CPU(); err != nil {
 				return err
 			}
 		}
@@ -232,7 +232,7 @@ func runAPIServer(args []string) error {
 		// The CPU of each webhook's process over the step, per create sent to it.
 		cpuPer := map[string]time.Duration{}
 		for col, p := range procOf {
-			cpu1, err := p.cpu()
+			cpu1, err := p.CPU()
 			if err != nil {
 				return err
 			}

@@ -21,9 +21,10 @@ import (
 	"github.com/exit-guard/exit-guard/test/support/testenv"
 )
 
-// floorCommand runs a webhook that admits every review at once: the floor under any webhook's
-// cost. Two of them, each served as the guard is served to the API server (TLS 1.2 at least,
-// HTTP/1.1 only, the same AdmissionReview):
+// floorCommand runs a webhook that admits every review at once, on every path (the guard's pod,
+// TaskSet and Event paths alike): the floor under any webhook's cost. Two of them, each served
+// as the guard is served to the API server (TLS 1.2 at least, HTTP/1.1 only, the same
+// AdmissionReview):
 //
 //   - floorRuntime: controller-runtime's webhook server and admission.Webhook, with a handler
 //     that allows: what the guard's serving and decoding cost before any decision.
@@ -69,13 +70,13 @@ func runFloor(args []string) error {
 	switch *kind {
 	case floorRuntime:
 		srv := crwebhook.NewServer(crwebhook.Options{Host: host, Port: port, CertDir: *certDir, TLSOpts: []func(*tls.Config){floorTLS}})
-		srv.Register("/validate-pod", &admission.Webhook{Handler: admission.HandlerFunc(
+		srv.Register("/", &admission.Webhook{Handler: admission.HandlerFunc(
 			func(context.Context, admission.Request) admission.Response { return admission.Allowed("") })})
 		ready = srv.StartedChecker()
 		serve = func() error { return srv.Start(ctx) }
 	case floorHTTP:
 		mux := http.NewServeMux()
-		mux.HandleFunc("/validate-pod", allowReview)
+		mux.HandleFunc("/", allowReview)
 		tc := &tls.Config{}
 		floorTLS(tc)
 		srv := &http.Server{Addr: *addr, Handler: mux, TLSConfig: tc, ReadHeaderTimeout: 5 * time.Second,

@@ -31,8 +31,9 @@ func TestMain(m *testing.M) {
 
 // The smoke runs of make load's scenarios, small: they assert only what each scenario checks
 // of correctness (the guard Ready with every retained workflow in its store, the exit handler
-// of a Succeeded workflow refused after the restart and that of a running one admitted; every
-// watcher caught up with the burst, the guard's store holding each completion; side by side,
+// of a Succeeded workflow refused after the restart and that of a running one admitted; each
+// role's write of a running workflow admitted and reaching its webhook once, beside the
+// do-nothing webhook and through two replicas; every watcher caught up with the burst, the guard's store holding each completion; side by side,
 // no policy refusing the exit handler of a running workflow and every one refusing that of a
 // Succeeded workflow, and the pods the guard's policy does not concern never sent to it, by
 // the API server's own counters). No timing is asserted.
@@ -51,6 +52,11 @@ func TestLoadSmoke(t *testing.T) {
 	})
 	t.Run("apiserver", func(t *testing.T) {
 		if err := runAPIServer([]string{"--guard=" + guard, "--retained=0,100", "--rounds=30", "--timeout=5m"}); err != nil {
+			t.Fatal(err)
+		}
+	})
+	t.Run("roles", func(t *testing.T) {
+		if err := runRoles([]string{"--guard=" + guard, "--retained=0,50", "--rounds=5", "--timeout=5m"}); err != nil {
 			t.Fatal(err)
 		}
 	})

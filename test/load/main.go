@@ -51,6 +51,8 @@ func main() {
 		err = runWebhook(os.Args[2:])
 	case "apiserver":
 		err = runAPIServer(os.Args[2:])
+	case "roles":
+		err = runRoles(os.Args[2:])
 	case watcherCommand:
 		err = runWatcher(os.Args[2:])
 	case liveGetCommand:
@@ -68,7 +70,7 @@ func main() {
 }
 
 func usage() {
-	fmt.Fprintln(os.Stderr, "usage: load apiserver|webhook|startup|watch [flags]   (load <scenario> -h lists the flags)")
+	fmt.Fprintln(os.Stderr, "usage: load apiserver|roles|webhook|startup|watch [flags]   (load <scenario> -h lists the flags)")
 }
 
 // common flags of the scenarios.

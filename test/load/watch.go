@@ -91,7 +91,7 @@ func runWatch(args []string) error {
 	idle := *idleFor
 	idleCPU := make([]time.Duration, len(procs))
 	for i, p := range procs {
-		if idleCPU[i], err = p.cpu(); err != nil {
+		if idleCPU[i], err = p.CPU(); err != nil {
 			return err
 		}
 	}
@@ -101,7 +101,7 @@ func runWatch(args []string) error {
 	const asks = 50
 	askCPU := make([]time.Duration, len(procs))
 	for i, p := range procs {
-		t0, err := p.cpu()
+		t0, err := p.CPU()
 		if err != nil {
 			return err
 		}
@@ -110,7 +110,7 @@ func runWatch(args []string) error {
 				return err
 			}
 		}
-		t1, err := p.cpu()
+		t1, err := p.CPU()
 		if err != nil {
 			return err
 		}
@@ -118,7 +118,7 @@ func runWatch(args []string) error {
 	}
 	before := make([]time.Duration, len(procs))
 	for i, p := range procs {
-		if before[i], err = p.cpu(); err != nil {
+		if before[i], err = p.CPU(); err != nil {
 			return err
 		}
 		idleCPU[i] = before[i] - idleCPU[i] - asks*askCPU[i]
@@ -171,7 +171,7 @@ func runWatch(args []string) error {
 		if err != nil {
 			return err
 		}
-		after, err := p.cpu()
+		after, err := p.CPU()
 		if err != nil {
 			return err
 		}

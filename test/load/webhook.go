@@ -186,7 +186,7 @@ func runWebhook(args []string) error {
 			rand.Shuffle(len(order), func(i, j int) { order[i], order[j] = order[j], order[i] }) //nolint:gosec // G404: an order of webhooks, not a secret
 			for _, i := range order {
 				t := here[i]
-				cpu0, err := t.proc.cpu()
+				cpu0, err := t.proc.CPU()
 				if err != nil {
 					return err
 				}
@@ -194,7 +194,7 @@ func runWebhook(args []string) error {
 				if err != nil {
 					return err
 				}
-				cpu1, err := t.proc.cpu()
+				cpu1, err := t.proc.CPU()
 				if err != nil {
 					return err
 				}

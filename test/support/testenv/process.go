@@ -5,8 +5,11 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"syscall"
 	"time"
 )
@@ -123,4 +126,22 @@ func (p *Process) Kill() {
 	}
 	_ = p.cmd.Process.Kill()
 	<-p.exited
+}
+
+// CPU is the CPU time the process has used, user and system (Linux: /proc).
+func (p *Process) CPU() (time.Duration, error) {
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p.Pid()))
+	if err != nil {
+		return 0, err
+	}
+	// The command name, in parentheses, may hold spaces: count fields after it.
+	s := string(raw)
+	f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+	if len(f) < 13 {
+		return 0, fmt.Errorf("unexpected /proc stat: %q", s)
+	}
+	utime, _ := strconv.ParseInt(f[11], 10, 64)
+	stime, _ := strconv.ParseInt(f[12], 10, 64)
+	// Linux reports clock ticks of 1/100 s (USER_HZ) to user space.
+	return time.Duration(utime+stime) * 10 * time.Millisecond, nil
 }
