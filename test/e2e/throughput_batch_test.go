@@ -55,8 +55,8 @@ func runThroughput(t *testing.T, version, config, load, mix string, p throughput
 	// server is the webhook's process, whose CPU time the batch reads.
 	var server *testenv.Process
 	var guard *testenv.Guard
-	switch config {
-	case "exit-guard", "exit-guard --store-first", "exit-guard --taskset-repeats-for=-1s":
+	switch {
+	case config == "exit-guard" || strings.HasPrefix(config, "exit-guard --"):
 		args := []string{"--webhook-port=" + strconv.Itoa(env.WebhookPort), "--webhook-cert-path=" + env.WebhookCertDir, "--shutdown-delay=0s"}
 		args = append(args, strings.Fields(config)[1:]...)
 		out := &testenv.Output{}
@@ -66,7 +66,7 @@ func runThroughput(t *testing.T, version, config, load, mix string, p throughput
 		}
 		defer func() { _ = g.Stop() }()
 		server, guard = g.Process, g
-	case doNothing, "live-GET peer":
+	case config == doNothing || config == "live-GET peer":
 		kc := filepath.Join(t.TempDir(), "kubeconfig")
 		if err := os.WriteFile(kc, env.KubeConfig(), 0o600); err != nil {
 			t.Fatal(err)
@@ -128,6 +128,7 @@ func runThroughput(t *testing.T, version, config, load, mix string, p throughput
 		t.Fatalf("%s: the controller never served its metrics: %v\ncontroller log:\n%s", version, err, tail(logs, 40))
 	}
 	before := webhookCalls(ctx, t, env)
+	readsBefore := workflowReads(ctx, t, env)
 	var served0 time.Duration
 	if server != nil {
 		if served0, err = server.CPU(); err != nil {
@@ -205,6 +206,10 @@ func runThroughput(t *testing.T, version, config, load, mix string, p throughput
 	if guard != nil {
 		r.decisions = guardDecisions(ctx, t, guard)
 	}
+	r.reads = map[string]hookCalls{}
+	for verb, after := range workflowReads(ctx, t, env) {
+		r.reads[verb] = hookCalls{count: after.count - readsBefore[verb].count, seconds: after.seconds - readsBefore[verb].seconds}
+	}
 	if mfs, err := scrapeController(ctx); err == nil {
 		r.queueAdds, r.queueWait = workflowQueue(mfs)
 	} else {
@@ -237,6 +242,31 @@ func webhookCalls(ctx context.Context, t *testing.T, env *testenv.Env) map[strin
 		calls[name] = c
 	}
 	return calls
+}
+
+// workflowReads reads, from the API server's apiserver_request_duration_seconds, how many GETs
+// and LISTs of Workflows it served (the guard's live reads and the controller's own) and how
+// long they took in all, by verb.
+func workflowReads(ctx context.Context, t *testing.T, env *testenv.Env) map[string]hookCalls {
+	mfs, err := env.APIServerMetrics(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reads := map[string]hookCalls{}
+	for _, m := range mfs["apiserver_request_duration_seconds"].GetMetric() {
+		labels := map[string]string{}
+		for _, l := range m.GetLabel() {
+			labels[l.GetName()] = l.GetValue()
+		}
+		if labels["resource"] != argo.Resource || labels["subresource"] != "" || (labels["verb"] != "GET" && labels["verb"] != "LIST") {
+			continue
+		}
+		c := reads[labels["verb"]]
+		c.count += float64(m.GetHistogram().GetSampleCount())
+		c.seconds += m.GetHistogram().GetSampleSum()
+		reads[labels["verb"]] = c
+	}
+	return reads
 }
 
 // workflowQueue reads the controller's workflow queue from its metrics: items added, and the

@@ -86,7 +86,13 @@ func throughputFromEnv(t *testing.T) throughputParams {
 	list("E2E_THROUGHPUT_VERSIONS", &p.versions, nil)
 	list("E2E_THROUGHPUT_LOADS", &p.loads, []string{"idle", "loaded"})
 	list("E2E_THROUGHPUT_MIXES", &p.mixes, throughputMixes)
-	list("E2E_THROUGHPUT_CONFIGS", &p.configs, throughputConfigs)
+	list("E2E_THROUGHPUT_CONFIGS", &p.configs, nil)
+	for _, c := range p.configs {
+		// Beside the named configurations, the guard with any flags ("exit-guard --flag=value").
+		if !slices.Contains(throughputConfigs, c) && !strings.HasPrefix(c, "exit-guard --") {
+			t.Fatalf("E2E_THROUGHPUT_CONFIGS: %q is not one of %q, nor exit-guard with flags", c, throughputConfigs)
+		}
+	}
 	if !slices.Contains(p.configs, noWebhook) {
 		t.Fatal("E2E_THROUGHPUT_CONFIGS must include \"no webhook\": every ratio is to it")
 	}
@@ -118,6 +124,9 @@ type throughputRun struct {
 	served time.Duration
 	// decisions: what the guard decided, from its metrics (guardDecisions).
 	decisions string
+	// reads: the GETs and LISTs of Workflows the API server served over the batch (the
+	// guard's live reads among them), by verb.
+	reads map[string]hookCalls
 }
 
 func TestArgoThroughput(t *testing.T) {
@@ -149,9 +158,9 @@ func TestArgoThroughput(t *testing.T) {
 							hooks = append(hooks, fmt.Sprintf("%s %.0f in %s", name, h.count, time.Duration(h.seconds*float64(time.Second)).Round(time.Millisecond)))
 						}
 						slices.Sort(hooks)
-						t.Logf("%s, %s, %s mix, %s, round %d: %.2f workflows/min, create to done p50 %s p99 %s; webhook calls %.0f (mean %s; %s), served in %s of CPU; controller queue adds %.0f, mean wait %s; the guard's decisions: %s",
+						t.Logf("%s, %s, %s mix, %s, round %d: %.2f workflows/min, create to done p50 %s p99 %s; webhook calls %.0f (mean %s; %s), served in %s of CPU; controller queue adds %.0f, mean wait %s; the guard's decisions: %s; workflow reads at the API server: %s",
 							version, load, mix, config, round+1, r.perMinute, q(r.done, 0.5), q(r.done, 0.99), r.calls, r.callMean.Round(10*time.Microsecond), strings.Join(hooks, ", "),
-							r.served, r.queueAdds, r.queueWait.Round(10*time.Microsecond), r.decisions)
+							r.served, r.queueAdds, r.queueWait.Round(10*time.Microsecond), r.decisions, readsOf(r))
 					}
 				}
 			}
@@ -245,4 +254,18 @@ func throughputWorkflow(i int, mix string, notify *notifier) *unstructured.Unstr
 	wf.SetGenerateName("tp-" + shape + "-")
 	wf.Object["spec"] = spec
 	return wf
+}
+
+// readsOf says r.reads: each verb's count and mean.
+func readsOf(r throughputRun) string {
+	var parts []string
+	for _, verb := range []string{"GET", "LIST"} {
+		h := r.reads[verb]
+		mean := time.Duration(0)
+		if h.count > 0 {
+			mean = time.Duration(h.seconds / h.count * float64(time.Second))
+		}
+		parts = append(parts, fmt.Sprintf("%s %.0f (mean %s)", verb, h.count, mean.Round(10*time.Microsecond)))
+	}
+	return strings.Join(parts, ", ")
 }
