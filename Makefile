@@ -8,15 +8,19 @@ GO ?= go
 BIN := $(CURDIR)/bin
 # Every version, written once (the tests and hack/ read the same file).
 include hack/versions.env
-# Tools are installed into ./bin at pinned versions.
-GOLANGCI_LINT := $(BIN)/golangci-lint-$(GOLANGCI_LINT_VERSION)
-HELM := $(BIN)/helm-$(HELM_VERSION)
-CONTROLLER_GEN := $(BIN)/controller-gen-$(CONTROLLER_GEN_VERSION)
-HELM_DOCS := $(BIN)/helm-docs-$(HELM_DOCS_VERSION)
-PROMTOOL := $(BIN)/promtool-$(PROMTOOL_VERSION)
-COSIGN := $(BIN)/cosign-$(COSIGN_VERSION)
-SYFT := $(BIN)/syft-$(SYFT_VERSION)
-ACTIONLINT := $(BIN)/actionlint-$(ACTIONLINT_VERSION)
+# Tools are built from Go modules at pinned versions into the user cache, as hack/ does for the
+# API server and Argo (EXIT_GUARD_CACHE, default ${XDG_CACHE_HOME:-~/.cache}/exit-guard), named by
+# version: every checkout and worktree of the machine shares them, so a fresh one builds none.
+CACHE_ROOT := $(or $(EXIT_GUARD_CACHE),$(or $(XDG_CACHE_HOME),$(HOME)/.cache)/exit-guard)
+TOOLS := $(CACHE_ROOT)/tools
+GOLANGCI_LINT := $(TOOLS)/golangci-lint-$(GOLANGCI_LINT_VERSION)
+HELM := $(TOOLS)/helm-$(HELM_VERSION)
+CONTROLLER_GEN := $(TOOLS)/controller-gen-$(CONTROLLER_GEN_VERSION)
+HELM_DOCS := $(TOOLS)/helm-docs-$(HELM_DOCS_VERSION)
+PROMTOOL := $(TOOLS)/promtool-$(PROMTOOL_VERSION)
+COSIGN := $(TOOLS)/cosign-$(COSIGN_VERSION)
+SYFT := $(TOOLS)/syft-$(SYFT_VERSION)
+ACTIONLINT := $(TOOLS)/actionlint-$(ACTIONLINT_VERSION)
 CHART := charts/exit-guard
 # Options for `go test`, e.g. GOTESTFLAGS='-run TestX -v'.
 GOTESTFLAGS ?=
@@ -61,7 +65,7 @@ RELEASE_TOOLS := $(HELM) $(COSIGN) $(SYFT)
 RELEASE_ENV = GO="$(GO)" HELM="$(HELM)" COSIGN="$(COSIGN)" SYFT="$(SYFT)" DIST="$(BIN)/release"
 
 .PHONY: release-tools
-release-tools: $(RELEASE_TOOLS) $(ACTIONLINT) ## Build the release's tools (helm, cosign, syft, actionlint; pinned, from Go modules) into ./bin.
+release-tools: $(RELEASE_TOOLS) $(ACTIONLINT) ## Build the release's tools (helm, cosign, syft, actionlint; pinned, from Go modules) into the user cache.
 
 .PHONY: release-snapshot
 release-snapshot: $(RELEASE_TOOLS) ## The release workflow's steps, here: binaries, multi-arch image, SBOMs, chart, pushed to a loopback registry, signed with a key made for the run, verified (bin/release).
@@ -86,21 +90,21 @@ actionlint: $(ACTIONLINT) ## Check the GitHub Actions workflows (actionlint, pin
 	$(ACTIONLINT) -no-color -shellcheck= -pyflakes=
 
 $(COSIGN):
-	@mkdir -p $(BIN)
-	@echo "building cosign $(COSIGN_VERSION) into ./bin from Go modules (several minutes the first time)"
-	CGO_ENABLED=0 GOBIN=$(BIN)/.cosign-tmp $(GO) install -trimpath github.com/sigstore/cosign/v2/cmd/cosign@$(COSIGN_VERSION)
-	mv $(BIN)/.cosign-tmp/cosign $@ && rmdir $(BIN)/.cosign-tmp
+	@mkdir -p $(TOOLS)
+	@echo "building cosign $(COSIGN_VERSION) into the user cache from Go modules (several minutes the first time)"
+	tmp=$$(mktemp -d $(TOOLS)/.cosign-XXXXXX) && CGO_ENABLED=0 GOBIN=$$tmp $(GO) install -trimpath github.com/sigstore/cosign/v2/cmd/cosign@$(COSIGN_VERSION) && \
+	  mv $$tmp/cosign $@ && rmdir $$tmp
 
 $(SYFT):
-	@mkdir -p $(BIN)
-	@echo "building syft $(SYFT_VERSION) into ./bin from Go modules (several minutes the first time)"
-	CGO_ENABLED=0 GOBIN=$(BIN)/.syft-tmp $(GO) install -trimpath github.com/anchore/syft/cmd/syft@$(SYFT_VERSION)
-	mv $(BIN)/.syft-tmp/syft $@ && rmdir $(BIN)/.syft-tmp
+	@mkdir -p $(TOOLS)
+	@echo "building syft $(SYFT_VERSION) into the user cache from Go modules (several minutes the first time)"
+	tmp=$$(mktemp -d $(TOOLS)/.syft-XXXXXX) && CGO_ENABLED=0 GOBIN=$$tmp $(GO) install -trimpath github.com/anchore/syft/cmd/syft@$(SYFT_VERSION) && \
+	  mv $$tmp/syft $@ && rmdir $$tmp
 
 $(ACTIONLINT):
-	@mkdir -p $(BIN)
-	GOBIN=$(BIN)/.actionlint-tmp $(GO) install github.com/rhysd/actionlint/cmd/actionlint@$(ACTIONLINT_VERSION)
-	mv $(BIN)/.actionlint-tmp/actionlint $@ && rmdir $(BIN)/.actionlint-tmp
+	@mkdir -p $(TOOLS)
+	tmp=$$(mktemp -d $(TOOLS)/.actionlint-XXXXXX) && GOBIN=$$tmp $(GO) install github.com/rhysd/actionlint/cmd/actionlint@$(ACTIONLINT_VERSION) && \
+	  mv $$tmp/actionlint $@ && rmdir $$tmp
 
 ##@ Run
 
@@ -112,7 +116,7 @@ demo: build ## Replay the reference scenario: local API server, the guard, a sta
 ##@ Test
 
 .PHONY: promtool
-promtool: $(PROMTOOL) ## Build promtool (pinned, from Go modules) into ./bin.
+promtool: $(PROMTOOL) ## Build promtool (pinned, from Go modules) into the user cache.
 
 .PHONY: envtest-binaries
 envtest-binaries: ## Build kube-apiserver and etcd from Go modules into the user cache (first run ~10 min).
@@ -320,39 +324,39 @@ helm-lint: $(HELM) ## Lint the chart.
 	$(HELM) lint $(CHART) --kube-version $(KUBE_VERSION:v%=%)
 
 $(HELM):
-	@mkdir -p $(BIN)
-	@echo "building helm $(HELM_VERSION) into ./bin from Go modules (about 2 minutes the first time)"
-	GOBIN=$(BIN)/.helm-tmp $(GO) install helm.sh/helm/v3/cmd/helm@$(HELM_VERSION)
-	mv $(BIN)/.helm-tmp/helm $@ && rmdir $(BIN)/.helm-tmp
+	@mkdir -p $(TOOLS)
+	@echo "building helm $(HELM_VERSION) into the user cache from Go modules (about 2 minutes the first time)"
+	tmp=$$(mktemp -d $(TOOLS)/.helm-XXXXXX) && GOBIN=$$tmp $(GO) install helm.sh/helm/v3/cmd/helm@$(HELM_VERSION) && \
+	  mv $$tmp/helm $@ && rmdir $$tmp
 
 $(HELM_DOCS):
-	@mkdir -p $(BIN)
-	GOBIN=$(BIN)/.helm-docs-tmp $(GO) install github.com/norwoodj/helm-docs/cmd/helm-docs@$(HELM_DOCS_VERSION)
-	mv $(BIN)/.helm-docs-tmp/helm-docs $@ && rmdir $(BIN)/.helm-docs-tmp
+	@mkdir -p $(TOOLS)
+	tmp=$$(mktemp -d $(TOOLS)/.helm-docs-XXXXXX) && GOBIN=$$tmp $(GO) install github.com/norwoodj/helm-docs/cmd/helm-docs@$(HELM_DOCS_VERSION) && \
+	  mv $$tmp/helm-docs $@ && rmdir $$tmp
 
 $(PROMTOOL):
-	@mkdir -p $(BIN)
-	@echo "building promtool $(PROMTOOL_VERSION) into ./bin from Go modules (a few minutes the first time)"
+	@mkdir -p $(TOOLS)
+	@echo "building promtool $(PROMTOOL_VERSION) into the user cache from Go modules (a few minutes the first time)"
 	@# Built as hack/ops-binaries.sh builds Prometheus (the same flags and the tag remove_all_sd,
 	@# which leaves out the service-discovery plugins and their cloud SDKs: promtool's rule
 	@# checks and tests need none), so that the two share their compiled packages.
-	CGO_ENABLED=0 GOBIN=$(BIN)/.promtool-tmp $(GO) install -trimpath -tags remove_all_sd github.com/prometheus/prometheus/cmd/promtool@$(PROMTOOL_VERSION)
-	mv $(BIN)/.promtool-tmp/promtool $@ && rmdir $(BIN)/.promtool-tmp
+	tmp=$$(mktemp -d $(TOOLS)/.promtool-XXXXXX) && CGO_ENABLED=0 GOBIN=$$tmp $(GO) install -trimpath -tags remove_all_sd github.com/prometheus/prometheus/cmd/promtool@$(PROMTOOL_VERSION) && \
+	  mv $$tmp/promtool $@ && rmdir $$tmp
 
 $(CONTROLLER_GEN):
-	@mkdir -p $(BIN)
-	GOBIN=$(BIN)/.cg-tmp $(GO) install sigs.k8s.io/controller-tools/cmd/controller-gen@$(CONTROLLER_GEN_VERSION)
-	mv $(BIN)/.cg-tmp/controller-gen $@ && rmdir $(BIN)/.cg-tmp
+	@mkdir -p $(TOOLS)
+	tmp=$$(mktemp -d $(TOOLS)/.cg-XXXXXX) && GOBIN=$$tmp $(GO) install sigs.k8s.io/controller-tools/cmd/controller-gen@$(CONTROLLER_GEN_VERSION) && \
+	  mv $$tmp/controller-gen $@ && rmdir $$tmp
 
 .PHONY: lint
 lint: $(GOLANGCI_LINT) ## Run golangci-lint (pinned version; its govet runs go vet's own analyzers, with the envtest and e2e tags).
 	$(GOLANGCI_LINT) run ./...
 
 $(GOLANGCI_LINT):
-	@mkdir -p $(BIN)
-	@echo "installing golangci-lint $(GOLANGCI_LINT_VERSION) into ./bin (a few minutes the first time)"
-	GOBIN=$(BIN)/.golangci-tmp $(GO) install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$(GOLANGCI_LINT_VERSION)
-	mv $(BIN)/.golangci-tmp/golangci-lint $@ && rmdir $(BIN)/.golangci-tmp
+	@mkdir -p $(TOOLS)
+	@echo "installing golangci-lint $(GOLANGCI_LINT_VERSION) into the user cache (a few minutes the first time)"
+	tmp=$$(mktemp -d $(TOOLS)/.golangci-XXXXXX) && GOBIN=$$tmp $(GO) install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$(GOLANGCI_LINT_VERSION) && \
+	  mv $$tmp/golangci-lint $@ && rmdir $$tmp
 
 .PHONY: fmt
 fmt: ## Format the Go sources.
@@ -375,5 +379,5 @@ verify: manifests helm-lint actionlint ## Regenerate config/, the chart's copies
 ##@ Clean
 
 .PHONY: clean
-clean: ## Remove ./bin (the cached API-server binaries stay in the user cache).
+clean: ## Remove ./bin (the API-server binaries and the tools stay in the user cache).
 	rm -rf $(BIN)

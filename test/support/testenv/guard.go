@@ -294,17 +294,32 @@ func ChartWebhook(helmBin string, set ...string) (*admissionregistrationv1.Valid
 	return nil, errors.New("the chart rendered no ValidatingWebhookConfiguration")
 }
 
-// HelmBin is the helm the tests use: $HELM, or the one make builds into ./bin.
+// HelmBin is the helm the tests use: $HELM, or the one make builds into the user cache.
 func HelmBin() (string, error) { return ToolBin("HELM", "helm-"+Version("HELM_VERSION")) }
 
-// ToolBin returns a tool the tests run: $env, or the one make builds into ./bin as file.
+// ToolBin returns a tool the tests run: $env, or the one make builds into ToolsDir as file.
 func ToolBin(env, file string) (string, error) {
 	bin := os.Getenv(env)
 	if bin == "" {
-		bin = filepath.Join(RepoRoot(), "bin", file)
+		bin = filepath.Join(ToolsDir(), file)
 	}
-	if _, err := os.Stat(bin); err != nil { //nolint:gosec // G703: $env or the repository's own bin/, chosen by whoever runs the tests
+	if _, err := os.Stat(bin); err != nil { //nolint:gosec // G703: $env or the tools folder, chosen by whoever runs the tests
 		return "", fmt.Errorf("no %s at %s: run the tests through make, which builds it from Go modules (or set %s)", file, bin, env)
 	}
 	return bin, nil
+}
+
+// ToolsDir is where make builds the pinned tools (helm, promtool, ...): tools/ under
+// $EXIT_GUARD_CACHE, by default ${XDG_CACHE_HOME:-~/.cache}/exit-guard, as hack/ keeps the API
+// server's binaries.
+func ToolsDir() string {
+	root := os.Getenv("EXIT_GUARD_CACHE")
+	if root == "" {
+		cache := os.Getenv("XDG_CACHE_HOME")
+		if cache == "" {
+			cache = filepath.Join(os.Getenv("HOME"), ".cache")
+		}
+		root = filepath.Join(cache, "exit-guard")
+	}
+	return filepath.Join(root, "tools")
 }
