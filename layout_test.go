@@ -4,13 +4,15 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 )
 
 // TestLayoutIsTrue: every path the README's "Where things are" names, and every file of the
 // webhook package that webhook/doc.go names, exists; and the table names every package of
-// the module, so that a package moved or added cannot leave it behind.
+// the module, and doc.go every file of the package, so that a package or a file moved or added
+// cannot leave them behind.
 func TestLayoutIsTrue(t *testing.T) {
 	readme, err := os.ReadFile("README.md")
 	if err != nil {
@@ -75,6 +77,17 @@ func TestLayoutIsTrue(t *testing.T) {
 	for _, f := range files {
 		if _, err := os.Stat(filepath.Join("webhook", f)); err != nil {
 			t.Errorf("webhook/doc.go names %s: %v", f, err)
+		}
+	}
+	// And the other way: every file of the package but doc.go and the tests is named.
+	sources, err := filepath.Glob(filepath.Join("webhook", "*.go"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range sources {
+		name := filepath.Base(f)
+		if name != "doc.go" && !strings.HasSuffix(name, "_test.go") && !slices.Contains(files, name) {
+			t.Errorf("webhook/doc.go does not name %s", name)
 		}
 	}
 }

@@ -10,7 +10,8 @@
 // taskset.go, event.go; the vocabulary in facts.go); the decision (decide.go, with the live
 // read of liveread.go on the client of liveclient.go, in the slots of slots.go) is the table
 // of docs/decisions.md and names its row; the mode is applied once (answer.go); the decision is
-// audited (audit.go, metrics.go, overturned.go).
+// audited (audit.go, metrics.go, overturned.go). What Argo release made the pods it judges is
+// read from their executor image and said, never decided on (argoversion.go).
 //
 // A kind owns its rules (kind.go): its kindSpec holds its rows that answer from the request
 // alone, the hooks of its own rows before and after the shared read (taskset_rows.go: T5 to
