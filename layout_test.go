@@ -70,7 +70,7 @@ func TestLayoutIsTrue(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	files := regexp.MustCompile(`\b[a-z_]+\.go\b`).FindAllString(string(doc), -1)
+	files := regexp.MustCompile(`\b[a-z0-9_]+\.go\b`).FindAllString(string(doc), -1)
 	if len(files) < 5 {
 		t.Fatalf("read %d file names from webhook/doc.go: %q", len(files), files)
 	}
