@@ -63,13 +63,9 @@ func runAPIServer(args []string) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	var steps []int
-	for _, f := range strings.Split(*sizesFlag, ",") {
-		n, err := strconv.Atoi(strings.TrimSpace(f))
-		if err != nil || n < 0 || (len(steps) > 0 && n < steps[len(steps)-1]) {
-			return fmt.Errorf("--retained: %q is not a growing list of counts", *sizesFlag)
-		}
-		steps = append(steps, n)
+	steps, err := parseRetained(*sizesFlag)
+	if err != nil {
+		return err
 	}
 	ctx, cancel, err := c.context()
 	if err != nil {
@@ -163,7 +159,7 @@ func runAPIServer(args []string) error {
 			return err
 		}
 		if _, floor := floors[col]; floor {
-			err = waitCalled(ctx, env, cl, col, podFor(&pods.exit, wf))
+			err = waitHookCalled(ctx, env, cl, webhookName(col), podFor(&pods.exit, wf))
 		} else {
 			err = waitRefused(ctx, cl, podFor(&pods.exit, wf))
 		}
@@ -424,32 +420,6 @@ func vapPeer(ns string) []client.Object {
 	return []client.Object{policy, binding}
 }
 
-// waitCalled creates p (dry run) until the API server has called col's webhook for it: a
-// webhook that admits everything tells nothing by its answer.
-func waitCalled(ctx context.Context, env *testenv.Env, cl client.Client, col string, p *corev1.Pod) error {
-	deadline := time.Now().Add(time.Minute)
-	for {
-		before, err := env.APIServerCounter(ctx, "apiserver_admission_webhook_request_total", map[string]string{"name": webhookName(col)})
-		if err != nil {
-			return err
-		}
-		if err := cl.Create(ctx, p.DeepCopy(), client.DryRunAll); err != nil {
-			return fmt.Errorf("refused by a webhook that admits everything: %w", err)
-		}
-		after, err := env.APIServerCounter(ctx, "apiserver_admission_webhook_request_total", map[string]string{"name": webhookName(col)})
-		if err != nil {
-			return err
-		}
-		if after > before {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return errors.New("the API server still does not call the webhook a minute after it was registered")
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
-}
-
 // waitRefused creates p (dry run) until the API server refuses it: a new policy takes effect a
 // moment after it is created.
 func waitRefused(ctx context.Context, cl client.Client, p *corev1.Pod) error {
@@ -499,4 +469,17 @@ func ratio(a, b float64) string {
 func podSize(p *corev1.Pod) int {
 	raw, _ := json.Marshal(p)
 	return len(raw)
+}
+
+// parseRetained reads --retained: counts of retained workflows, comma-separated, growing.
+func parseRetained(flag string) ([]int, error) {
+	var steps []int
+	for _, f := range strings.Split(flag, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 0 || (len(steps) > 0 && n < steps[len(steps)-1]) {
+			return nil, fmt.Errorf("--retained: %q is not a growing list of counts", flag)
+		}
+		steps = append(steps, n)
+	}
+	return steps, nil
 }

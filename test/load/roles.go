@@ -11,7 +11,6 @@ import (
 	"os"
 	"slices"
 	"strconv"
-	"strings"
 	"sync/atomic"
 	"time"
 
@@ -72,13 +71,9 @@ func runRoles(args []string) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	var steps []int
-	for _, f := range strings.Split(*sizesFlag, ",") {
-		n, err := strconv.Atoi(strings.TrimSpace(f))
-		if err != nil || n < 0 || (len(steps) > 0 && n < steps[len(steps)-1]) {
-			return fmt.Errorf("--retained: %q is not a growing list of counts", *sizesFlag)
-		}
-		steps = append(steps, n)
+	steps, err := parseRetained(*sizesFlag)
+	if err != nil {
+		return err
 	}
 	ctx, cancel, err := c.context()
 	if err != nil {
@@ -354,7 +349,7 @@ func rolesWebhooks(chart *admissionregistrationv1.ValidatingWebhookConfiguration
 }
 
 // waitHookCalled creates o (dry run) until the API server has called the webhook named name for
-// it.
+// it: a webhook that admits everything tells nothing by its answer.
 func waitHookCalled(ctx context.Context, env *testenv.Env, cl client.Client, name string, o client.Object) error {
 	deadline := time.Now().Add(time.Minute)
 	for {
