@@ -293,7 +293,9 @@ func TestALatePanicIsLoggedAndCounted(t *testing.T) {
 		t.Fatalf("the exit handler of a running workflow, decided by the LIST: %v, want admitted", err)
 	}
 	err = wait.PollUntilContextTimeout(t.Context(), 50*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
-		return h.counter(t, "exit_guard_panics_total", map[string]string{"where": "live-read"}) == 1, nil
+		// The counter and the log line are written one after the other: wait for both.
+		return h.counter(t, "exit_guard_panics_total", map[string]string{"where": "live-read"}) == 1 &&
+			len(guardLog.Lines(`a live read panicked after its decision`)) > 0, nil
 	})
 	if err != nil {
 		t.Fatalf("exit_guard_panics_total{where=\"live-read\"} = %v, want 1", h.counter(t, "exit_guard_panics_total", map[string]string{"where": "live-read"}))
