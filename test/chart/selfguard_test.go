@@ -4,6 +4,7 @@ package chart
 
 import (
 	"context"
+	"fmt"
 	"strconv"
 	"strings"
 	"testing"
@@ -323,25 +324,29 @@ func TestClientCAIsHeldByThePolicy(t *testing.T) {
 		return apierrors.IsForbidden(err) && strings.Contains(err.Error(), policy)
 	}
 	editor := clientAs(t, ns, "editor")
+	rotator := clientAs(t, ns, "ca-rotator")
 	// The ConfigMap may come after the chart: an editor of the namespace must not be the one
 	// who creates it first, with a CA of their own that the policy would then shield. A policy
-	// takes effect shortly after it is created: wait until it refuses (a create it let in before
-	// then is taken back).
+	// takes effect shortly after it is created: wait until it refuses. A create it let in before
+	// then is taken back by the writer, whom the policy always lets delete: the editor's own
+	// delete may come after the policy took effect and be refused.
 	if err := wait.PollUntilContextTimeout(t.Context(), 200*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
 		forged := ca.DeepCopy()
 		forged.Data["ca.crt"] = "a CA the editor holds the key of"
 		err := editor.Create(ctx, forged)
 		if err == nil {
-			_ = editor.Delete(ctx, forged)
+			if err := rotator.Delete(ctx, forged); err != nil {
+				return false, fmt.Errorf("taking back a create let in before the policy took effect: %w", err)
+			}
 		}
 		return refusedByPolicy(err), nil
 	}); err != nil {
-		t.Fatalf("the policy %s never refused an editor of the namespace creating the client CA first", policy)
+		t.Fatalf("the policy %s never refused an editor of the namespace creating the client CA first: %v", policy, err)
 	}
 	if err := env.Client.Create(t.Context(), ca.DeepCopy()); !refusedByPolicy(err) {
 		t.Errorf("the cluster's administrator creating the client CA: %v, want refused by %s (caWriters names who may)", err, policy)
 	}
-	if err := clientAs(t, ns, "ca-rotator").Create(t.Context(), ca); err != nil {
+	if err := rotator.Create(t.Context(), ca); err != nil {
 		t.Fatalf("the writer webhook.clientAuth.caWriters names, creating the client CA: %v, want admitted", err)
 	}
 	swap := func(c client.Client, value string) error {
@@ -361,7 +366,7 @@ func TestClientCAIsHeldByThePolicy(t *testing.T) {
 	if err := swap(env.Client, "the administrator's CA"); !refusedByPolicy(err) {
 		t.Errorf("the cluster's administrator swapping the client CA: %v, want refused by %s (caWriters names who may)", err, policy)
 	}
-	if err := swap(clientAs(t, ns, "ca-rotator"), "the rotated CA"); err != nil {
+	if err := swap(rotator, "the rotated CA"); err != nil {
 		t.Errorf("the writer webhook.clientAuth.caWriters names, rotating the client CA: %v, want admitted", err)
 	}
 	// The namespace deleted: its ConfigMaps go with it (the namespace controller deletes them),
