@@ -167,8 +167,9 @@ overload: $(HELM) ## The guard's live reads beside a flood that API Priority and
 FUZZTIME ?= 60s
 
 .PHONY: fuzz
-fuzz: ## Run each fuzz target of the request decoders (AdmissionReview on every path; pod, WorkflowTaskSet and Event objects; pod metadata) for FUZZTIME (seeds: webhook/testdata/argo-pods).
-	@for target in FuzzAdmissionReview FuzzRead FuzzReadTaskSet FuzzReadEvent FuzzClassify; do \
+fuzz: ## Run each fuzz target of webhook/ (AdmissionReview on every path of every kind, each kind's reader) for FUZZTIME (seeds: each kind's, and webhook/testdata/argo-pods).
+	@targets=$$($(GO) test ./webhook -list '^Fuzz' | grep '^Fuzz') || exit 1; \
+	for target in $$targets; do \
 	  echo "== $$target ($(FUZZTIME))"; \
 	  $(GO) test ./webhook -run '^$$' -fuzz "^$$target$$" -fuzztime $(FUZZTIME) -fuzzminimizetime 3s || exit 1; \
 	done

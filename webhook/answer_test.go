@@ -54,39 +54,41 @@ func TestRefusalCarriesItsReasonCode(t *testing.T) {
 	}
 }
 
-// TestAnswersByMode: the mode applied once, to the same decision, for every path: enforce
-// refuses, warn admits with a warning and, on the mutating path, the mark, dry-run admits with
-// the mark only; a TaskSet write, which cannot be marked, gets the warning in both.
+// TestAnswersByMode: the mode applied once, to the same decision, for every path of every
+// kind: enforce refuses, warn admits with a warning and, on a marking path, the mark, dry-run
+// admits with the mark only; an object that cannot be marked (a TaskSet write, an Event) gets
+// the warning in both.
 func TestAnswersByMode(t *testing.T) {
-	pod := func(t *testing.T) facts { return podFacts(t, fixture.ExitPod(tableWorkflow)) }
-	write := func(t *testing.T) facts {
-		key, _ := fixture.OnExitTask(tableWorkflow)
-		return taskSetFacts(t, tableWorkflow, nil, "", []string{key}, "false")
-	}
-	claim := func(t *testing.T) facts { return eventFacts(t, tableWorkflow, argo.EventReasonWorkflowFailed) }
 	type want struct {
 		allowed, patched, warned bool
 		decision                 string
 	}
-	for _, tc := range []struct {
+	type answerCase struct {
 		name     string
 		facts    func(*testing.T) facts
 		mutating bool
 		mode     Mode
 		want     want
-	}{
-		{"pod, enforce", pod, false, ModeEnforce, want{decision: verdictDenied}},
-		{"pod, warn", pod, false, ModeWarn, want{allowed: true, warned: true, decision: verdictWarned}},
-		{"pod, dry-run", pod, false, ModeDryRun, want{allowed: true, decision: verdictDryRun}},
-		{"pod, mutating path, warn", pod, true, ModeWarn, want{allowed: true, patched: true, warned: true, decision: verdictWarned}},
-		{"pod, mutating path, dry-run", pod, true, ModeDryRun, want{allowed: true, patched: true, decision: verdictDryRun}},
-		{"TaskSet write, enforce", write, false, ModeEnforce, want{decision: verdictDenied}},
-		{"TaskSet write, warn", write, false, ModeWarn, want{allowed: true, warned: true, decision: verdictWarned}},
-		{"TaskSet write, dry-run", write, false, ModeDryRun, want{allowed: true, warned: true, decision: verdictDryRun}},
-		{"failure Event, enforce", claim, false, ModeEnforce, want{decision: verdictDenied}},
-		{"failure Event, warn", claim, false, ModeWarn, want{allowed: true, warned: true, decision: verdictWarned}},
-		{"failure Event, dry-run", claim, false, ModeDryRun, want{allowed: true, warned: true, decision: verdictDryRun}},
-	} {
+	}
+	var cases []answerCase
+	for _, k := range kinds {
+		of := testOf(t, k).refusable
+		_, marks := of(t).object.(marker)
+		name := string(k.kind)
+		cases = append(cases,
+			answerCase{name + ", enforce", of, false, ModeEnforce, want{decision: verdictDenied}},
+			answerCase{name + ", warn", of, false, ModeWarn, want{allowed: true, warned: true, decision: verdictWarned}},
+			answerCase{name + ", dry-run", of, false, ModeDryRun, want{allowed: true, warned: !marks, decision: verdictDryRun}})
+		if k.markPath != "" {
+			cases = append(cases,
+				answerCase{name + ", marking path, warn", of, true, ModeWarn, want{allowed: true, patched: true, warned: true, decision: verdictWarned}},
+				answerCase{name + ", marking path, dry-run", of, true, ModeDryRun, want{allowed: true, patched: true, decision: verdictDryRun}})
+		}
+	}
+	if len(cases) < 11 {
+		t.Fatalf("%d cases: the pod's five, the TaskSet write's three and the Event's three at least", len(cases))
+	}
+	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			g, err := newGuard(nil, storeFor(t, tableWorkflow, storeEmpty, false), Options{Mode: tc.mode})
 			if err != nil {

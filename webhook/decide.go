@@ -21,8 +21,8 @@ func (g *guard) decide(ctx context.Context, f facts) decision {
 	}
 	d := decision{wfNamespace: f.namespace, wfName: f.owner.Name, wfUID: f.owner.UID}
 	switch {
-	case f.component != "" && f.component != argo.ComponentAgent:
-		// Artifact-GC pods run after completion by design.
+	case f.afterCompletion:
+		// Its kind says it runs after completion by design (artifact-GC pods).
 		d.reason, d.row = contract.ReasonArtifactGCOrOtherComponent, "2"
 		return d
 	case g.watched != nil && !g.watched[f.namespace]:
@@ -47,10 +47,11 @@ func (g *guard) decide(ctx context.Context, f facts) decision {
 		}
 		return spec.afterRead(g, ctx, f, d)
 	}
-	// Exit handlers, agents and hooks get a live read first unless store-first is set: each is
-	// the first pod a stale pass may send, and the guard's own watch may lag like Argo's.
-	// Ordinary step pods always go store-first, so that the common case costs no API call.
-	storeFirst := g.opts.StoreFirst || f.role == roleStep
+	// An object gets a live read first unless store-first is set, or its kind decides its
+	// role store-first (roleRule): an exit handler, an agent or a hook is the first pod a
+	// stale pass may send, and the guard's own watch may lag like Argo's; ordinary step pods
+	// go store-first, so that the common case costs no API call.
+	storeFirst := g.opts.StoreFirst || spec.roles[f.role].storeFirst
 	if storeFirst && g.store.WatchFreshIn(f.namespace) {
 		// A record the store has forgotten (its TTL) is recalled from the informer, which
 		// holds every workflow that exists.
@@ -161,12 +162,13 @@ func (g *guard) liveDecide(ctx context.Context, f facts, d decision) decision {
 	return d
 }
 
-// readPolicyOf is how the live read of f's workflow is made: the pods a workflow sends many of
-// (hooks and steps, one after another within one pass of Argo's controller) within
-// --hook-step-read-budget, so that none waits more than a second on the guard; the rest (an
-// exit-handler or agent pod, a TaskSet write: one or two a workflow) within --live-read-budget.
+// readPolicyOf is how the live read of f's workflow is made, as its kind's roleRule says: the
+// objects a workflow sends many of (hook and step pods, one after another within one pass of
+// Argo's controller) within --hook-step-read-budget, so that none waits more than a second on
+// the guard; the rest (an exit-handler or agent pod, a TaskSet write: one or two a workflow)
+// within --live-read-budget.
 func (g *guard) readPolicyOf(f facts) readPolicy {
-	if f.role == roleHook || f.role == roleStep {
+	if f.object.spec().roles[f.role].budget == budgetHookStep {
 		return g.hookStepRead
 	}
 	return g.podRead

@@ -34,6 +34,11 @@ import (
 // Event with an admission warning.
 const ValidateEventPath = "/validate-event"
 
+const kindEvent objectKind = "Event"
+
+// roleFailureClaim is an Event about a workflow: it may say that the workflow failed.
+const roleFailureClaim role = "failure-claim"
+
 var eventResource = metav1.GroupVersionResource{Version: "v1", Resource: "events"}
 
 // eventFields is the part of a core/v1 Event the guard decodes.
@@ -114,7 +119,8 @@ var _ object = (*eventObject)(nil)
 // on the same workflow, when the stale copy's exit handler was refused first, already says
 // what happened.
 var eventSpec = &kindSpec{
-	kind: kindEvent, noun: "Event", retried: "report it as failed",
+	kind: kindEvent, path: ValidateEventPath, read: readEventReview, rowPrefix: "E",
+	noun: "Event", retried: "report it as failed",
 	logs:      logsOf("failure Event", "Event", "succeeded"),
 	eventType: corev1.EventTypeNormal, eventDenied: contract.EventReasonFailureEventDenied, eventWarned: contract.EventReasonFailureEventWarned,
 	rowNotOwned: "E1", rowNotWatched: "E2", rowIdle: "E3", idleReason: contract.ReasonNotAFailureClaim,
@@ -125,7 +131,9 @@ var eventSpec = &kindSpec{
 	// The pass that records a WorkflowFailed Event is the one that counts the workflow's own
 	// user metrics: users correct those by this count.
 	staleFailure: true,
-	beforeRead:   (*guard).eventBeforeRead,
+	// client-go's recorder drops a refused Event and never sends it again.
+	afterOverturn: "Argo's recorder does not send a refused Event again: that failure Event is lost",
+	beforeRead:    (*guard).eventBeforeRead,
 }
 
 func (e *eventObject) spec() *kindSpec { return eventSpec }

@@ -23,31 +23,11 @@ const (
 )
 
 // objectKind is the kind of object an admission request is about: the metric label and the
-// audit annotation `kind`.
+// audit annotation `kind`. Each kind names its own, and its roles, in its file.
 type objectKind string
-
-const (
-	kindPod     objectKind = "Pod"
-	kindTaskSet objectKind = argo.TaskSetKind
-	kindEvent   objectKind = "Event"
-)
 
 // role says what part of a workflow an object runs.
 type role string
-
-const (
-	roleExitHandler role = "exit-handler"
-	roleHook        role = "lifecycle-hook"
-	roleStep        role = "step"
-	// roleAgent is Argo's agent pod, which runs the workflow's HTTP and plugin templates:
-	// exit handlers too. Argo creates it only while the workflow runs and deletes it when the
-	// workflow completes, so an agent pod for a completed workflow comes from a stale copy.
-	roleAgent role = "agent"
-	// roleTaskWrite is a WorkflowTaskSet write: it hands the agent tasks to run.
-	roleTaskWrite role = "task-write"
-	// roleFailureClaim is an Event about a workflow: it may say that the workflow failed.
-	roleFailureClaim role = "failure-claim"
-)
 
 // facts is what the guard reads from the object of a request, whatever its kind: what decide
 // needs, and the object itself (its name, and the words of its kind) for the answer and the
@@ -59,8 +39,9 @@ type facts struct {
 	// TaskSet's owner reference); nil when there is none.
 	owner *metav1.OwnerReference
 	role  role
-	// component is a pod's workflows.argoproj.io/component label.
-	component string
+	// afterCompletion: the object runs after its workflow completes by design (an artifact-GC
+	// pod, another component's), which row 2 admits.
+	afterCompletion bool
 	// startsWork: the object is one the policy judges: a TaskSet write that hands the agent
 	// work (adds a task or sets the completed label back), an Event that says the workflow
 	// failed. Pods always start work.

@@ -17,7 +17,6 @@ import (
 
 	"gomodules.xyz/jsonpatch/v2"
 	admissionv1 "k8s.io/api/admission/v1"
-	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -194,56 +193,35 @@ func checkAnswer(body []byte, status int, raw []byte, mutating bool) error {
 	return nil
 }
 
-// FuzzAdmissionReview sends arbitrary bodies through the guard's whole HTTP handler, validating
-// and mutating: every answer is an AdmissionReview, an HTTP 4xx with a reason or an HTTP 200
-// that admits with a reason or refuses on the guard's policy; never a panic (HTTP 500).
+// FuzzAdmissionReview sends arbitrary bodies through the guard's whole HTTP handler on every
+// path of every kind, validating and marking: every answer is an AdmissionReview, an HTTP 4xx
+// with a reason or an HTTP 200 that admits with a reason or refuses on the guard's policy;
+// never a panic (HTTP 500). Each kind gives its seeds (kindTest.seeds).
 func FuzzAdmissionReview(f *testing.F) {
-	for _, pod := range argoPods(f) {
-		for _, op := range []admissionv1.Operation{admissionv1.Create, admissionv1.Update, admissionv1.Delete} {
-			f.Add(reviewOf(op, pod))
+	for _, k := range kinds {
+		for _, seed := range testOf(f, k).seeds(f) {
+			f.Add(seed)
 		}
 	}
-	f.Add(reviewOf(admissionv1.Create, []byte(`{"metadata":{"ownerReferences":[{"apiVersion":"argoproj.io/v1alpha1","kind":"Workflow","name":"done","uid":"uid-done","controller":true},{"apiVersion":"argoproj.io/v1alpha1","kind":"Workflow","name":"running","uid":"uid-running","controller":true}],"labels":{"workflows.argoproj.io/on-exit":"true"}}}`)))
-	f.Add(reviewOf(admissionv1.Create, []byte(`{"metadata":{"ownerReferences":[{"apiVersion":"argoproj.io/v1alpha1","kind":"Workflow","name":"gone","uid":"uid-gone","controller":true}],"annotations":{"workflows.argoproj.io/node-name":"gone.onExit"}}}`)))
-	f.Add(reviewOf(admissionv1.Create, []byte(`{"metadata":{"ownerReferences":null,"labels":{"":""}}}`)))
-	f.Add(reviewOf(admissionv1.Create, []byte(`{"kind":"ConfigMap","apiVersion":"v1","metadata":{"name":"x"}}`)))
 	f.Add([]byte(`{"apiVersion":"admission.k8s.io/v1beta1","kind":"AdmissionReview","request":{"uid":"x"}}`))
 	f.Add([]byte(`{"apiVersion":"admission.k8s.io/v2","kind":"Other","request":{}}`))
 	f.Add([]byte(`{"request":{"uid":"x","resource":{"version":"v1","resource":"pods"},"operation":"CREATE","object":"not an object"}}`))
 	f.Add([]byte(strings.Repeat("[", 5000)))
 	f.Add([]byte(`null`))
 	f.Add([]byte{})
-	// WorkflowTaskSet writes: of a completed workflow, a running one, a deleted one; cleanup;
-	// malformed tasks.
-	owned := func(wf, uid string) string {
-		return `"ownerReferences":[{"apiVersion":"argoproj.io/v1alpha1","kind":"Workflow","name":"` + wf + `","uid":"` + uid + `"}]`
+	type path struct {
+		handler  http.Handler
+		mutating bool
 	}
-	for _, wf := range [][2]string{{"done", "uid-done"}, {"running", "uid-running"}, {"gone", "uid-gone"}} {
-		before := `{"metadata":{"name":"` + wf[0] + `",` + owned(wf[0], wf[1]) + `,"labels":{"workflows.argoproj.io/completed":"true"}},"spec":{}}`
-		after := `{"metadata":{"name":"` + wf[0] + `",` + owned(wf[0], wf[1]) + `,"labels":{"workflows.argoproj.io/completed":"false"}},"spec":{"tasks":{"` + wf[0] + `-1":{"name":"n","http":{"url":"http://x"}}}}}`
-		f.Add(taskSetReviewOf(admissionv1.Update, []byte(after), []byte(before)))
-		f.Add(taskSetReviewOf(admissionv1.Update, []byte(before), []byte(after)))
-		f.Add(taskSetReviewOf(admissionv1.Create, []byte(after), nil))
+	var paths []path
+	for _, k := range kinds {
+		paths = append(paths, path{fuzzGuard(f, Options{}).path(k.path, k.read), false})
+		if k.markPath != "" {
+			paths = append(paths, path{markingPath(fuzzGuard(f, Options{Mode: ModeWarn}), k), true})
+		}
 	}
-	f.Add(taskSetReviewOf(admissionv1.Update, []byte(`{"spec":{"tasks":[]}}`), []byte(`{}`)))
-	f.Add(taskSetReviewOf(admissionv1.Update, []byte(`{"metadata":{`+owned("done", "uid-done")+`},"spec":{"tasks":{"a":1}}}`), nil))
-	// Events about workflows: a failure claim of each workflow, and one of another kind.
-	for _, wf := range [][2]string{{"done", "uid-done"}, {"running", "uid-running"}, {"gone", "uid-gone"}} {
-		ev := `{"metadata":{"name":"` + wf[0] + `.1"},"involvedObject":{"apiVersion":"argoproj.io/v1alpha1","kind":"Workflow","name":"` + wf[0] + `","uid":"` + wf[1] + `","resourceVersion":"3"},"reason":"WorkflowFailed","type":"Warning"}`
-		f.Add(eventReviewOf(admissionv1.Create, []byte(ev)))
-		f.Add(eventReviewOf(admissionv1.Update, []byte(ev)))
-	}
-	f.Add(eventReviewOf(admissionv1.Create, []byte(`{"involvedObject":{"kind":"Pod"},"reason":"WorkflowFailed"}`)))
-	f.Add(eventReviewOf(admissionv1.Create, []byte(`{"involvedObject":null,"reason":7}`)))
-	validate := fuzzGuard(f, Options{}).path(ValidatePath, readPodReview)
-	events := fuzzGuard(f, Options{}).path(ValidateEventPath, readEventReview)
-	mutate := mutatingPath(fuzzGuard(f, Options{Mode: ModeWarn}))
-	taskSets := fuzzGuard(f, Options{}).path(ValidateTaskSetPath, readTaskSetReview)
 	f.Fuzz(func(t *testing.T, body []byte) {
-		for _, h := range []struct {
-			handler  http.Handler
-			mutating bool
-		}{{validate, false}, {mutate, true}, {taskSets, false}, {events, false}} {
+		for _, h := range paths {
 			rec := httptest.NewRecorder()
 			req := httptest.NewRequest(http.MethodPost, "/", bytes.NewReader(body))
 			req.Header.Set("Content-Type", "application/json")
@@ -255,67 +233,16 @@ func FuzzAdmissionReview(f *testing.F) {
 	})
 }
 
-// FuzzClassify builds pod metadata from arbitrary labels, annotations and owner references
-// (missing, several, duplicated, not controllers, of other kinds) and decides it.
-func FuzzClassify(f *testing.F) {
-	for _, raw := range argoPods(f) {
-		var pod corev1.Pod
-		if err := json.Unmarshal(raw, &pod); err != nil {
-			f.Fatal(err)
-		}
-		ref := pod.OwnerReferences[0]
-		f.Add(pod.Annotations[argo.AnnotationNodeName], pod.Labels[argo.LabelOnExit], pod.Labels[argo.LabelComponent], ref.APIVersion, ref.Kind, ref.Name, string(ref.UID), 1, true)
-	}
-	f.Add("wf.onExit", "", "", "argoproj.io/v1alpha1", "Workflow", "done", "uid-done", 2, true)
-	f.Add("wf.hooks.running", "", "", "argoproj.io/v1alpha1", "Workflow", "done", "uid-other", 1, true)
-	f.Add("", "true", "agent", "argoproj.io", "Workflow", "", "", 0, false)
-	f.Add("x.onExit[0](1).hooks.y", "", "", "/", "", "running", "uid-running", 3, false)
-	g := fuzzGuard(f, Options{})
-	f.Fuzz(func(t *testing.T, node, onExit, component, apiVersion, kind, name, uid string, refs int, controller bool) {
-		meta := &metav1.ObjectMeta{Namespace: "ns", Name: "p", Labels: map[string]string{}, Annotations: map[string]string{argo.AnnotationNodeName: node}}
-		if onExit != "" {
-			meta.Labels[argo.LabelOnExit] = onExit
-		}
-		if component != "" {
-			meta.Labels[argo.LabelComponent] = component
-		}
-		for i := range refs % 4 {
-			c := controller && i%2 == 0
-			meta.OwnerReferences = append(meta.OwnerReferences, metav1.OwnerReference{APIVersion: apiVersion, Kind: kind, Name: name, UID: types.UID(uid), Controller: &c})
-		}
-		facts := classify(meta)
-		if o := facts.owner; o != nil && (o.Kind != argo.Kind || argo.GroupOf(o.APIVersion) != argo.Group || o.Controller == nil || !*o.Controller) {
-			t.Fatalf("owner %+v is not a controlling Argo Workflow", o)
-		}
-		switch agent := component == argo.ComponentAgent; {
-		case agent != (facts.role == roleAgent):
-			t.Fatalf("role %s for component %q", facts.role, component)
-		case !agent && (onExit != "" || strings.Contains(node, argo.OnExitMarker)) != (facts.role == roleExitHandler):
-			t.Fatalf("role %s for on-exit label %q and node %q", facts.role, onExit, node)
-		}
-		d := g.decide(t.Context(), facts)
-		if d.deny && (facts.owner == nil || (component != "" && component != argo.ComponentAgent)) {
-			t.Fatalf("refused a pod the guard does not own: %+v", d)
-		}
-		if d.deny && d.reason == contract.ReasonWorkflowCompleted && (name != "done" || string(facts.owner.UID) != "uid-done") {
-			t.Fatalf("refused as completed a pod whose workflow is not the Succeeded one: %+v", d)
-		}
-	})
-}
-
 // TestHugeAndDeeplyNestedBodies: a body past controller-runtime's 7 MiB limit gets HTTP 413,
 // one nested too deep for encoding/json an HTTP 400, and the memory a request may take stays a
 // small multiple of the limit.
 func TestHugeAndDeeplyNestedBodies(t *testing.T) {
-	for _, path := range []struct {
-		name   string
-		h      http.Handler
-		review func(object []byte) []byte
-	}{
-		{"pod", fuzzGuard(t, Options{}).path(ValidatePath, readPodReview), func(o []byte) []byte { return reviewOf(admissionv1.Create, o) }},
-		{"WorkflowTaskSet", fuzzGuard(t, Options{}).path(ValidateTaskSetPath, readTaskSetReview), func(o []byte) []byte { return taskSetReviewOf(admissionv1.Create, o, nil) }},
-		{"Event", fuzzGuard(t, Options{}).path(ValidateEventPath, readEventReview), func(o []byte) []byte { return eventReviewOf(admissionv1.Create, o) }},
-	} {
+	for _, k := range kinds {
+		path := struct {
+			name   string
+			h      http.Handler
+			review func(object []byte) []byte
+		}{string(k.kind), fuzzGuard(t, Options{}).path(k.path, k.read), func(o []byte) []byte { return testOf(t, k).review(admissionv1.Create, o) }}
 		big := path.review([]byte(`{"metadata":{"annotations":{"a":"` + strings.Repeat("x", 8<<20) + `"}}}`))
 		deep := path.review([]byte(strings.Repeat(`{"a":`, 20000) + `1` + strings.Repeat(`}`, 20000)))
 		nearLimit := path.review([]byte(`{"metadata":{"annotations":{"a":"` + strings.Repeat("x", 6<<20) + `"}}}`))
@@ -350,69 +277,6 @@ func TestHugeAndDeeplyNestedBodies(t *testing.T) {
 			})
 		}
 	}
-}
-
-// FuzzRead feeds arbitrary pod objects to the request decoder: it must never panic, and must
-// either go on with metadata or answer.
-func FuzzRead(f *testing.F) {
-	for _, pod := range argoPods(f) {
-		f.Add(pod)
-	}
-	f.Add([]byte(`{"metadata":{"name":"p","labels":{"workflows.argoproj.io/on-exit":"true"},"ownerReferences":[{"apiVersion":"argoproj.io/v1alpha1","kind":"Workflow","name":"w","uid":"u","controller":true}]}}`))
-	f.Add([]byte(`{"metadata":null}`))
-	f.Add([]byte(`[]`))
-	f.Add([]byte(``))
-	f.Fuzz(func(t *testing.T, raw []byte) {
-		// The pod inside a review, as the API server would send it were raw a JSON value.
-		body := []byte(`{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"f","resource":{"version":"v1","resource":"pods"},"operation":"CREATE","object":` + string(raw) + `}}`)
-		_, f, resp := readPodReview(body)
-		if (f.object == nil) == (resp == nil) {
-			t.Fatalf("readPod returned facts %+v and response %v; want exactly one", f, resp)
-		}
-	})
-}
-
-// FuzzReadTaskSet feeds arbitrary WorkflowTaskSet objects, new and old, to the TaskSet path's
-// decoder (its metadata, its tasks each kept raw for its digest): it must never panic, and must
-// either go on with facts or answer.
-func FuzzReadTaskSet(f *testing.F) {
-	owned := `"ownerReferences":[{"apiVersion":"argoproj.io/v1alpha1","kind":"Workflow","name":"w","uid":"u"}]`
-	f.Add([]byte(`{"metadata":{"name":"w",`+owned+`,"labels":{"workflows.argoproj.io/completed":"false"}},"spec":{"tasks":{"w-1":{"name":"n","http":{"url":"http://x"}}}}}`),
-		[]byte(`{"metadata":{"name":"w",`+owned+`,"labels":{"workflows.argoproj.io/completed":"true"}},"spec":{}}`), true)
-	f.Add([]byte(`{"spec":{"tasks":{"a":null,"b":[],"c":"x"}}}`), []byte(`null`), false)
-	f.Add([]byte(`{"spec":{"tasks":[]}}`), []byte(`{"spec":{"tasks":{"a":{}}}}`), true)
-	f.Add([]byte(`{"metadata":{"labels":null,"ownerReferences":{}}}`), []byte(``), false)
-	f.Fuzz(func(t *testing.T, raw, old []byte, update bool) {
-		op := admissionv1.Create
-		if update {
-			op = admissionv1.Update
-		}
-		body := taskSetReviewOf(op, raw, old)
-		if !json.Valid(raw) || len(old) > 0 && !json.Valid(old) {
-			// Not JSON values: the review as the API server could never send it, raw.
-			body = []byte(`{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"f","operation":"` + string(op) + `","object":` + string(raw) + `,"oldObject":` + string(old) + `}}`)
-		}
-		_, fa, resp := readTaskSetReview(body)
-		if err := checkRead(fa, resp); err != nil {
-			t.Fatal(err)
-		}
-	})
-}
-
-// FuzzReadEvent feeds arbitrary Event objects to the Event path's decoder: it must never panic,
-// and must either go on with facts or answer.
-func FuzzReadEvent(f *testing.F) {
-	f.Add([]byte(`{"metadata":{"name":"w.1"},"involvedObject":{"apiVersion":"argoproj.io/v1alpha1","kind":"Workflow","name":"w","uid":"u","resourceVersion":"3"},"reason":"WorkflowFailed","type":"Warning"}`))
-	f.Add([]byte(`{"involvedObject":null,"reason":7}`))
-	f.Add([]byte(`{"involvedObject":{"kind":"Pod"},"reason":"WorkflowFailed","message":""}`))
-	f.Add([]byte(`[]`))
-	f.Fuzz(func(t *testing.T, raw []byte) {
-		body := []byte(`{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"f","resource":{"version":"v1","resource":"events"},"operation":"CREATE","object":` + string(raw) + `}}`)
-		_, fa, resp := readEventReview(body)
-		if err := checkRead(fa, resp); err != nil {
-			t.Fatal(err)
-		}
-	})
 }
 
 // checkRead says what is wrong with a reader's result, if anything: a nil response means go on,

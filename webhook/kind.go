@@ -4,6 +4,7 @@ import (
 	"context"
 
 	"gomodules.xyz/jsonpatch/v2"
+	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	"github.com/exit-guard/exit-guard/contract"
 )
@@ -43,6 +44,19 @@ type marker interface {
 // reasons it can be refused for.
 type kindSpec struct {
 	kind objectKind
+	// path is the path of its validating webhook, whose requests read decodes (readReview);
+	// the +kubebuilder:webhook marker beside its reader says how the API server is to call it,
+	// and make manifests turns that into the chart's webhook. markPath, when set, is the path
+	// of its mutating webhook, which marks suspect objects (its objects are markers) in warn
+	// and dry-run mode.
+	path, markPath string
+	read           func([]byte) (request, facts, *admission.Response)
+	// rowPrefix begins the names of its own rows of docs/decisions.md ("T1"); the shared rows
+	// and the pod's are plain numbers.
+	rowPrefix string
+	// roles are how the objects of each of its roles are decided; a role not in it is read
+	// live first, within --live-read-budget.
+	roles map[role]roleRule
 	// noun names it in a warning: "pod", "write"; retried says what a stale copy that sends it
 	// tries to do: "run it again".
 	noun, retried string
@@ -62,6 +76,10 @@ type kindSpec struct {
 	// staleFailure: a refusal is a stale pass of Argo's controller that marked the workflow
 	// failed in its memory, counted by workflow (exit_guard_stale_failures_total).
 	staleFailure bool
+	// afterOverturn says, in the Event of a refusal overturned, what becomes of an object of
+	// its kind that was refused wrongly; empty: Argo's controller writes it again on its next
+	// pass.
+	afterOverturn string
 
 	// covered says whether the policy judges an object of its kind (row 4); nil: always.
 	covered func(o Options, f facts) bool
@@ -76,6 +94,27 @@ type kindSpec struct {
 	// shared ones.
 	own map[contract.Reason]reasonWords
 }
+
+// roleRule is how the objects of one role are decided.
+type roleRule struct {
+	// storeFirst: decided from the store first while its watch is fresh (rows 16 to 18), even
+	// without --store-first: objects a workflow sends many of, where a live read each would
+	// cost the common case an API call.
+	storeFirst bool
+	// budget bounds its live read.
+	budget readBudget
+}
+
+// readBudget says which bound a live read keeps (readPolicyOf).
+type readBudget int
+
+const (
+	// budgetLive: --live-read-budget, for the objects a workflow sends one or two of.
+	budgetLive readBudget = iota
+	// budgetHookStep: --hook-step-read-budget, for those it sends many of within one pass of
+	// Argo's controller, so that none waits more than a second on the guard.
+	budgetHookStep
+)
 
 // reasonWords are a kind's own words for one reason; each field left empty keeps the shared one.
 type reasonWords struct {
@@ -102,7 +141,9 @@ func (k *kindSpec) auditEvent(verdict string, reason contract.Reason) (string, s
 	return k.eventType, k.eventDenied
 }
 
-// kinds are the kinds of object the guard judges.
+// kinds are the kinds of object the guard judges: setup serves each one's paths, the metrics
+// create its series, the tests walk its rows. A new kind is its own files and an entry here
+// (docs/development.md, "Adding a kind of object").
 var kinds = []*kindSpec{podSpec, taskSetSpec, eventSpec}
 
 // logMessages are the messages of the guard's log lines about one kind of object.

@@ -47,7 +47,7 @@ type storeRefusal struct {
 	// newer completion last checked for a run in between (rerunSuspects).
 	writtenAt    time.Time
 	rerunChecked string
-	kind         objectKind
+	kind         *kindSpec
 	// what names the last object refused ("exit-handler pod p (node n) refused").
 	what        string
 	first, last time.Time
@@ -117,7 +117,7 @@ func (o *overturns) note(f facts, d decision) {
 	if e.resourceVersion == "" || newerOrSame(d.resourceVersion, e.resourceVersion) {
 		e.resourceVersion, e.phase, e.writtenAt = d.resourceVersion, d.phase, d.writtenAt
 	}
-	e.kind, e.what, e.last = f.object.spec().kind, f.object.eventRefused(), now
+	e.kind, e.what, e.last = f.object.spec(), f.object.eventRefused(), now
 	e.refusals++
 	if e.since.IsZero() {
 		e.since = now
@@ -239,14 +239,14 @@ func newerOrSame(a, b string) bool {
 // a read of the whole workflow showed it (checkRerun), zero when a running state did.
 func (g *guard) reportOverturn(ctx context.Context, uid types.UID, e *storeRefusal, rv string, phase argo.Phase, ranFrom time.Time) {
 	waited := g.overturns.now().Sub(e.first)
-	g.overturns.counter.WithLabelValues(string(e.kind)).Inc()
+	g.overturns.counter.WithLabelValues(string(e.kind.kind)).Inc()
 	msg, state := "refusal overturned: the guard refused a write of this workflow from its store alone, and now sees it running", string(phase)
 	if !ranFrom.IsZero() {
 		msg = "refusal overturned: the guard refused a write of this workflow from its store alone, and the workflow ran again from before the refusal (its running state was not seen: a relist)"
 		state = fmt.Sprintf("%s again after a run that started at %s", phase, ranFrom.UTC().Format(time.RFC3339))
 	}
 	logf.FromContext(ctx).Error(nil, msg,
-		"workflow", e.namespace+"/"+e.name, "workflowUID", uid, "kind", e.kind, "refusals", e.refusals,
+		"workflow", e.namespace+"/"+e.name, "workflowUID", uid, "kind", e.kind.kind, "refusals", e.refusals,
 		"refusedAt", e.first, "refusedPhase", e.phase, "refusedResourceVersion", e.resourceVersion,
 		"phase", phase, "resourceVersion", rv, "ranFrom", ranFrom, "waited", waited.Round(time.Millisecond).String())
 	if g.recorder == nil {
@@ -257,9 +257,8 @@ func (g *guard) reportOverturn(ctx context.Context, uid types.UID, e *storeRefus
 		ObjectMeta: metav1.ObjectMeta{Namespace: e.namespace, Name: e.name, UID: uid},
 	}
 	next := "Argo's controller tries the write again on its next pass"
-	if e.kind == kindEvent {
-		// client-go's recorder drops a refused Event and never sends it again.
-		next = "Argo's recorder does not send a refused Event again: that failure Event is lost"
+	if e.kind.afterOverturn != "" {
+		next = e.kind.afterOverturn
 	}
 	g.recorder.Eventf(regarding, nil, corev1.EventTypeWarning, contract.EventReasonRefusalOverturned, "Admit",
 		"%s %d time(s) from the guard's store alone (%s at resourceVersion %s); the workflow is %s at resourceVersion %s: "+

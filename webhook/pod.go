@@ -29,6 +29,19 @@ const (
 	MutatePath   = "/mutate-pod"
 )
 
+const kindPod objectKind = "Pod"
+
+// The roles of pods.
+const (
+	roleExitHandler role = "exit-handler"
+	roleHook        role = "lifecycle-hook"
+	roleStep        role = "step"
+	// roleAgent is Argo's agent pod, which runs the workflow's HTTP and plugin templates:
+	// exit handlers too. Argo creates it only while the workflow runs and deletes it when the
+	// workflow completes, so an agent pod for a completed workflow comes from a stale copy.
+	roleAgent role = "agent"
+)
+
 var podResource = metav1.GroupVersionResource{Version: "v1", Resource: "pods"}
 
 // podMetadata is the only part of a pod the guard decodes: its metadata, and the name and image
@@ -104,13 +117,14 @@ func classify(meta *metav1.ObjectMeta) facts {
 	if p.name == "" && meta.GenerateName != "" {
 		p.name = meta.GenerateName + "*"
 	}
-	f := facts{object: p, namespace: meta.Namespace, component: meta.Labels[argo.LabelComponent], startsWork: true}
+	component := meta.Labels[argo.LabelComponent]
+	f := facts{object: p, namespace: meta.Namespace, startsWork: true, afterCompletion: component != "" && component != argo.ComponentAgent}
 	if ref := metav1.GetControllerOfNoCopy(meta); ref != nil && ref.Kind == argo.Kind && argo.GroupOf(ref.APIVersion) == argo.Group {
 		f.owner = ref
 	}
 	_, onExitLabel := meta.Labels[argo.LabelOnExit]
 	switch {
-	case f.component == argo.ComponentAgent:
+	case component == argo.ComponentAgent:
 		f.role = roleAgent
 	case onExitLabel || strings.Contains(p.node, argo.OnExitMarker):
 		// The label is Argo's own mark; the node name is a second signal (a step may be
@@ -141,7 +155,17 @@ func (p *podObject) executorImage() string { return p.executor }
 var _ object = (*podObject)(nil)
 
 var podSpec = &kindSpec{
-	kind: kindPod, noun: "pod", retried: "run it again",
+	kind: kindPod, path: ValidatePath, markPath: MutatePath, read: readPodReview,
+	// Exit-handler and agent pods come one or two to a workflow; hook and step pods many to a
+	// pass, each within --hook-step-read-budget; step pods, the common case, from the store
+	// first.
+	roles: map[role]roleRule{
+		roleExitHandler: {budget: budgetLive},
+		roleAgent:       {budget: budgetLive},
+		roleHook:        {budget: budgetHookStep},
+		roleStep:        {storeFirst: true, budget: budgetHookStep},
+	},
+	noun: "pod", retried: "run it again",
 	logs:      logsOf("pod", "pod", "completed"),
 	eventType: corev1.EventTypeWarning, eventDenied: contract.EventReasonDenied, eventWarned: contract.EventReasonWarned,
 	rowNotOwned: "1", rowNotWatched: "3",

@@ -62,8 +62,8 @@ type guard struct {
 // Events on it through the events.k8s.io API.
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 
-// Setup registers the guard's admission paths (pods, WorkflowTaskSet writes, Events) on the
-// manager's webhook server. Workflows are read live on a client of their own (liveClient: no
+// Setup registers the guard's admission paths, those of each of its kinds, on the manager's
+// webhook server. Workflows are read live on a client of their own (liveClient: no
 // cache, not the manager's connections), so the manager's scheme must know argo.Workflow
 // (argo.AddToScheme).
 func Setup(mgr manager.Manager, store *completionstore.Store, opts Options) error {
@@ -115,10 +115,12 @@ func setup(mgr manager.Manager, reader client.Reader, store *completionstore.Sto
 		return fmt.Errorf("webhook: adding the overturn sweeper: %w", err)
 	}
 	srv := mgr.GetWebhookServer()
-	srv.Register(ValidatePath, g.path(ValidatePath, readPodReview))
-	srv.Register(MutatePath, mutatingPath(g))
-	srv.Register(ValidateTaskSetPath, g.path(ValidateTaskSetPath, readTaskSetReview))
-	srv.Register(ValidateEventPath, g.path(ValidateEventPath, readEventReview))
+	for _, k := range kinds {
+		srv.Register(k.path, g.path(k.path, k.read))
+		if k.markPath != "" {
+			srv.Register(k.markPath, markingPath(g, k))
+		}
+	}
 	return nil
 }
 
@@ -145,11 +147,11 @@ func (g *guard) path(path string, read func([]byte) (request, facts, *admission.
 	return &handler{guard: g, read: read, log: logf.Log.WithName("admission").WithValues("webhook", path)}
 }
 
-// mutatingPath is the handler of MutatePath: the pipeline in warn and dry-run mode, where it
-// marks suspect pods; in enforce mode it checks the request and changes nothing (the
+// markingPath is the handler of a kind's markPath: the pipeline in warn and dry-run mode, where
+// it marks suspect objects; in enforce mode it checks the request and changes nothing (the
 // validating path decides), should the API server call it.
-func mutatingPath(g *guard) *handler {
-	h := g.path(MutatePath, readPodReview)
+func markingPath(g *guard, k *kindSpec) *handler {
+	h := g.path(k.markPath, k.read)
 	if g.opts.Mode == ModeEnforce {
 		h.readOnly = "enforce mode: the validating webhook decides"
 	} else {

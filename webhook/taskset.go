@@ -36,6 +36,11 @@ import (
 // suspect write with an admission warning.
 const ValidateTaskSetPath = "/validate-workflowtaskset"
 
+const kindTaskSet objectKind = argo.TaskSetKind
+
+// roleTaskWrite is a WorkflowTaskSet write: it hands the agent tasks to run.
+const roleTaskWrite role = "task-write"
+
 var taskSetResource = metav1.GroupVersionResource{Group: argo.Group, Version: argo.Version, Resource: argo.TaskSetResource}
 
 // taskSet is the part of a WorkflowTaskSet the guard decodes: its metadata and the keys of
@@ -195,7 +200,8 @@ func (ts *taskSetObject) key() types.NamespacedName {
 }
 
 var taskSetSpec = &kindSpec{
-	kind: kindTaskSet, noun: "write", retried: "run its HTTP or plugin tasks again",
+	kind: kindTaskSet, path: ValidateTaskSetPath, read: readTaskSetReview, rowPrefix: "T",
+	noun: "write", retried: "run its HTTP or plugin tasks again",
 	logs:      logsOf("WorkflowTaskSet write", "WorkflowTaskSet write", "completed"),
 	eventType: corev1.EventTypeWarning, eventDenied: contract.EventReasonDenied, eventWarned: contract.EventReasonWarned,
 	rowNotOwned: "T1", rowNotWatched: "T2", rowIdle: "T3", idleReason: contract.ReasonNoNewTask,
