@@ -27,7 +27,10 @@ import (
 // Its budget is short (Options.EventReadBudget): each namespace's recorder in Argo sends its
 // Events one at a time, so a slow answer delays every later Event of that namespace.
 //
-// +kubebuilder:webhook:path=/validate-event,mutating=false,failurePolicy=ignore,sideEffects=NoneOnDryRun,groups="",resources=events,verbs=create;update,versions=v1,name=validate-event.exit-guard.io,admissionReviewVersions=v1,timeoutSeconds=2,matchPolicy=Equivalent
+// Its match condition sends only the Events that say a workflow failed: every other Event of
+// the cluster (the guard's own among them) never waits on the guard.
+//
+// +kubebuilder:webhook:path=/validate-event,mutating=false,failurePolicy=ignore,sideEffects=NoneOnDryRun,groups="",resources=events,verbs=create;update,versions=v1,name=validate-event.exit-guard.io,admissionReviewVersions=v1,timeoutSeconds=2,matchPolicy=Equivalent,patch=`{"matchConditions":[{"name":"workflow-failed","expression":"has(object.reason) && object.reason == 'WorkflowFailed' && has(object.involvedObject.kind) && object.involvedObject.kind == 'Workflow' && has(object.involvedObject.apiVersion) && object.involvedObject.apiVersion.startsWith('argoproj.io/')"}]}`
 
 // ValidateEventPath is the path of the Event webhook. It is a validating webhook in every mode:
 // there is nothing to mark on an Event, so in warn and dry-run mode it admits a stale failure

@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"flag"
+	"fmt"
 	"net/http"
 	"os"
 	"sync"
@@ -36,9 +37,10 @@ import (
 
 var env *testenv.Env
 
-// The webhook configurations of these tests send every pod creation to the guard (the
-// chart's selectors narrow that; here the handler itself must admit what is not its own),
-// and fail closed, so that a guard that is not called shows as an error.
+// The webhook configurations of these tests are the generated ones (config/webhook, from each
+// kind's marker: its rules, object selector and match conditions, as the chart renders them),
+// sent only objects of the namespaces these tests make, and failing closed, so that a guard that
+// is not called shows as an error.
 func TestMain(m *testing.M) {
 	flag.Parse()
 	if f := flag.Lookup("test.fuzz"); f != nil && f.Value.String() != "" {
@@ -47,65 +49,31 @@ func TestMain(m *testing.M) {
 		os.Exit(m.Run())
 	}
 	useGuardLog()
-	fail := admissionregistrationv1.Fail
-	sideEffects := admissionregistrationv1.SideEffectClassNoneOnDryRun
-	timeout := int32(5)
-	rules := []admissionregistrationv1.RuleWithOperations{{
-		Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Create},
-		Rule:       admissionregistrationv1.Rule{APIGroups: []string{""}, APIVersions: []string{"v1"}, Resources: []string{"pods"}},
-	}}
-	ref := func(path string) admissionregistrationv1.WebhookClientConfig {
-		return admissionregistrationv1.WebhookClientConfig{Service: &admissionregistrationv1.ServiceReference{Namespace: "default", Name: "exit-guard", Path: &path}}
+	vwc, mwc, err := testenv.GeneratedWebhooks()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
 	}
-	// Only pods of the namespaces these tests make are sent, so that nothing else the API
+	fail := admissionregistrationv1.Fail
+	timeout := int32(5)
+	// Only objects of the namespaces these tests make are sent, so that nothing else the API
 	// server creates depends on a guard running.
 	nsSel := &metav1.LabelSelector{MatchLabels: map[string]string{"exit-guard-test": "true"}}
-	// WorkflowTaskSet writes of the main resource, as the chart registers them (never /status).
-	taskSetRules := []admissionregistrationv1.RuleWithOperations{{
-		Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Create, admissionregistrationv1.Update},
-		Rule:       admissionregistrationv1.Rule{APIGroups: []string{argo.Group}, APIVersions: []string{argo.Version}, Resources: []string{argo.TaskSetResource}},
-	}}
-	// core/v1 Events; with matchPolicy Equivalent, events.k8s.io/v1 writes too.
-	eventRules := []admissionregistrationv1.RuleWithOperations{{
-		Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Create, admissionregistrationv1.Update},
-		Rule:       admissionregistrationv1.Rule{APIGroups: []string{""}, APIVersions: []string{"v1"}, Resources: []string{"events"}},
-	}}
-	equivalent := admissionregistrationv1.Equivalent
-	vwc := &admissionregistrationv1.ValidatingWebhookConfiguration{
-		ObjectMeta: metav1.ObjectMeta{Name: "exit-guard-test"},
-		Webhooks: []admissionregistrationv1.ValidatingWebhook{{
-			Name: "validate.exit-guard.io", ClientConfig: ref(ValidatePath), Rules: rules,
-			NamespaceSelector: nsSel, FailurePolicy: &fail, SideEffects: &sideEffects,
-			TimeoutSeconds: &timeout, AdmissionReviewVersions: []string{"v1"},
-		}, {
-			Name: "validate-taskset.exit-guard.io", ClientConfig: ref(ValidateTaskSetPath), Rules: taskSetRules,
-			NamespaceSelector: nsSel, FailurePolicy: &fail, SideEffects: &sideEffects,
-			TimeoutSeconds: &timeout, AdmissionReviewVersions: []string{"v1"},
-		}, {
-			// Events that say a workflow failed, with the chart's match condition (the chart
-			// tests check the chart's own): every other Event, the guard's own among them,
-			// never depends on it.
-			Name: "validate-event.exit-guard.io", ClientConfig: ref(ValidateEventPath), Rules: eventRules,
-			NamespaceSelector: nsSel, FailurePolicy: &fail, SideEffects: &sideEffects, MatchPolicy: &equivalent,
-			TimeoutSeconds: &timeout, AdmissionReviewVersions: []string{"v1"},
-			MatchConditions: []admissionregistrationv1.MatchCondition{{Name: "workflow-failed",
-				Expression: "has(object.reason) && object.reason == 'WorkflowFailed' && has(object.involvedObject.kind) && " +
-					"object.involvedObject.kind == 'Workflow' && has(object.involvedObject.apiVersion) && " +
-					"object.involvedObject.apiVersion.startsWith('argoproj.io/')"}},
-		}},
+	vwc.Name = "exit-guard-test"
+	for i := range vwc.Webhooks {
+		w := &vwc.Webhooks[i]
+		w.NamespaceSelector, w.FailurePolicy, w.TimeoutSeconds = nsSel, &fail, &timeout
 	}
-	mwc := &admissionregistrationv1.MutatingWebhookConfiguration{
-		ObjectMeta: metav1.ObjectMeta{Name: "exit-guard-test"},
-		Webhooks: []admissionregistrationv1.MutatingWebhook{{
-			Name: "mutate.exit-guard.io", ClientConfig: ref(MutatePath), Rules: rules,
-			NamespaceSelector: nsSel, FailurePolicy: &fail, SideEffects: &sideEffects,
-			TimeoutSeconds: &timeout, AdmissionReviewVersions: []string{"v1"},
-		}},
+	webhooks := testenv.Options{ValidatingWebhooks: []*admissionregistrationv1.ValidatingWebhookConfiguration{vwc}}
+	if mwc != nil {
+		mwc.Name = "exit-guard-test"
+		for i := range mwc.Webhooks {
+			w := &mwc.Webhooks[i]
+			w.NamespaceSelector, w.FailurePolicy, w.TimeoutSeconds = nsSel, &fail, &timeout
+		}
+		webhooks.MutatingWebhooks = []*admissionregistrationv1.MutatingWebhookConfiguration{mwc}
 	}
-	os.Exit(testenv.Main(m, testenv.Options{
-		ValidatingWebhooks: []*admissionregistrationv1.ValidatingWebhookConfiguration{vwc},
-		MutatingWebhooks:   []*admissionregistrationv1.MutatingWebhookConfiguration{mwc},
-	}, &env))
+	os.Exit(testenv.Main(m, webhooks, &env))
 }
 
 // harness is a guard running in a manager against the test API server.

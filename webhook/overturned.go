@@ -85,7 +85,7 @@ func newOverturns(now func() time.Time) *overturns {
 	return &overturns{
 		now: now,
 		counter: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "exit_guard_refusals_overturned_total",
-			Help: "Workflows for which the guard refused a write from its store alone (its live read had failed) and then saw the workflow running at that resourceVersion or a newer one (or, after a relist of its watch, completed again by a run that started before the last refusal): a real exit handler (or hook, or task) was probably refused, and waited until Argo's controller tried again (kind Pod or WorkflowTaskSet), or a real failure Event was refused, which Argo does not send again (kind Event); by kind of the object refused."}, []string{"kind"}),
+			Help: "Workflows for which the guard refused a write from its store alone (its live read had failed) and then saw the workflow running at that resourceVersion or a newer one (or, after a relist of its watch, completed again by a run that started before the last refusal): a real exit handler (or hook, or task) was probably refused, and waited until Argo's controller tried again, or a real failure Event was refused, which Argo does not send again (the Event says which); by kind of the object refused."}, []string{"kind"}),
 		entries: map[types.UID]*storeRefusal{},
 	}
 }

@@ -17,10 +17,12 @@ import (
 	"github.com/exit-guard/exit-guard/internal/argo"
 )
 
-// The two pod paths, as the API server is to call them. The chart renders these with its
-// selectors, match conditions and failure policy; make verify checks it against them.
-// +kubebuilder:webhook:path=/validate-pod,mutating=false,failurePolicy=ignore,sideEffects=NoneOnDryRun,groups="",resources=pods,verbs=create,versions=v1,name=validate.exit-guard.io,admissionReviewVersions=v1,timeoutSeconds=5,matchPolicy=Equivalent
-// +kubebuilder:webhook:path=/mutate-pod,mutating=true,failurePolicy=ignore,sideEffects=NoneOnDryRun,groups="",resources=pods,verbs=create,versions=v1,name=mutate.exit-guard.io,admissionReviewVersions=v1,timeoutSeconds=5,matchPolicy=Equivalent,reinvocationPolicy=Never
+// The two pod paths, as the API server is to call them: only pods that Argo made (the
+// workflow label), that a Workflow controls, and that are not artifact GC's. The guard's own
+// pods (and everything else) never depend on the guard, so a failing guard cannot block its
+// own restart. The chart renders these, with its coverage's conditions and failure policy.
+// +kubebuilder:webhook:path=/validate-pod,mutating=false,failurePolicy=ignore,sideEffects=NoneOnDryRun,groups="",resources=pods,verbs=create,versions=v1,name=validate.exit-guard.io,admissionReviewVersions=v1,timeoutSeconds=5,matchPolicy=Equivalent,patch=`{"objectSelector":{"matchExpressions":[{"key":"workflows.argoproj.io/workflow","operator":"Exists"}]},"matchConditions":[{"name":"owned-by-argo-workflow","expression":"has(object.metadata.ownerReferences) && object.metadata.ownerReferences.exists(r, has(r.controller) && r.controller && r.kind == 'Workflow' && r.apiVersion.startsWith('argoproj.io/'))"},{"name":"not-artifact-gc","expression":"!has(object.metadata.labels) || !('workflows.argoproj.io/component' in object.metadata.labels) || object.metadata.labels['workflows.argoproj.io/component'] == 'agent'"}]}`
+// +kubebuilder:webhook:path=/mutate-pod,mutating=true,failurePolicy=ignore,sideEffects=NoneOnDryRun,groups="",resources=pods,verbs=create,versions=v1,name=mutate.exit-guard.io,admissionReviewVersions=v1,timeoutSeconds=5,matchPolicy=Equivalent,reinvocationPolicy=Never,patch=`{"objectSelector":{"matchExpressions":[{"key":"workflows.argoproj.io/workflow","operator":"Exists"}]},"matchConditions":[{"name":"owned-by-argo-workflow","expression":"has(object.metadata.ownerReferences) && object.metadata.ownerReferences.exists(r, has(r.controller) && r.controller && r.kind == 'Workflow' && r.apiVersion.startsWith('argoproj.io/'))"},{"name":"not-artifact-gc","expression":"!has(object.metadata.labels) || !('workflows.argoproj.io/component' in object.metadata.labels) || object.metadata.labels['workflows.argoproj.io/component'] == 'agent'"}]}`
 
 // Paths of the pod webhooks: ValidatePath decides (deny in enforce mode), MutatePath marks
 // suspect pods in warn and dry-run mode.

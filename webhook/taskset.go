@@ -27,9 +27,10 @@ import (
 // label back to "false"): the agent pod still running, or a new one, then calls the URL again.
 // This path refuses such writes as the pod paths refuse pods. It is registered for the main
 // resource only: the agent's and the controller's result writes go to /status and never reach
-// the guard.
+// the guard. Its match conditions send only the writes that start work: a new task, or the
+// completed label turned back from "true"; cleanup and every other write never reach the guard.
 //
-// +kubebuilder:webhook:path=/validate-workflowtaskset,mutating=false,failurePolicy=ignore,sideEffects=NoneOnDryRun,groups=argoproj.io,resources=workflowtasksets,verbs=create;update,versions=v1alpha1,name=validate-taskset.exit-guard.io,admissionReviewVersions=v1,timeoutSeconds=5,matchPolicy=Equivalent
+// +kubebuilder:webhook:path=/validate-workflowtaskset,mutating=false,failurePolicy=ignore,sideEffects=NoneOnDryRun,groups=argoproj.io,resources=workflowtasksets,verbs=create;update,versions=v1alpha1,name=validate-taskset.exit-guard.io,admissionReviewVersions=v1,timeoutSeconds=5,matchPolicy=Equivalent,patch=`{"matchConditions":[{"name":"owned-by-argo-workflow","expression":"has(object.metadata.ownerReferences) && object.metadata.ownerReferences.exists(r, r.kind == 'Workflow' && r.apiVersion.startsWith('argoproj.io/'))"},{"name":"adds-a-task-or-reopens","expression":"request.operation == 'CREATE' ? (has(object.spec.tasks) && size(object.spec.tasks) > 0) : ((has(object.spec.tasks) && object.spec.tasks.exists(k, !has(oldObject.spec.tasks) || !(k in oldObject.spec.tasks))) || (has(oldObject.metadata.labels) && 'workflows.argoproj.io/completed' in oldObject.metadata.labels && oldObject.metadata.labels['workflows.argoproj.io/completed'] == 'true' && !(has(object.metadata.labels) && 'workflows.argoproj.io/completed' in object.metadata.labels && object.metadata.labels['workflows.argoproj.io/completed'] == 'true')))"}]}`
 
 // ValidateTaskSetPath is the path of the WorkflowTaskSet webhook. It is a validating webhook in
 // every mode: there is nothing to mark on a TaskSet, so in warn and dry-run mode it admits a

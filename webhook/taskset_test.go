@@ -116,10 +116,11 @@ func TestTaskSetWrites(t *testing.T) {
 		if got := calls(); got != before {
 			t.Errorf("the API server called the TaskSet webhook %v times for two status writes, want none", got-before)
 		}
-		// A write of the main resource is counted: the count above can see a call.
-		touch := client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"annotations":{"touched":"yes"}}}`))
-		if err := env.Client.Patch(t.Context(), ts, touch); err != nil {
-			t.Fatal(err)
+		// A write of the main resource that adds a task is counted: the count above can see a
+		// call (the workflow has completed: the guard refuses it).
+		added := fixture.TaskSetPatch(false, map[string]any{"results-3": fixture.HTTPTask("again")})
+		if err := env.Client.Patch(t.Context(), ts, added); !contract.IsRefusal(err) {
+			t.Errorf("adding a task to a completed workflow's TaskSet: %v, want refused", err)
 		}
 		if got := calls(); got != before+1 {
 			t.Errorf("the API server called the TaskSet webhook %v times for one write of the main resource, want 1", got-before)
@@ -150,8 +151,9 @@ func TestTaskSetWrites(t *testing.T) {
 		if got := h.counter(t, "exit_guard_decisions_total", map[string]string{"verdict": "denied", "kind": argo.TaskSetKind}); got != 0 {
 			t.Errorf("%v TaskSet writes of a running workflow refused, want none", got)
 		}
-		if got := h.counter(t, "exit_guard_decisions_total", map[string]string{"verdict": "allowed", "reason": string(contract.ReasonNoNewTask), "kind": argo.TaskSetKind}); got != 1 {
-			t.Errorf("TaskSet writes admitted as %s = %v, want 1 (the cleanup)", contract.ReasonNoNewTask, got)
+		// The cleanup adds no task: the webhook's match conditions keep it from the guard.
+		if got := h.counter(t, "exit_guard_decisions_total", map[string]string{"verdict": "allowed", "reason": string(contract.ReasonNoNewTask), "kind": argo.TaskSetKind}); got != 0 {
+			t.Errorf("TaskSet writes admitted as %s = %v, want 0 (the cleanup is not sent)", contract.ReasonNoNewTask, got)
 		}
 	})
 

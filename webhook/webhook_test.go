@@ -254,8 +254,14 @@ func TestPodsThatAreNotOursAreAdmitted(t *testing.T) {
 	if got := h.counter(t, "exit_guard_live_read_duration_seconds", nil); got != 0 {
 		t.Errorf("%v live reads for pods that are not ours, want none", got)
 	}
-	if got := h.counter(t, "exit_guard_decisions_total", map[string]string{"source": sourceRequest}); got != 5 {
-		t.Errorf("%v decisions counted as made from the request alone, want the 5 pods'", got)
+	// The plain, artifact-GC and uncontrolled pods never reach the guard (the pod webhook's
+	// object selector and match conditions, as generated); the step and hook pods do, and are
+	// admitted by row 4.
+	if got := h.counter(t, "exit_guard_decisions_total", map[string]string{"source": sourceRequest}); got != 2 {
+		t.Errorf("%v decisions counted as made from the request alone, want the step's and the hook's", got)
+	}
+	if got := h.counter(t, "exit_guard_decisions_total", map[string]string{"reason": string(contract.ReasonNotCoveredByPolicy)}); got != 2 {
+		t.Errorf("%v pods admitted as %s, want the step and the hook", got, contract.ReasonNotCoveredByPolicy)
 	}
 }
 

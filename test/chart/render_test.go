@@ -189,8 +189,28 @@ func TestChartMatchesTheGeneratedManifests(t *testing.T) {
 			generated[o.GetKind()+"/"+w["name"].(string)] = w
 		}
 	}
+	// What each mode serves: in enforce mode every generated validating webhook; in warn mode
+	// every mutating one, and the validating ones of the kinds that do not mark (whose rules no
+	// mutating webhook has).
+	served := map[string][]string{}
+	for key, w := range generated {
+		kind, _, _ := strings.Cut(key, "/")
+		switch kind {
+		case "ValidatingWebhookConfiguration":
+			served["enforce"] = append(served["enforce"], key)
+			marked := false
+			for other, m := range generated {
+				marked = marked || strings.HasPrefix(other, "MutatingWebhookConfiguration/") && cmp.Equal(m["rules"], w["rules"])
+			}
+			if !marked {
+				served["warn"] = append(served["warn"], key)
+			}
+		case "MutatingWebhookConfiguration":
+			served["warn"] = append(served["warn"], key)
+		}
+	}
 	for _, p := range []profile{profiles[0], {name: "warn", set: []string{"guard.mode=warn"}}} {
-		seen := 0
+		seen := map[string]bool{}
 		for _, o := range render(t, p, "eg", "argo") {
 			if !strings.HasSuffix(o.GetKind(), "WebhookConfiguration") {
 				continue
@@ -202,11 +222,18 @@ func TestChartMatchesTheGeneratedManifests(t *testing.T) {
 					t.Errorf("%s: %s %s has no generated counterpart in config/webhook", p.name, o.GetKind(), got["name"])
 					continue
 				}
-				seen++
-				for _, field := range []string{"name", "rules", "sideEffects", "admissionReviewVersions", "matchPolicy", "reinvocationPolicy"} {
+				seen[o.GetKind()+"/"+got["name"].(string)] = true
+				for _, field := range []string{"name", "rules", "sideEffects", "admissionReviewVersions", "matchPolicy", "reinvocationPolicy", "objectSelector"} {
 					if diff := cmp.Diff(want[field], got[field]); diff != "" {
 						t.Errorf("%s: %s %s %s differs from config/webhook (-generated +chart):\n%s", p.name, o.GetKind(), got["name"], field, diff)
 					}
+				}
+				// The kind's own match conditions first; the chart's coverage and the values'
+				// extra ones after.
+				wantConds, _ := want["matchConditions"].([]any)
+				gotConds, _ := got["matchConditions"].([]any)
+				if len(gotConds) < len(wantConds) || !cmp.Equal(wantConds, gotConds[:len(wantConds)]) {
+					t.Errorf("%s: %s %s matchConditions %v do not begin with the generated %v", p.name, o.GetKind(), got["name"], gotConds, wantConds)
 				}
 				wantPath := want["clientConfig"].(map[string]any)["service"].(map[string]any)["path"]
 				if gotPath := got["clientConfig"].(map[string]any)["service"].(map[string]any)["path"]; gotPath != wantPath {
@@ -214,9 +241,19 @@ func TestChartMatchesTheGeneratedManifests(t *testing.T) {
 				}
 			}
 		}
-		// The pod webhook of the mode, the WorkflowTaskSet webhook and the Event webhook.
-		if seen != 3 {
-			t.Errorf("%s: %d webhooks rendered, want 3", p.name, seen)
+		// Every generated webhook the mode serves: a kind in the code that the chart does not
+		// serve is named by what is missing.
+		mode := "enforce"
+		if p.name == "warn" {
+			mode = "warn"
+		}
+		for _, key := range served[mode] {
+			if !seen[key] {
+				t.Errorf("%s: the chart does not render %s, which config/webhook has: a kind in the code the chart does not serve in %s mode", p.name, key, mode)
+			}
+		}
+		if len(seen) < 3 {
+			t.Errorf("%s: %d webhooks rendered, want at least the pod's, the WorkflowTaskSet's and the Event's", p.name, len(seen))
 		}
 	}
 

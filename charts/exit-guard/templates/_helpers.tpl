@@ -440,3 +440,62 @@ namespaces too (the API server then never calls the guard for a namespace it doe
 {{- end }}
 {{- toYaml $sel }}
 {{- end }}
+
+{{/*
+The values of the kind whose generated webhook is named .name, as JSON: enabled, failurePolicy,
+timeoutSeconds, extraMatchConditions. The pod webhooks take webhook's own; the WorkflowTaskSet and
+Event webhooks webhook.taskSets and webhook.events; a kind added later webhook.kinds.<its
+webhook's name up to the first dot, without validate- or mutate->. What a kind leaves unset is
+webhook's: on, its failure policy and timeout.
+*/}}
+{{- define "exit-guard.kindValues" -}}
+{{- $root := .root }}
+{{- $named := dict "validate.exit-guard.io" "" "mutate.exit-guard.io" "" "validate-taskset.exit-guard.io" "taskSets" "validate-event.exit-guard.io" "events" }}
+{{- $v := dict }}
+{{- if hasKey $named .name }}
+{{- $key := get $named .name }}
+{{- if $key }}
+{{- $v = deepCopy (default dict (get $root.Values.webhook $key)) }}
+{{- else }}
+{{- $v = dict "extraMatchConditions" $root.Values.webhook.extraMatchConditions }}
+{{- end }}
+{{- else }}
+{{- $key := regexReplaceAll "^(validate|mutate)-" (first (splitList "." .name)) "" }}
+{{- $v = deepCopy (default dict (get (default dict $root.Values.webhook.kinds) $key)) }}
+{{- end }}
+{{- if not (hasKey $v "enabled") }}{{ $_ := set $v "enabled" true }}{{ end }}
+{{- if not $v.failurePolicy }}{{ $_ := set $v "failurePolicy" $root.Values.webhook.failurePolicy }}{{ end }}
+{{- if not $v.timeoutSeconds }}{{ $_ := set $v "timeoutSeconds" $root.Values.webhook.timeoutSeconds }}{{ end }}
+{{- toJson $v }}
+{{- end }}
+
+{{/*
+The match conditions guard.cover adds to the pod webhooks, as a YAML list: none when it covers
+every pod; without hooks, every pod but a lifecycle hook's; without steps, only exit-handler,
+agent (and, with hooks, hook) pods.
+*/}}
+{{- define "exit-guard.coverConditions" -}}
+{{- $cover := include "exit-guard.cover" . }}
+{{- $hooks := or (eq $cover "all") (contains "hooks" $cover) }}
+{{- $steps := or (eq $cover "all") (contains "steps" $cover) }}
+{{- if and $steps $hooks }}
+[]
+{{- end }}
+{{- if and $steps (not $hooks) }}
+- name: not-a-lifecycle-hook-pod
+  expression: >-
+    (has(object.metadata.labels) && 'workflows.argoproj.io/on-exit' in object.metadata.labels) ||
+    !has(object.metadata.annotations) || !('workflows.argoproj.io/node-name' in object.metadata.annotations) ||
+    object.metadata.annotations['workflows.argoproj.io/node-name'].contains('.onExit') ||
+    !object.metadata.annotations['workflows.argoproj.io/node-name'].contains('.hooks.')
+{{- end }}
+{{- if not $steps }}
+- name: {{ ternary "exit-handler-hook-or-agent-pod" "exit-handler-or-agent-pod" $hooks }}
+  expression: >-
+    (has(object.metadata.labels) && 'workflows.argoproj.io/component' in object.metadata.labels) ||
+    (has(object.metadata.labels) && 'workflows.argoproj.io/on-exit' in object.metadata.labels) ||
+    (has(object.metadata.annotations) && 'workflows.argoproj.io/node-name' in object.metadata.annotations &&
+    (object.metadata.annotations['workflows.argoproj.io/node-name'].contains('.onExit')
+    {{- if $hooks }} || object.metadata.annotations['workflows.argoproj.io/node-name'].contains('.hooks.'){{ end }}))
+{{- end }}
+{{- end }}

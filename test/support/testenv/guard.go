@@ -234,32 +234,44 @@ var handedOut = struct {
 }{ports: map[string]bool{}}
 
 // GuardWebhook is the guard's ValidatingWebhookConfiguration as config/webhook generates it
-// from the code's markers (pods and WorkflowTaskSets), with the chart's object selector on the
-// pod webhook (only pods that Argo made). Give it to Options.ValidatingWebhooks: envtest points
-// it at the local serving address.
+// from the markers of the code's kinds (with their object selectors and match conditions). Give
+// it to Options.ValidatingWebhooks: envtest points it at the local serving address.
 func GuardWebhook() (*admissionregistrationv1.ValidatingWebhookConfiguration, error) {
+	vwc, _, err := GeneratedWebhooks()
+	return vwc, err
+}
+
+// GeneratedWebhooks are the guard's webhook configurations as config/webhook generates them from
+// the markers of the code's kinds: every kind's validating webhook, and the mutating webhooks of
+// the kinds that mark.
+func GeneratedWebhooks() (*admissionregistrationv1.ValidatingWebhookConfiguration, *admissionregistrationv1.MutatingWebhookConfiguration, error) {
 	raw, err := os.ReadFile(filepath.Join(RepoRoot(), "config", "webhook", "manifests.yaml"))
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
+	var vwc *admissionregistrationv1.ValidatingWebhookConfiguration
+	var mwc *admissionregistrationv1.MutatingWebhookConfiguration
 	for _, doc := range strings.Split(string(raw), "\n---") {
-		var vwc admissionregistrationv1.ValidatingWebhookConfiguration
-		if err := yaml.Unmarshal([]byte(doc), &vwc); err != nil {
-			return nil, fmt.Errorf("config/webhook/manifests.yaml: %w", err)
+		var meta metav1.TypeMeta
+		if err := yaml.Unmarshal([]byte(doc), &meta); err != nil {
+			return nil, nil, fmt.Errorf("config/webhook/manifests.yaml: %w", err)
 		}
-		if vwc.Kind != "ValidatingWebhookConfiguration" {
-			continue
+		switch meta.Kind {
+		case "ValidatingWebhookConfiguration":
+			vwc = &admissionregistrationv1.ValidatingWebhookConfiguration{}
+			err = yaml.Unmarshal([]byte(doc), vwc)
+		case "MutatingWebhookConfiguration":
+			mwc = &admissionregistrationv1.MutatingWebhookConfiguration{}
+			err = yaml.Unmarshal([]byte(doc), mwc)
 		}
-		for i := range vwc.Webhooks {
-			if rules := vwc.Webhooks[i].Rules; len(rules) == 0 || len(rules[0].Resources) == 0 || rules[0].Resources[0] != "pods" {
-				continue
-			}
-			vwc.Webhooks[i].ObjectSelector = &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{
-				Key: "workflows.argoproj.io/workflow", Operator: metav1.LabelSelectorOpExists}}}
+		if err != nil {
+			return nil, nil, fmt.Errorf("config/webhook/manifests.yaml: %w", err)
 		}
-		return &vwc, nil
 	}
-	return nil, errors.New("config/webhook/manifests.yaml has no ValidatingWebhookConfiguration: run make manifests")
+	if vwc == nil {
+		return nil, nil, errors.New("config/webhook/manifests.yaml has no ValidatingWebhookConfiguration: run make manifests")
+	}
+	return vwc, mwc, nil
 }
 
 // ChartWebhook is the ValidatingWebhookConfiguration that the chart renders with its default
