@@ -25,11 +25,17 @@ var chartDir = filepath.Join(testenv.RepoRoot(), "charts", "exit-guard")
 // values.schema.json), fails the test when it refuses, and returns what it rendered.
 func render(t *testing.T, extra ...string) []byte {
 	t.Helper()
+	return renderChart(t, chartDir, append([]string{"--kube-version", testenv.KubeVersion()}, extra...)...)
+}
+
+// renderChart is render of the chart in dir.
+func renderChart(t *testing.T, dir string, extra ...string) []byte {
+	t.Helper()
 	bin, err := testenv.HelmBin()
 	if err != nil {
 		t.Fatalf("these checks need helm: %v", err)
 	}
-	args := append([]string{"template", "doc", chartDir, "--namespace", "argo", "--kube-version", testenv.KubeVersion()}, extra...)
+	args := append([]string{"template", "doc", dir, "--namespace", "argo"}, extra...)
 	cmd := exec.Command(bin, args...) //nolint:gosec // G204: the pinned helm of this repository
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr

@@ -1,0 +1,122 @@
+package chartcheck
+
+import (
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"sigs.k8s.io/yaml"
+
+	"github.com/exit-guard/exit-guard/test/support/testenv"
+)
+
+// TestAKindAddedInTheCodeIsServed: the chart serves every webhook make manifests generates,
+// with no template edit. The chart is rendered with the generated manifests and, beside them,
+// the webhook controller-gen makes of the marker of webhook/newcomer_test.go's test-only kind
+// (PersistentVolumeClaim creates): served in enforce and warn mode, with its rules and match
+// conditions, the chart's selectors and the pod webhook's failure policy and timeout, which its
+// values (webhook.kinds.persistentvolumeclaim) change or turn off.
+func TestAKindAddedInTheCodeIsServed(t *testing.T) {
+	root := testenv.RepoRoot()
+	chart := filepath.Join(t.TempDir(), "exit-guard")
+	if err := os.CopyFS(chart, os.DirFS(filepath.Join(root, "charts", "exit-guard"))); err != nil {
+		t.Fatal(err)
+	}
+	generated, err := os.ReadFile(filepath.Join(root, "config", "webhook", "manifests.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	newcomer, err := os.ReadFile(filepath.Join(root, "webhook", "testdata", "newcomer-webhook.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// As make manifests would write them: the newcomer's webhook among the validating ones.
+	var docs []string
+	for _, doc := range strings.Split(string(generated), "\n---") {
+		var c struct {
+			Kind     string `json:"kind"`
+			Webhooks []any  `json:"webhooks"`
+		}
+		if err := yaml.Unmarshal([]byte(doc), &c); err != nil {
+			t.Fatal(err)
+		}
+		if c.Kind == "ValidatingWebhookConfiguration" {
+			var n struct {
+				Webhooks []any `json:"webhooks"`
+			}
+			if err := yaml.Unmarshal(newcomer, &n); err != nil || len(n.Webhooks) != 1 {
+				t.Fatalf("webhook/testdata/newcomer-webhook.yaml: %v, %d webhooks", err, len(n.Webhooks))
+			}
+			var whole map[string]any
+			if err := yaml.Unmarshal([]byte(doc), &whole); err != nil {
+				t.Fatal(err)
+			}
+			whole["webhooks"] = append(c.Webhooks, n.Webhooks...)
+			out, err := yaml.Marshal(whole)
+			if err != nil {
+				t.Fatal(err)
+			}
+			doc = string(out)
+		}
+		docs = append(docs, doc)
+	}
+	if err := os.WriteFile(filepath.Join(chart, "files", "webhook", "manifests.yaml"), []byte(strings.Join(docs, "\n---\n")), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	const name = "validate-persistentvolumeclaim.exit-guard.io"
+	served := func(t *testing.T, set ...string) map[string]any {
+		t.Helper()
+		args := []string{"--kube-version", testenv.KubeVersion()}
+		for _, s := range set {
+			args = append(args, "--set", s)
+		}
+		var found map[string]any
+		for _, doc := range strings.Split(string(renderChart(t, chart, args...)), "\n---") {
+			var c struct {
+				Kind     string           `json:"kind"`
+				Webhooks []map[string]any `json:"webhooks"`
+			}
+			if err := yaml.Unmarshal([]byte(doc), &c); err != nil {
+				t.Fatal(err)
+			}
+			for _, w := range c.Webhooks {
+				if w["name"] == name {
+					if c.Kind != "ValidatingWebhookConfiguration" {
+						t.Errorf("%s rendered in a %s", name, c.Kind)
+					}
+					found = w
+				}
+			}
+		}
+		return found
+	}
+	for _, mode := range []string{"enforce", "warn", "dry-run"} {
+		t.Run(mode, func(t *testing.T) {
+			w := served(t, "guard.mode="+mode)
+			if w == nil {
+				t.Fatalf("the chart does not serve %s in %s mode", name, mode)
+			}
+			path := w["clientConfig"].(map[string]any)["service"].(map[string]any)["path"]
+			conds, _ := w["matchConditions"].([]any)
+			var condNames []string
+			for _, c := range conds {
+				condNames = append(condNames, c.(map[string]any)["name"].(string))
+			}
+			if path != "/validate-persistentvolumeclaim" || w["failurePolicy"] != "Ignore" || w["timeoutSeconds"] != float64(5) ||
+				!slices.Equal(condNames, []string{"owned-by-argo-workflow"}) || w["namespaceSelector"] == nil {
+				t.Errorf("%s: path %v, failurePolicy %v, timeoutSeconds %v, matchConditions %v, namespaceSelector %v", name, path, w["failurePolicy"], w["timeoutSeconds"], condNames, w["namespaceSelector"])
+			}
+		})
+	}
+	t.Run("its values", func(t *testing.T) {
+		w := served(t, "webhook.kinds.persistentvolumeclaim.failurePolicy=Fail", "webhook.kinds.persistentvolumeclaim.timeoutSeconds=3")
+		if w == nil || w["failurePolicy"] != "Fail" || w["timeoutSeconds"] != float64(3) {
+			t.Errorf("with its failure policy and timeout set: %v", w)
+		}
+		if w := served(t, "webhook.kinds.persistentvolumeclaim.enabled=false"); w != nil {
+			t.Errorf("with enabled=false the chart still serves %s", name)
+		}
+	})
+}
