@@ -211,7 +211,7 @@ func runThroughput(t *testing.T, version, config, load, mix string, p throughput
 		r.reads[verb] = hookCalls{count: after.count - readsBefore[verb].count, seconds: after.seconds - readsBefore[verb].seconds}
 	}
 	if mfs, err := scrapeController(ctx); err == nil {
-		r.queueAdds, r.queueWait = workflowQueue(mfs)
+		r.queueAdds, r.queueWait, r.queueSpread = workflowQueue(mfs)
 	} else {
 		t.Errorf("reading the controller's metrics: %v", err)
 	}
@@ -269,10 +269,12 @@ func workflowReads(ctx context.Context, t *testing.T, env *testenv.Env) map[stri
 	return reads
 }
 
-// workflowQueue reads the controller's workflow queue from its metrics: items added, and the
-// mean time an item waited (argo_workflows_queue_adds_count and argo_workflows_queue_latency
-// of queue workflow_queue, as v3.4 to v4.0 name them).
-func workflowQueue(mfs map[string]*dto.MetricFamily) (adds float64, wait time.Duration) {
+// workflowQueue reads the controller's workflow queue from its metrics: items added, the mean
+// time an item waited (argo_workflows_queue_adds_count and argo_workflows_queue_latency of queue
+// workflow_queue, as v3.4 to v4.0 name them), and how the waits spread over the histogram's
+// buckets ("n ≤ bound" per bucket that gained items), which tells a few long waits from many
+// short ones.
+func workflowQueue(mfs map[string]*dto.MetricFamily) (adds float64, wait time.Duration, spread string) {
 	isWorkflowQueue := func(m *dto.Metric) bool {
 		for _, l := range m.GetLabel() {
 			if (l.GetName() == "queue_name" || l.GetName() == "name") && l.GetValue() == "workflow_queue" {
@@ -292,10 +294,22 @@ func workflowQueue(mfs map[string]*dto.MetricFamily) (adds float64, wait time.Du
 			case strings.HasPrefix(name, "argo_workflows_queue_latency") && m.GetHistogram().GetSampleCount() > 0:
 				h := m.GetHistogram()
 				wait = time.Duration(h.GetSampleSum() / float64(h.GetSampleCount()) * float64(time.Second))
+				var parts []string
+				below := uint64(0)
+				for _, b := range h.GetBucket() {
+					if n := b.GetCumulativeCount() - below; n > 0 {
+						parts = append(parts, fmt.Sprintf("%d ≤ %s", n, time.Duration(b.GetUpperBound()*float64(time.Second))))
+					}
+					below = b.GetCumulativeCount()
+				}
+				if n := h.GetSampleCount() - below; n > 0 {
+					parts = append(parts, fmt.Sprintf("%d above", n))
+				}
+				spread = strings.Join(parts, ", ")
 			}
 		}
 	}
-	return adds, wait
+	return adds, wait, spread
 }
 
 // loadAPIServer starts other clients on the API server: each lists 300 workflows of 30 KB in
