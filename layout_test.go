@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -11,8 +12,8 @@ import (
 
 // TestLayoutIsTrue: every path the README's "Where things are" names, and every file of the
 // webhook package that webhook/doc.go names, exists; and the table names every package of
-// the module, and doc.go every file of the package, so that a package or a file moved or added
-// cannot leave them behind.
+// the module, and doc.go every file of the package but a kind's own, so that a package or a
+// file moved or added cannot leave them behind.
 func TestLayoutIsTrue(t *testing.T) {
 	readme, err := os.ReadFile("README.md")
 	if err != nil {
@@ -79,15 +80,25 @@ func TestLayoutIsTrue(t *testing.T) {
 			t.Errorf("webhook/doc.go names %s: %v", f, err)
 		}
 	}
-	// And the other way: every file of the package but doc.go and the tests is named.
+	// And the other way: every file of the package but doc.go, the tests and a kind's own files
+	// is named. A kind's files are the one that declares its kindSpec and its <kind>_rows.go: a
+	// kind added later needs no line in doc.go (docs/development.md).
 	sources, err := filepath.Glob(filepath.Join("webhook", "*.go"))
 	if err != nil {
 		t.Fatal(err)
 	}
+	kindFile := func(name string) bool {
+		decl := name
+		if base, ok := strings.CutSuffix(name, "_rows.go"); ok {
+			decl = base + ".go"
+		}
+		raw, err := os.ReadFile(filepath.Join("webhook", decl))
+		return err == nil && bytes.Contains(raw, []byte("= &kindSpec{"))
+	}
 	for _, f := range sources {
 		name := filepath.Base(f)
-		if name != "doc.go" && !strings.HasSuffix(name, "_test.go") && !slices.Contains(files, name) {
-			t.Errorf("webhook/doc.go does not name %s", name)
+		if name != "doc.go" && !strings.HasSuffix(name, "_test.go") && !slices.Contains(files, name) && !kindFile(name) {
+			t.Errorf("webhook/doc.go does not name %s, which is not a kind's own file (<kind>.go declaring its kindSpec, or <kind>_rows.go)", name)
 		}
 	}
 }

@@ -168,8 +168,11 @@ func (g *guard) liveDecide(ctx context.Context, f facts, d decision) decision {
 // the guard; the rest (an exit-handler or agent pod, a TaskSet write: one or two a workflow)
 // within --live-read-budget.
 func (g *guard) readPolicyOf(f facts) readPolicy {
-	if f.object.spec().roles[f.role].budget == budgetHookStep {
+	switch f.object.spec().roles[f.role].budget {
+	case budgetHookStep:
 		return g.hookStepRead
+	case budgetEvent:
+		return g.eventRead
 	}
 	return g.podRead
 }

@@ -174,8 +174,9 @@ func TestDecisionTableWalksTheDocInOrder(t *testing.T) {
 // TestEachRoleReadsWithinItsBudget: the pods a workflow sends many of, one after another in one
 // pass of Argo's controller (hooks at every level, and steps once the guard's watch is stale),
 // read their workflow within --hook-step-read-budget; exit-handler and agent pods (one or two a
-// workflow) and TaskSet writes within --live-read-budget. A pod a node name alone cannot tell
-// from a hook (under a DAG task named "hooks") gets the short budget either way.
+// workflow) and TaskSet writes within --live-read-budget; Events within --event-read-budget. A
+// pod a node name alone cannot tell from a hook (under a DAG task named "hooks") gets the short
+// budget either way.
 func TestEachRoleReadsWithinItsBudget(t *testing.T) {
 	wf := tableWorkflow
 	dagTaskNamedHooks := fixture.Pod(wf, wf.GetName()+"-build", wf.GetName()+".hooks.build")
@@ -198,6 +199,7 @@ func TestEachRoleReadsWithinItsBudget(t *testing.T) {
 		{"a TaskSet write", func(t *testing.T) facts {
 			return taskSetFacts(t, wf, []string{}, "true", []string{argo.NodeID(wf.GetName(), argo.OnExitNodeName(wf.GetName()))}, "false")
 		}, false, def.LiveReadBudget},
+		{"a failure Event", func(t *testing.T) facts { return eventFacts(t, wf, argo.EventReasonWorkflowFailed) }, false, def.EventReadBudget},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			g, err := newGuard(nil, storeFor(t, wf, storeRunning, c.staleWatch), Options{})

@@ -123,7 +123,9 @@ var _ object = (*eventObject)(nil)
 // what happened.
 var eventSpec = &kindSpec{
 	kind: kindEvent, path: ValidateEventPath, read: readEventReview, rowPrefix: "E",
-	noun: "Event", retried: "report it as failed",
+	// Argo's recorder sends a namespace's Events one at a time: a short budget.
+	roles: map[role]roleRule{roleFailureClaim: {budget: budgetEvent}},
+	noun:  "Event", retried: "report it as failed",
 	logs:      logsOf("failure Event", "Event", "succeeded"),
 	eventType: corev1.EventTypeNormal, eventDenied: contract.EventReasonFailureEventDenied, eventWarned: contract.EventReasonFailureEventWarned,
 	rowNotOwned: "E1", rowNotWatched: "E2", rowIdle: "E3", idleReason: contract.ReasonNotAFailureClaim,

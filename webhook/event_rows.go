@@ -24,7 +24,7 @@ func (g *guard) eventBeforeRead(ctx context.Context, f facts, d decision) (decis
 // the API server before the write that marks it), that failed, that cannot be read, or that is
 // gone without a tombstone of a Succeeded workflow, keeps its Event.
 func (g *guard) judgeClaim(ctx context.Context, f facts, d decision) decision {
-	wf, err := g.read(ctx, d.wfNamespace, d.wfName, g.eventRead)
+	wf, err := g.read(ctx, d.wfNamespace, d.wfName, g.readPolicyOf(f))
 	switch {
 	case err == nil && wf.UID == d.wfUID:
 		g.store.Observe(completionstore.ObservationOf(wf, false))

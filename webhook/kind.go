@@ -3,8 +3,11 @@ package webhook
 import (
 	"context"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"gomodules.xyz/jsonpatch/v2"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+
+	"github.com/exit-guard/exit-guard/completionstore"
 
 	"github.com/exit-guard/exit-guard/contract"
 )
@@ -93,6 +96,9 @@ type kindSpec struct {
 	// own are the words of the reasons only this kind decides, where they differ from the
 	// shared ones.
 	own map[contract.Reason]reasonWords
+	// start, when set, readies what the kind's own rows keep beside the guard when setup
+	// registers its paths: its metrics on reg, its listeners of the store's observations.
+	start func(g *guard, reg prometheus.Registerer, store *completionstore.Store) error
 }
 
 // roleRule is how the objects of one role are decided.
@@ -114,6 +120,9 @@ const (
 	// budgetHookStep: --hook-step-read-budget, for those it sends many of within one pass of
 	// Argo's controller, so that none waits more than a second on the guard.
 	budgetHookStep
+	// budgetEvent: --event-read-budget, for what Argo's recorder sends one at a time per
+	// namespace, so that a slow answer delays every later one.
+	budgetEvent
 )
 
 // reasonWords are a kind's own words for one reason; each field left empty keeps the shared one.

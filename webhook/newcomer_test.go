@@ -147,6 +147,7 @@ func TestANewcomerKind(t *testing.T) {
 		"decision table":           TestDecisionTable,
 		"walk of the rows' docs":   TestDecisionTableWalksTheDocInOrder,
 		"answers by mode":          TestAnswersByMode,
+		"huge and nested bodies":   TestHugeAndDeeplyNestedBodies,
 	} {
 		t.Run(name, check)
 	}

@@ -98,9 +98,6 @@ func setup(mgr manager.Manager, reader client.Reader, store *completionstore.Sto
 	if err := reg.Register(g.overturns.counter); err != nil {
 		return fmt.Errorf("webhook: registering metrics: %w", err)
 	}
-	if err := reg.Register(g.repeats.counter); err != nil {
-		return fmt.Errorf("webhook: registering metrics: %w", err)
-	}
 	if err := reg.Register(g.argo.gauge); err != nil {
 		return fmt.Errorf("webhook: registering metrics: %w", err)
 	}
@@ -110,12 +107,16 @@ func setup(mgr manager.Manager, reader client.Reader, store *completionstore.Sto
 		g.overturns.counter.WithLabelValues(string(k.kind))
 	}
 	store.OnObserve(g.recovered("overturns", g.observedByStore))
-	store.OnObserve(g.recovered("repeats", g.observedRepeats))
 	if err := mgr.Add(&overturnSweeper{g: g, interval: overturnSweepInterval}); err != nil {
 		return fmt.Errorf("webhook: adding the overturn sweeper: %w", err)
 	}
 	srv := mgr.GetWebhookServer()
 	for _, k := range kinds {
+		if k.start != nil {
+			if err := k.start(g, reg, store); err != nil {
+				return fmt.Errorf("webhook: starting the rows of %s: %w", k.kind, err)
+			}
+		}
 		srv.Register(k.path, g.path(k.path, k.read))
 		if k.markPath != "" {
 			srv.Register(k.markPath, markingPath(g, k))

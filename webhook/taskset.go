@@ -212,6 +212,7 @@ var taskSetSpec = &kindSpec{
 		contract.ReasonUnconfirmedCompletion, contract.ReasonTasksOfNameHolder},
 	beforeRead: (*guard).taskSetBeforeRead,
 	afterRead:  (*guard).taskSetAfterRead,
+	start:      startTaskSetRows,
 	own: map[contract.Reason]reasonWords{
 		contract.ReasonTaskSetOwnerGone: {
 			message: func(f facts, d decision) string {

@@ -3,12 +3,16 @@ package webhook
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/exit-guard/exit-guard/completionstore"
 	"github.com/exit-guard/exit-guard/contract"
 	"github.com/exit-guard/exit-guard/internal/argo"
 )
@@ -173,4 +177,14 @@ func (g *guard) liveNodes(ctx context.Context, namespace, name string) (types.UI
 		return "", "", nil, err
 	}
 	return wf.UID, wf.Status.Phase, wf.Status.Nodes, nil
+}
+
+// startTaskSetRows registers what row T7 keeps: the count of its admissions that came after the
+// name's reuse, and the store's listener that tells them.
+func startTaskSetRows(g *guard, reg prometheus.Registerer, store *completionstore.Store) error {
+	if err := reg.Register(g.repeats.counter); err != nil {
+		return fmt.Errorf("registering metrics: %w", err)
+	}
+	store.OnObserve(g.recovered("repeats", g.observedRepeats))
+	return nil
 }

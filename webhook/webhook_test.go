@@ -455,12 +455,17 @@ func TestAgentPods(t *testing.T) {
 		}
 	})
 	t.Run("of a running workflow, and an artifact-GC pod of a succeeded one: admitted", func(t *testing.T) {
-		startGuard(t, Options{}, harnessOptions{})
+		h := startGuard(t, Options{}, harnessOptions{})
 		ns := newNamespace(t)
 		mustAdmit(t, fixture.AgentPod(createWorkflow(t, ns, "running", argo.PhaseRunning)))
 		artgc := fixture.AgentPod(createWorkflow(t, ns, "done", argo.PhaseSucceeded))
 		artgc.Name, artgc.Labels[argo.LabelComponent] = "done-artgc-wfcomp-1", "artifact-gc"
 		mustAdmit(t, artgc)
+		// The pod webhook's not-artifact-gc condition keeps it from the guard (row 2 decides it
+		// where a configuration lacks the condition: TestDecisionTable).
+		if got := h.counter(t, "exit_guard_decisions_total", map[string]string{"reason": string(contract.ReasonArtifactGCOrOtherComponent)}); got != 0 {
+			t.Errorf("%v artifact-GC pods decided by the guard, want none sent", got)
+		}
 	})
 	t.Run("of a retried workflow the guard's watch has not seen retried: admitted", func(t *testing.T) {
 		h := startGuard(t, Options{}, harnessOptions{noWatch: true})

@@ -110,6 +110,36 @@ func TestAKindAddedInTheCodeIsServed(t *testing.T) {
 			}
 		})
 	}
+	t.Run("warn mode, the newcomer the only validating webhook", func(t *testing.T) {
+		// The pods are marked; the TaskSet and Event webhooks are off: the guard still gets the
+		// flag and the RBAC of the validating configuration that holds the newcomer's webhook.
+		set := []string{"--kube-version", testenv.KubeVersion(), "--set", "guard.mode=warn", "--set", "webhook.taskSets.enabled=false", "--set", "webhook.events.enabled=false"}
+		out := string(renderChart(t, chart, set...))
+		if !strings.Contains(out, "name: "+name) {
+			t.Fatalf("%s not rendered", name)
+		}
+		if !strings.Contains(out, "--validating-webhook-configuration=") {
+			t.Errorf("the guard has no --validating-webhook-configuration flag: it would never write the caBundle of %s", name)
+		}
+		granted := false
+		for _, doc := range strings.Split(out, "\n---") {
+			var r struct {
+				Kind  string `json:"kind"`
+				Rules []struct {
+					Resources []string `json:"resources"`
+				} `json:"rules"`
+			}
+			if err := yaml.Unmarshal([]byte(doc), &r); err != nil {
+				t.Fatal(err)
+			}
+			for _, rule := range r.Rules {
+				granted = granted || r.Kind == "ClusterRole" && slices.Contains(rule.Resources, "validatingwebhookconfigurations")
+			}
+		}
+		if !granted {
+			t.Errorf("no ClusterRole lets the guard update validatingwebhookconfigurations")
+		}
+	})
 	t.Run("its values", func(t *testing.T) {
 		w := served(t, "webhook.kinds.persistentvolumeclaim.failurePolicy=Fail", "webhook.kinds.persistentvolumeclaim.timeoutSeconds=3")
 		if w == nil || w["failurePolicy"] != "Fail" || w["timeoutSeconds"] != float64(3) {

@@ -247,6 +247,11 @@ func TestChartMatchesTheGeneratedManifests(t *testing.T) {
 		if p.name == "warn" {
 			mode = "warn"
 		}
+		for key := range seen {
+			if !slices.Contains(served[mode], key) {
+				t.Errorf("%s: the chart renders %s, which %s mode does not serve", p.name, key, mode)
+			}
+		}
 		for _, key := range served[mode] {
 			if !seen[key] {
 				t.Errorf("%s: the chart does not render %s, which config/webhook has: a kind in the code the chart does not serve in %s mode", p.name, key, mode)

@@ -188,10 +188,11 @@ release kept them in its values, so they cannot say what a user chose.
 - --cert-mode=self
 - --cert-secret={{ include "exit-guard.secretName" . }}
 - --cert-dns-name={{ include "exit-guard.dnsName" . }}
-{{- if include "exit-guard.mutating" . }}
+{{- $served := include "exit-guard.servedWebhooks" . | fromJson }}
+{{- if $served.MutatingWebhookConfiguration }}
 - --mutating-webhook-configuration={{ include "exit-guard.webhookConfigName" . }}
 {{- end }}
-{{- if or (not (include "exit-guard.mutating" .)) .Values.webhook.taskSets.enabled .Values.webhook.events.enabled }}
+{{- if $served.ValidatingWebhookConfiguration }}
 - --validating-webhook-configuration={{ include "exit-guard.webhookConfigName" . }}
 {{- end }}
 - --server-cert-duration={{ .Values.certificates.self.serverCertDuration }}
@@ -498,4 +499,45 @@ agent (and, with hooks, hook) pods.
     (object.metadata.annotations['workflows.argoproj.io/node-name'].contains('.onExit')
     {{- if $hooks }} || object.metadata.annotations['workflows.argoproj.io/node-name'].contains('.hooks.'){{ end }}))
 {{- end }}
+{{- end }}
+
+{{/*
+The webhooks the chart registers, as JSON, by kind of configuration: every webhook of
+files/webhook/manifests.yaml (which make manifests generates from the markers of the code's
+kinds) that the mode serves and its kind's values leave on. In enforce mode every validating
+webhook; in warn and dry-run mode the mutating ones (a kind that marks suspect objects), and the
+validating ones of the kinds that do not mark (no mutating webhook has their rules). The marking
+kinds' validating webhooks come first. webhook.yaml renders them; the guard's flags and RBAC
+name the kinds of configuration that hold any.
+*/}}
+{{- define "exit-guard.servedWebhooks" -}}
+{{- $mutating := eq (include "exit-guard.mutating" .) "true" }}
+{{- $mutatingHooks := list }}
+{{- $validatingHooks := list }}
+{{- range $doc := splitList "---" (.Files.Get "files/webhook/manifests.yaml") }}
+{{- $c := fromYaml $doc }}
+{{- range $w := (default list $c.webhooks) }}
+{{- if eq (default "" $c.kind) "MutatingWebhookConfiguration" }}{{ $mutatingHooks = append $mutatingHooks $w }}{{ end }}
+{{- if eq (default "" $c.kind) "ValidatingWebhookConfiguration" }}{{ $validatingHooks = append $validatingHooks $w }}{{ end }}
+{{- end }}
+{{- end }}
+{{- if not $validatingHooks }}{{ fail "files/webhook/manifests.yaml has no validating webhook: run make manifests" }}{{ end }}
+{{- $markedFirst := list }}
+{{- $others := list }}
+{{- range $w := $validatingHooks }}
+{{- $marked := false }}
+{{- range $m := $mutatingHooks }}{{ if eq (toJson $m.rules) (toJson $w.rules) }}{{ $marked = true }}{{ end }}{{ end }}
+{{- $v := include "exit-guard.kindValues" (dict "root" $ "name" $w.name) | fromJson }}
+{{- if and $v.enabled $marked (not $mutating) }}{{ $markedFirst = append $markedFirst $w }}{{ end }}
+{{- if and $v.enabled (not $marked) }}{{ $others = append $others $w }}{{ end }}
+{{- end }}
+{{- $marking := list }}
+{{- if $mutating }}
+{{- range $m := $mutatingHooks }}
+{{- $v := include "exit-guard.kindValues" (dict "root" $ "name" $m.name) | fromJson }}
+{{- if $v.enabled }}{{ $marking = append $marking $m }}{{ end }}
+{{- end }}
+{{- if not $mutatingHooks }}{{ fail "files/webhook/manifests.yaml has no mutating webhook for warn or dry-run mode: run make manifests" }}{{ end }}
+{{- end }}
+{{- toJson (dict "MutatingWebhookConfiguration" $marking "ValidatingWebhookConfiguration" (concat $markedFirst $others)) }}
 {{- end }}
