@@ -29,7 +29,7 @@ func TestRepeatedCreatesAreReadAgainEachRepeatMemory(t *testing.T) {
 		calls := 0
 		g.readLive = cannedRead(liveRunning, &calls)
 		now := time.Now()
-		g.creates.now = func() time.Time { return now }
+		g.taskSets().creates.now = func() time.Time { return now }
 		key, _ := fixture.OnExitTask(tableWorkflow)
 		f := taskSetFacts(t, tableWorkflow, nil, "", []string{key}, "false")
 		var rows []string

@@ -96,6 +96,9 @@ type kindSpec struct {
 	// own are the words of the reasons only this kind decides, where they differ from the
 	// shared ones.
 	own map[contract.Reason]reasonWords
+	// newOwn, when set, makes what the kind's own rows keep beside the guard (their memory),
+	// when the guard is made: the guard holds it by kind.
+	newOwn func(o Options) any
 	// start, when set, readies what the kind's own rows keep beside the guard when setup
 	// registers its paths: its metrics on reg, its listeners of the store's observations.
 	start func(g *guard, reg prometheus.Registerer, store *completionstore.Store) error

@@ -109,7 +109,7 @@ func (g *guard) reportRepeatsAfterReuse(o completionstore.Observation, found []r
 		ObjectMeta: metav1.ObjectMeta{Namespace: o.Namespace, Name: o.Name, UID: o.UID},
 	}
 	for _, a := range found {
-		g.repeats.counter.Inc()
+		g.taskSets().repeats.counter.Inc()
 		log.Error(nil, "a TaskSet create of a deleted workflow was admitted without a read (row T7) after another workflow took its name: that workflow's agent may run the deleted workflow's task",
 			"workflow", o.Namespace+"/"+o.Name, "workflowUID", o.UID, "deletedWorkflowUID", a.uid, "workflowTaskSet", o.Namespace+"/"+a.taskSet,
 			"admittedAt", a.at, "workflowWrittenAt", o.WrittenAt)
@@ -124,7 +124,7 @@ func (g *guard) reportRepeatsAfterReuse(o completionstore.Observation, found []r
 
 // observedRepeats is the store listener of the row T7 admissions.
 func (g *guard) observedRepeats(o completionstore.Observation) {
-	if found := g.repeats.after(o); len(found) > 0 {
+	if found := g.taskSets().repeats.after(o); len(found) > 0 {
 		g.reportRepeatsAfterReuse(o, found)
 	}
 }

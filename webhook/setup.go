@@ -36,23 +36,22 @@ type guard struct {
 	// readWhole GETs a workflow with its status' start (the overturns' check of a run unseen
 	// between two completions): getWorkflow, or a stand-in.
 	readWhole func(ctx context.Context, namespace, name string) (*argo.Workflow, error)
-	// podRead is how pods and TaskSet writes read their workflow, eventRead how Events do.
+	// podRead, eventRead and hookStepRead are the live reads within --live-read-budget,
+	// --event-read-budget and --hook-step-read-budget: each role reads as its kind says
+	// (readPolicyOf).
 	podRead, eventRead readPolicy
-	// hookStepRead is how hook and step pods read theirs (readPolicyOf).
-	hookStepRead readPolicy
+	hookStepRead       readPolicy
 	// extraReads holds a token per further live-read attempt in flight (maxExtraLiveReads).
 	extraReads chan struct{}
 	// getBudget bounds the GETs beside slow LISTs to a share of the LISTs.
 	getBudget *getBudget
-	// creates remembers the TaskSet creates admitted for running workflows (rows T6 and T7).
-	creates *taskSetCreates
 	// slots holds a token per decision in flight (Options.MaxConcurrentDecisions), otherSlots
 	// one per decision for an unexpected requester (an eighth of it, at least one).
 	slots, otherSlots chan struct{}
 	// overturns remembers the refusals made from the store alone, to tell when one was wrong.
 	overturns *overturns
-	// repeats remembers the row T7 admissions, to tell when one came after the name's reuse.
-	repeats *repeats
+	// own is what each kind's own rows keep beside the guard (kindSpec.newOwn), by kind.
+	own map[objectKind]any
 	// argo keeps the Argo releases seen on the pods judged (argoversion.go): said, never
 	// decided on.
 	argo *argoVersions
@@ -169,9 +168,14 @@ func newGuard(reader client.Reader, store *completionstore.Store, opts Options) 
 		return nil, fmt.Errorf("webhook: %w", err)
 	}
 	g := &guard{opts: opts, store: store, reader: reader, metrics: newGuardMetrics(), denyPhases: map[argo.Phase]bool{},
-		extraReads: make(chan struct{}, maxExtraLiveReads), getBudget: newGetBudget(), creates: newTaskSetCreates(time.Now, opts.TaskSetRepeatsFor),
+		extraReads: make(chan struct{}, maxExtraLiveReads), getBudget: newGetBudget(),
 		slots: make(chan struct{}, opts.MaxConcurrentDecisions), otherSlots: make(chan struct{}, max(1, opts.MaxConcurrentDecisions/8)),
-		overturns: newOverturns(time.Now), repeats: newRepeats(time.Now), argo: newArgoVersions(logf.Log.WithName("argo-version"))}
+		overturns: newOverturns(time.Now), own: map[objectKind]any{}, argo: newArgoVersions(logf.Log.WithName("argo-version"))}
+	for _, k := range kinds {
+		if k.newOwn != nil {
+			g.own[k.kind] = k.newOwn(opts)
+		}
+	}
 	g.readLive = g.liveRead
 	g.readNodes = g.liveNodes
 	g.readWhole = g.getWorkflow

@@ -138,7 +138,7 @@ func simulate(h *history, s setting, t *tallies, log func(string, ...any)) error
 	}
 	// Row T7's memory on the virtual clock: on the real one, every create would repeat one
 	// admitted milliseconds before.
-	g.creates = newTaskSetCreates(clk.Now, g.opts.TaskSetRepeatsFor)
+	g.taskSets().creates = newTaskSetCreates(clk.Now, g.opts.TaskSetRepeatsFor)
 	// The bound of the store's refusals (--store-refusals-for) on the virtual clock too.
 	g.overturns = newOverturns(clk.Now)
 	// The tries in time order: every pod's first, and the passes after a refusal.

@@ -212,6 +212,7 @@ var taskSetSpec = &kindSpec{
 		contract.ReasonUnconfirmedCompletion, contract.ReasonTasksOfNameHolder},
 	beforeRead: (*guard).taskSetBeforeRead,
 	afterRead:  (*guard).taskSetAfterRead,
+	newOwn:     newTaskSetOwn,
 	start:      startTaskSetRows,
 	own: map[contract.Reason]reasonWords{
 		contract.ReasonTaskSetOwnerGone: {

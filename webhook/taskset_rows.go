@@ -30,7 +30,7 @@ func (g *guard) taskSetBeforeRead(_ context.Context, f facts, d decision) (decis
 	}
 	d.reason, d.row = contract.ReasonRepeatsAdmittedCreate, "T7"
 	if !f.dryRun {
-		g.repeats.note(types.NamespacedName{Namespace: d.wfNamespace, Name: d.wfName}, d.wfUID, f.object.(*taskSetObject).name, f.received)
+		g.taskSets().repeats.note(types.NamespacedName{Namespace: d.wfNamespace, Name: d.wfName}, d.wfUID, f.object.(*taskSetObject).name, f.received)
 	}
 	return d, true
 }
@@ -62,9 +62,9 @@ func (g *guard) noteCreate(f facts, d decision) {
 	key := ts.key()
 	switch {
 	case d.deny:
-		g.creates.forget(key, d.wfUID)
+		g.taskSets().creates.forget(key, d.wfUID)
 	case !f.update && !f.dryRun && !f.unexpected && d.reason == contract.ReasonWorkflowNotTerminal:
-		g.creates.note(key, d.wfUID, f.requester, ts.templates, f.received, d.source == sourceLive)
+		g.taskSets().creates.note(key, d.wfUID, f.requester, ts.templates, f.received, d.source == sourceLive)
 	}
 }
 
@@ -80,7 +80,7 @@ func (g *guard) noteCreate(f facts, d decision) {
 // the guard's watch has not seen the deletion.
 func (g *guard) repeatsAdmittedCreate(f facts, d decision) bool {
 	ts := f.object.(*taskSetObject)
-	if f.update || !g.creates.repeats(ts.key(), d.wfUID, f.requester, ts.templates) {
+	if f.update || !g.taskSets().creates.repeats(ts.key(), d.wfUID, f.requester, ts.templates) {
 		return false
 	}
 	rec, ok := g.store.Get(d.wfUID)
@@ -97,7 +97,7 @@ func (g *guard) nameHolderWrote(ctx context.Context, f facts, d decision) bool {
 	if d.nameHolderDone {
 		return false
 	}
-	if _, templates := ts.handed(); g.creates.covers(ts.key(), d.nameHolder, f.requester, templates) {
+	if _, templates := ts.handed(); g.taskSets().creates.covers(ts.key(), d.nameHolder, f.requester, templates) {
 		return true
 	}
 	return g.nameHolderRunsTasks(ctx, f, d)
@@ -179,10 +179,25 @@ func (g *guard) liveNodes(ctx context.Context, namespace, name string) (types.UI
 	return wf.UID, wf.Status.Phase, wf.Status.Nodes, nil
 }
 
+// taskSetOwn is what the TaskSet's rows keep beside the guard.
+type taskSetOwn struct {
+	// creates remembers the TaskSet creates admitted for running workflows (rows T6 and T7).
+	creates *taskSetCreates
+	// repeats remembers the row T7 admissions, to tell when one came after the name's reuse.
+	repeats *repeats
+}
+
+func newTaskSetOwn(o Options) any {
+	return &taskSetOwn{creates: newTaskSetCreates(time.Now, o.TaskSetRepeatsFor), repeats: newRepeats(time.Now)}
+}
+
+// taskSets is what the TaskSet's rows keep beside g.
+func (g *guard) taskSets() *taskSetOwn { return g.own[kindTaskSet].(*taskSetOwn) }
+
 // startTaskSetRows registers what row T7 keeps: the count of its admissions that came after the
 // name's reuse, and the store's listener that tells them.
 func startTaskSetRows(g *guard, reg prometheus.Registerer, store *completionstore.Store) error {
-	if err := reg.Register(g.repeats.counter); err != nil {
+	if err := reg.Register(g.taskSets().repeats.counter); err != nil {
 		return fmt.Errorf("registering metrics: %w", err)
 	}
 	store.OnObserve(g.recovered("repeats", g.observedRepeats))

@@ -50,7 +50,7 @@ func (p taskSetPrep) prepare(_ *testing.T, g *guard, f facts) func(*testing.T) {
 	g.readNodes = cannedNodes(p.nodes, tasks, &nodeCalls)
 	if p.by != "" {
 		now := time.Now()
-		g.creates.now = func() time.Time { return now.Add(-p.ago) }
+		g.taskSets().creates.now = func() time.Time { return now.Add(-p.ago) }
 		created := maps.Clone(handed)
 		switch {
 		case p.otherTask:
@@ -68,8 +68,8 @@ func (p taskSetPrep) prepare(_ *testing.T, g *guard, f facts) func(*testing.T) {
 		if p.byOtherUser {
 			requester = "another user"
 		}
-		g.creates.note(ts.key(), p.by, requester, created, time.Time{}, !p.fromStore)
-		g.creates.now = func() time.Time { return now }
+		g.taskSets().creates.note(ts.key(), p.by, requester, created, time.Time{}, !p.fromStore)
+		g.taskSets().creates.now = func() time.Time { return now }
 	}
 	return func(t *testing.T) {
 		if made := nodeCalls > 0; made != (p.nodes != nodesNone) {
