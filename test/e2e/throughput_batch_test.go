@@ -212,6 +212,7 @@ func runThroughput(t *testing.T, version, config, load, mix string, p throughput
 	}
 	if mfs, err := scrapeController(ctx); err == nil {
 		r.queueAdds, r.queueWait, r.queueSpread = workflowQueue(mfs)
+		r.operations, r.operationMean, r.operationSpread = operations(mfs)
 	} else {
 		t.Errorf("reading the controller's metrics: %v", err)
 	}
@@ -292,24 +293,41 @@ func workflowQueue(mfs map[string]*dto.MetricFamily) (adds float64, wait time.Du
 			case strings.HasPrefix(name, "argo_workflows_queue_adds"):
 				adds += m.GetCounter().GetValue()
 			case strings.HasPrefix(name, "argo_workflows_queue_latency") && m.GetHistogram().GetSampleCount() > 0:
-				h := m.GetHistogram()
-				wait = time.Duration(h.GetSampleSum() / float64(h.GetSampleCount()) * float64(time.Second))
-				var parts []string
-				below := uint64(0)
-				for _, b := range h.GetBucket() {
-					if n := b.GetCumulativeCount() - below; n > 0 {
-						parts = append(parts, fmt.Sprintf("%d ≤ %s", n, time.Duration(b.GetUpperBound()*float64(time.Second))))
-					}
-					below = b.GetCumulativeCount()
-				}
-				if n := h.GetSampleCount() - below; n > 0 {
-					parts = append(parts, fmt.Sprintf("%d above", n))
-				}
-				spread = strings.Join(parts, ", ")
+				_, wait, spread = histogramOf(m.GetHistogram())
 			}
 		}
 	}
 	return adds, wait, spread
+}
+
+// operations reads how long the controller's passes over a workflow (operate) took, from
+// argo_workflows_operation_duration_seconds: how many, their mean, and their spread over the
+// histogram's buckets. A key added again while its pass runs waits in the queue until the pass
+// ends: with Argo's requeue delay shorter than a pass, the queue's wait grows with the passes.
+func operations(mfs map[string]*dto.MetricFamily) (n float64, mean time.Duration, spread string) {
+	for _, m := range mfs["argo_workflows_operation_duration_seconds"].GetMetric() {
+		if h := m.GetHistogram(); h.GetSampleCount() > 0 {
+			return histogramOf(h)
+		}
+	}
+	return 0, 0, ""
+}
+
+// histogramOf is a histogram's count, mean, and spread over its buckets ("n ≤ bound" for each
+// bucket that holds any).
+func histogramOf(h *dto.Histogram) (n float64, mean time.Duration, spread string) {
+	var parts []string
+	below := uint64(0)
+	for _, b := range h.GetBucket() {
+		if c := b.GetCumulativeCount() - below; c > 0 {
+			parts = append(parts, fmt.Sprintf("%d ≤ %s", c, time.Duration(b.GetUpperBound()*float64(time.Second))))
+		}
+		below = b.GetCumulativeCount()
+	}
+	if c := h.GetSampleCount() - below; c > 0 {
+		parts = append(parts, fmt.Sprintf("%d above", c))
+	}
+	return float64(h.GetSampleCount()), time.Duration(h.GetSampleSum() / float64(h.GetSampleCount()) * float64(time.Second)), strings.Join(parts, ", ")
 }
 
 // loadAPIServer starts other clients on the API server: each lists 300 workflows of 30 KB in

@@ -121,6 +121,10 @@ type throughputRun struct {
 	queueAdds   float64
 	queueWait   time.Duration
 	queueSpread string
+	// operations: the controller's passes over a workflow, their mean time and spread.
+	operations      float64
+	operationMean   time.Duration
+	operationSpread string
 	// served: the CPU time (user and system) the webhook's process used over the batch.
 	served time.Duration
 	// decisions: what the guard decided, from its metrics (guardDecisions).
@@ -159,9 +163,9 @@ func TestArgoThroughput(t *testing.T) {
 							hooks = append(hooks, fmt.Sprintf("%s %.0f in %s", name, h.count, time.Duration(h.seconds*float64(time.Second)).Round(time.Millisecond)))
 						}
 						slices.Sort(hooks)
-						t.Logf("%s, %s, %s mix, %s, round %d: %.2f workflows/min, create to done p50 %s p99 %s; webhook calls %.0f (mean %s; %s), served in %s of CPU; controller queue adds %.0f, mean wait %s (%s); the guard's decisions: %s; workflow reads at the API server: %s",
+						t.Logf("%s, %s, %s mix, %s, round %d: %.2f workflows/min, create to done p50 %s p99 %s; webhook calls %.0f (mean %s; %s), served in %s of CPU; controller queue adds %.0f, mean wait %s (%s); passes %.0f, mean %s (%s); the guard's decisions: %s; workflow reads at the API server: %s",
 							version, load, mix, config, round+1, r.perMinute, q(r.done, 0.5), q(r.done, 0.99), r.calls, r.callMean.Round(10*time.Microsecond), strings.Join(hooks, ", "),
-							r.served, r.queueAdds, r.queueWait.Round(10*time.Microsecond), r.queueSpread, r.decisions, readsOf(r))
+							r.served, r.queueAdds, r.queueWait.Round(10*time.Microsecond), r.queueSpread, r.operations, r.operationMean.Round(10*time.Microsecond), r.operationSpread, r.decisions, readsOf(r))
 					}
 				}
 			}
