@@ -3,6 +3,7 @@
 package e2e
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"os"
@@ -114,7 +115,10 @@ func runThroughput(t *testing.T, version, config, load, mix string, p throughput
 		t.Fatal(err)
 	}
 	defer func() { _ = logOut.Close() }()
-	ctrl := launchController(t, ctrlBin, kcFile, "warn", nil, nil, logOut)
+	// E2E_THROUGHPUT_LOGLEVEL (with E2E_THROUGHPUT_LOGS) logs each pass: info names each
+	// workflow processed.
+	level := cmp.Or(os.Getenv("E2E_THROUGHPUT_LOGLEVEL"), "warn")
+	ctrl := launchController(t, ctrlBin, kcFile, level, nil, nil, logOut)
 	defer func() { _ = ctrl.Stop(controllerGrace) }()
 
 	stopLoad := func() {}
@@ -215,6 +219,19 @@ func runThroughput(t *testing.T, version, config, load, mix string, p throughput
 		r.operations, r.operationMean, r.operationSpread = operations(mfs)
 	} else {
 		t.Errorf("reading the controller's metrics: %v", err)
+	}
+	// E2E_THROUGHPUT_LOGS keeps each batch's controller log, to follow one workflow's passes.
+	if dir := os.Getenv("E2E_THROUGHPUT_LOGS"); dir != "" {
+		logs, err := os.ReadFile(logFile)
+		kept := filepath.Join(dir, fmt.Sprintf("%s-%s-%s-%s-%d.log", version, load, mix, strings.ReplaceAll(config, " ", "-"), start.UnixNano()))
+		if err == nil {
+			err = os.WriteFile(kept, logs, 0o600)
+		}
+		if err != nil {
+			t.Errorf("keeping the controller's log: %v", err)
+		} else {
+			t.Logf("the controller's log of this batch: %s", kept)
+		}
 	}
 	return r
 }
