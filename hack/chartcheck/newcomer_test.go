@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	"sigs.k8s.io/yaml"
 
 	"github.com/exit-guard/exit-guard/test/support/testenv"
@@ -24,45 +25,29 @@ func TestAKindAddedInTheCodeIsServed(t *testing.T) {
 	if err := os.CopyFS(chart, os.DirFS(filepath.Join(root, "charts", "exit-guard"))); err != nil {
 		t.Fatal(err)
 	}
-	generated, err := os.ReadFile(filepath.Join(root, "config", "webhook", "manifests.yaml"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	newcomer, err := os.ReadFile(filepath.Join(root, "webhook", "testdata", "newcomer-webhook.yaml"))
-	if err != nil {
-		t.Fatal(err)
-	}
 	// As make manifests would write them: the newcomer's webhook among the validating ones.
+	vwc, mwc, err := testenv.GeneratedWebhooks()
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, err := os.ReadFile(filepath.Join(root, "webhook", "testdata", "newcomer-webhook.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var newcomer admissionregistrationv1.ValidatingWebhookConfiguration
+	if err := yaml.Unmarshal(raw, &newcomer); err != nil || len(newcomer.Webhooks) != 1 {
+		t.Fatalf("webhook/testdata/newcomer-webhook.yaml: %v, %d webhooks", err, len(newcomer.Webhooks))
+	}
+	vwc.Webhooks = append(vwc.Webhooks, newcomer.Webhooks...)
 	var docs []string
-	for _, doc := range strings.Split(string(generated), "\n---") {
-		var c struct {
-			Kind     string `json:"kind"`
-			Webhooks []any  `json:"webhooks"`
-		}
-		if err := yaml.Unmarshal([]byte(doc), &c); err != nil {
+	for _, c := range []any{mwc, vwc} {
+		out, err := yaml.Marshal(c)
+		if err != nil {
 			t.Fatal(err)
 		}
-		if c.Kind == "ValidatingWebhookConfiguration" {
-			var n struct {
-				Webhooks []any `json:"webhooks"`
-			}
-			if err := yaml.Unmarshal(newcomer, &n); err != nil || len(n.Webhooks) != 1 {
-				t.Fatalf("webhook/testdata/newcomer-webhook.yaml: %v, %d webhooks", err, len(n.Webhooks))
-			}
-			var whole map[string]any
-			if err := yaml.Unmarshal([]byte(doc), &whole); err != nil {
-				t.Fatal(err)
-			}
-			whole["webhooks"] = append(c.Webhooks, n.Webhooks...)
-			out, err := yaml.Marshal(whole)
-			if err != nil {
-				t.Fatal(err)
-			}
-			doc = string(out)
-		}
-		docs = append(docs, doc)
+		docs = append(docs, string(out))
 	}
-	if err := os.WriteFile(filepath.Join(chart, "files", "webhook", "manifests.yaml"), []byte(strings.Join(docs, "\n---\n")), 0o600); err != nil {
+	if err := os.WriteFile(filepath.Join(chart, "files", "webhook", "manifests.yaml"), []byte(strings.Join(docs, "---\n")), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	const name = "validate-persistentvolumeclaim.exit-guard.io"
