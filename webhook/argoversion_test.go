@@ -2,6 +2,7 @@ package webhook
 
 import (
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -9,8 +10,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 	admissionv1 "k8s.io/api/admission/v1"
+	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 
 	"github.com/exit-guard/exit-guard/test/support/fixture"
 )
@@ -49,7 +52,7 @@ func TestExecutorTagReadsTheImagesTag(t *testing.T) {
 // TestArgoVersionsAreSaidAndBounded: a metric series and a summary per release seen, the last
 // one said; an image without a release is unknown; the series stop at maxArgoVersionsSeen.
 func TestArgoVersionsAreSaidAndBounded(t *testing.T) {
-	a := newArgoVersions(logr.Discard())
+	a := newArgoVersions(logr.Discard(), false)
 	if s := a.summary(); s != "" {
 		t.Errorf("summary before any pod: %q", s)
 	}
@@ -66,8 +69,8 @@ func TestArgoVersionsAreSaidAndBounded(t *testing.T) {
 	if got := gaugeOf(t, a.gauge.WithLabelValues("unknown", string(exposureUnknown))); got != 1 {
 		t.Errorf("an image without a release tag: unknown series %v, want 1", got)
 	}
-	if s := a.summary(); !strings.Contains(s, "an executor image without a release tag seen on the pods it judges: unknown") || !strings.Contains(s, "2 releases seen") {
-		t.Errorf("summary after a retagged image: %q", s)
+	if s := a.summary(); !strings.HasPrefix(s, "exit-guard: Argo Workflows v3.5.14 seen on the pods it judges: exposed (") || !strings.Contains(s, "2 releases seen") {
+		t.Errorf("summary after a retagged image, the most exposed said: %q", s)
 	}
 	for i := range 40 {
 		a.observe("quay.io/argoproj/argoexec:v3.4." + strings.Repeat("1", i+1))
@@ -76,6 +79,71 @@ func TestArgoVersionsAreSaidAndBounded(t *testing.T) {
 	a.gauge.Collect(ch)
 	if n := len(ch); n != maxArgoVersionsSeen {
 		t.Errorf("%d series after 42 releases, want the bound %d", n, maxArgoVersionsSeen)
+	}
+}
+
+// TestNoNumberOfTagsHidesAnExposedRelease: past the bound, an exposed release still counts
+// (it takes the place of the least exposed), and the summary says the most exposed release
+// seen, whatever came before or after it: 15 junk tags and v3.7.16 do not hide v3.5.14.
+func TestNoNumberOfTagsHidesAnExposedRelease(t *testing.T) {
+	a := newArgoVersions(logr.Discard(), false)
+	for i := range maxArgoVersionsSeen - 1 {
+		a.observe(fmt.Sprintf("example.com/junk:tag-%d", i))
+	}
+	a.observe("quay.io/argoproj/argoexec:v3.7.16")
+	a.observe("quay.io/argoproj/argoexec:v3.5.14")
+	a.observe("quay.io/argoproj/argoexec:v4.1.2")
+	if s := a.summary(); !strings.HasPrefix(s, "exit-guard: Argo Workflows v3.5.14 seen on the pods it judges: exposed (") {
+		t.Errorf("summary after 15 junk tags, v3.7.16, v3.5.14 and v4.1.2: %q", s)
+	}
+	if got := gaugeOf(t, a.gauge.WithLabelValues("v3.5.14", string(exposureExposed))); got != 1 {
+		t.Errorf("exit_guard_argo_exposure{version=v3.5.14} = %v, want 1", got)
+	}
+	if n := len(a.seen); n != maxArgoVersionsSeen {
+		t.Errorf("%d releases kept, want the bound %d", n, maxArgoVersionsSeen)
+	}
+	// The junk tags share the unknown series; one of them made way, the series stays.
+	if got := gaugeOf(t, a.gauge.WithLabelValues("unknown", string(exposureUnknown))); got != 1 {
+		t.Errorf("the unknown series = %v, want 1", got)
+	}
+}
+
+// TestOnlyTheControllersPodsSayTheRelease: with an expected requester, a pod another user
+// sends, or a dry run (exit-guard check, helm test), says nothing of Argo's release; the
+// controller's pod does. With none, every pod but a dry run counts, and the summary says that
+// anyone can add a release.
+func TestOnlyTheControllersPodsSayTheRelease(t *testing.T) {
+	const controller = "system:serviceaccount:argo:argo-workflows-workflow-controller"
+	wf := &metav1.PartialObjectMetadata{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "wf", UID: "uid-wf"}}
+	send := func(h *handler, user, image string, dryRun bool) {
+		t.Helper()
+		pod := fixture.StepPod(wf)
+		pod.Spec.Containers = append(pod.Spec.Containers, corev1.Container{Name: "wait", Image: image})
+		raw, err := json.Marshal(pod)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var req request
+		h.handle(t.Context(), reviewBody(admissionv1.AdmissionRequest{
+			UID: "u", Kind: metav1.GroupVersionKind{Version: "v1", Kind: "Pod"}, Resource: metav1.GroupVersionResource{Version: "v1", Resource: "pods"},
+			Namespace: "ns", Operation: admissionv1.Create, Object: runtime.RawExtension{Raw: raw},
+			UserInfo: authenticationv1.UserInfo{Username: user}, DryRun: &dryRun,
+		}), &req)
+	}
+	h := fuzzGuard(t, Options{ExpectedRequester: controller}).path(ValidatePath, readPodReview)
+	send(h, "system:serviceaccount:team-a:default", "quay.io/argoproj/argoexec:v3.7.16", false)
+	send(h, controller, "quay.io/argoproj/argoexec:v3.7.16", true)
+	if s := h.argo.summary(); s != "" {
+		t.Errorf("after a tenant's pod and a dry run only: %q, want nothing said", s)
+	}
+	send(h, controller, "quay.io/argoproj/argoexec:v3.5.14", false)
+	if s := h.argo.summary(); !strings.Contains(s, "v3.5.14 seen") || strings.Contains(s, "any requester") {
+		t.Errorf("after the controller's pod: %q", s)
+	}
+	h = fuzzGuard(t, Options{}).path(ValidatePath, readPodReview)
+	send(h, "system:serviceaccount:team-a:default", "quay.io/argoproj/argoexec:v3.5.14", false)
+	if s := h.argo.summary(); !strings.Contains(s, "v3.5.14 seen") || !strings.Contains(s, "any requester") {
+		t.Errorf("with no expected requester: %q, want the release and a caveat", s)
 	}
 }
 

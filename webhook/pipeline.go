@@ -49,7 +49,7 @@ func (h *handler) handle(ctx context.Context, body []byte, req *request) admissi
 	}
 	answer := h.answer(ctx, f, d, v)
 	h.metrics.decisionTime.WithLabelValues(string(f.role)).Observe(time.Since(received).Seconds())
-	if o, ok := f.object.(executorImager); ok {
+	if o, ok := f.object.(executorImager); ok && h.observesRelease(f) {
 		h.argo.observe(o.executorImage())
 	}
 	if f.dryRun {
@@ -60,6 +60,12 @@ func (h *handler) handle(ctx context.Context, body []byte, req *request) admissi
 	}
 	return answer
 }
+
+// observesRelease says whether the pod of f may tell which Argo release runs: not a dry run
+// (exit-guard check and helm test send their own), and, when the guard knows Argo's controller
+// (Options.ExpectedRequester), only a pod that controller sent. A tenant's pod names any image
+// it likes.
+func (g *guard) observesRelease(f facts) bool { return !f.dryRun && !f.unexpected }
 
 // executorImager is an object that names the image of the Argo executor it runs (a pod), which
 // says which Argo release made it (argoVersions).

@@ -170,7 +170,7 @@ func newGuard(reader client.Reader, store *completionstore.Store, opts Options) 
 	g := &guard{opts: opts, store: store, reader: reader, metrics: newGuardMetrics(), denyPhases: map[argo.Phase]bool{},
 		extraReads: make(chan struct{}, maxExtraLiveReads), getBudget: newGetBudget(),
 		slots: make(chan struct{}, opts.MaxConcurrentDecisions), otherSlots: make(chan struct{}, max(1, opts.MaxConcurrentDecisions/8)),
-		overturns: newOverturns(time.Now), own: map[objectKind]any{}, argo: newArgoVersions(logf.Log.WithName("argo-version"))}
+		overturns: newOverturns(time.Now), own: map[objectKind]any{}, argo: newArgoVersions(logf.Log.WithName("argo-version"), opts.ExpectedRequester == "")}
 	for _, k := range kinds {
 		if k.newOwn != nil {
 			g.own[k.kind] = k.newOwn(opts)
