@@ -329,7 +329,7 @@ func newFlagSet() (*flags, *flag.FlagSet) {
 	fs.DurationVar(&f.guard.StoreFreshFor, "store-fresh-for", f.guard.StoreFreshFor,
 		"With --store-fallback=fresh (and requeue, for what Argo does not send again: TaskSet writes of the exit handler's task, Events): how young the newest workflow write the store received (by its managed fields' time) must be for the store's completion to refuse when no live read answers. Longer stops more stale writes while the API server hangs, and refuses more retried workflows whose retry the watch has not delivered.")
 	fs.DurationVar(&f.guard.StoreRefusalsFor, "store-refusals-for", f.guard.StoreRefusalsFor,
-		"How long the store alone may refuse one workflow's pods and writes while no live read answers, from the first such refusal no live read has confirmed since; past it they are admitted as unconfirmed-completion (logged, counted, alerted), so that a retry the guard cannot see waits at most this long.")
+		"How long the store alone may refuse one workflow's pods and writes while no live read answers, from the first refusal of a continuous run (refused again within 30 s) that no live read has confirmed since; past it they are admitted as unconfirmed-completion (logged, counted, alerted), so that a retry the guard cannot see waits at most this long.")
 	fs.IntVar(&f.guard.MaxConcurrentDecisions, "max-concurrent-decisions", f.guard.MaxConcurrentDecisions,
 		"How many admissions may be decided at once; one past it reads nothing live and the store decides (counted as a live-read failure of kind shed).")
 	fs.StringVar(&f.guard.ExpectedRequester, "expected-requester", f.guard.ExpectedRequester,

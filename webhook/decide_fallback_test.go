@@ -148,8 +148,11 @@ func TestFreshFallbackCountsTheWorkflowsOwnNamespace(t *testing.T) {
 }
 
 // TestStoreOnlyRefusalsEnd: the store alone refuses a workflow's pods for at most
-// --store-refusals-for, counted from the first such refusal with no live answer since; past
-// it, it admits them as unconfirmed-completion; any live answer starts the bound again.
+// --store-refusals-for, counted from the first refusal of one continuous run (Argo's
+// controller sends a refused pod again every 10 s; a gap of more than storeRunGap ends the
+// run) with no live answer since; past it, it admits them as unconfirmed-completion; any live
+// answer, a pod's or an Event's, starts the bound again; a new stale pass after a quiet gap
+// gets its own bound.
 func TestStoreOnlyRefusalsEnd(t *testing.T) {
 	wf := tableWorkflow
 	store := storeFor(t, wf, storeSucceeded, false)
@@ -164,35 +167,60 @@ func TestStoreOnlyRefusalsEnd(t *testing.T) {
 	g.readLive = func(ctx context.Context, namespace, name string, p readPolicy) (*argo.Workflow, error) {
 		return cannedRead(live, &calls)(ctx, namespace, name, p)
 	}
-	step := func(what string, wantDeny bool, wantReason contract.Reason) {
-		t.Helper()
-		f := podFacts(t, fixture.ExitPod(wf))
+	decide := func(f facts) decision {
 		d := g.decide(t.Context(), f)
 		if d.deny {
 			// As the pipeline does with every refusal in enforce mode.
 			g.overturns.note(f, d)
 		}
+		return d
+	}
+	step := func(what string, wantDeny bool, wantReason contract.Reason) {
+		t.Helper()
+		d := decide(podFacts(t, fixture.ExitPod(wf)))
 		if d.deny != wantDeny || d.reason != wantReason {
 			t.Errorf("%s: deny %v reason %s (source %s), want deny %v reason %s", what, d.deny, d.reason, d.source, wantDeny, wantReason)
 		}
 	}
+	const requeue = 10 * time.Second // Argo's DEFAULT_REQUEUE_TIME
+	// requeues sends the pod again every requeue for d, each refused.
+	requeues := func(what string, d time.Duration) {
+		t.Helper()
+		for range d / requeue {
+			clk.Step(requeue)
+			step(what, true, contract.ReasonWorkflowCompleted)
+		}
+	}
 	bound := DefaultOptions().StoreRefusalsFor
 	step("the first refusal from the store alone", true, contract.ReasonWorkflowCompleted)
-	clk.Step(bound - time.Second)
-	step("a refusal within the bound", true, contract.ReasonWorkflowCompleted)
-	clk.Step(time.Second)
+	requeues("a refusal within the bound", bound-requeue)
+	clk.Step(requeue)
 	step("past the bound", false, contract.ReasonUnconfirmedCompletion)
-	clk.Step(overturnWindow)
-	step("past the bound, longer than the memory of refusals", false, contract.ReasonUnconfirmedCompletion)
+	clk.Step(requeue)
+	step("past the bound, Argo trying again", false, contract.ReasonUnconfirmedCompletion)
+	clk.Step(3 * time.Minute)
+	step("a new stale pass after three quiet minutes: a run of its own", true, contract.ReasonWorkflowCompleted)
+	requeues("the new run, within its bound", bound-requeue)
+	clk.Step(requeue)
+	step("the new run, past its bound", false, contract.ReasonUnconfirmedCompletion)
 	live = liveSucceeded
+	clk.Step(requeue)
 	step("a live read answers: Succeeded", true, contract.ReasonWorkflowCompleted)
 	live = liveFails
-	clk.Step(time.Second)
+	clk.Step(requeue)
 	step("the store alone again, after the live confirmation", true, contract.ReasonWorkflowCompleted)
-	clk.Step(bound)
+	requeues("the store alone, within the bound again", bound-requeue)
+	clk.Step(requeue)
 	step("past the bound again", false, contract.ReasonUnconfirmedCompletion)
 	live = liveRunning
 	step("a live read answers: Running", false, contract.ReasonWorkflowNotTerminal)
 	live = liveFails
 	step("the store alone, after a live answer of any phase: the bound starts again", true, contract.ReasonWorkflowCompleted)
+	requeues("within the bound", bound/2)
+	live = liveSucceeded
+	if d := decide(eventFacts(t, wf, argo.EventReasonWorkflowFailed)); d.source != sourceLive || !d.deny {
+		t.Fatalf("the failure Event, read live: %+v", d)
+	}
+	live = liveFails
+	requeues("after an Event's live answer: the bound starts again", bound-requeue)
 }

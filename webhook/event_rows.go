@@ -28,6 +28,8 @@ func (g *guard) judgeClaim(ctx context.Context, f facts, d decision) decision {
 	switch {
 	case err == nil && wf.UID == d.wfUID:
 		g.store.Observe(completionstore.ObservationOf(wf, false))
+		// A live answer ends the store's run of refusals on its own, as a pod's does.
+		g.overturns.answeredLive(d.wfUID)
 		d.source, d.phase, d.resourceVersion = sourceLive, wf.Status.Phase, wf.ResourceVersion
 		switch {
 		case d.phase == argo.PhaseSucceeded:

@@ -30,6 +30,13 @@ const overturnWindow = 10 * time.Minute
 // few seconds, as Argo's controller tries a refused write again every 10 s by default.
 const overturnSweepInterval = 5 * time.Second
 
+// storeRunGap ends a run of refusals made from the store alone (the bound of
+// Options.StoreRefusalsFor counts one run): Argo's controller sends a refused pod again every
+// DEFAULT_REQUEUE_TIME (10 s by default), so a workflow refused again within three of those is
+// the same stale pass, or a real exit handler waiting; one refused after a longer quiet gap is
+// a new pass, which gets a bound of its own.
+const storeRunGap = 30 * time.Second
+
 // maxOverturnEntries bounds the refusals remembered: one entry per workflow, and a refusal
 // from the store alone needs a failing live read, so thousands at once means an API server that
 // is down, when the oldest are the least useful to keep.
@@ -117,15 +124,18 @@ func (o *overturns) note(f facts, d decision) {
 	if e.resourceVersion == "" || newerOrSame(d.resourceVersion, e.resourceVersion) {
 		e.resourceVersion, e.phase, e.writtenAt = d.resourceVersion, d.phase, d.writtenAt
 	}
-	e.kind, e.what, e.last = f.object.spec(), f.object.eventRefused(), now
-	e.refusals++
-	if e.since.IsZero() {
+	if e.since.IsZero() || now.Sub(e.kept()) > storeRunGap {
+		// The first refusal of a run: none before it, a live answer since, or a quiet gap.
 		e.since = now
 	}
+	e.kind, e.what, e.last = f.object.spec(), f.object.eventRefused(), now
+	e.refusals++
 }
 
-// refusingFor says how long the store has refused the workflow of uid on its own, with no live
-// read answering since (Options.StoreRefusalsFor bounds it); false when it is not refusing it.
+// refusingFor says how long the store has refused the workflow of uid on its own, in one run
+// (storeRunGap) with no live read answering since (Options.StoreRefusalsFor bounds it); false
+// when it is not refusing it: none, a live answer since, or a quiet gap (the next refusal
+// starts a new run).
 func (o *overturns) refusingFor(uid types.UID) (time.Duration, bool) {
 	if o.size.Load() == 0 {
 		return 0, false
@@ -134,7 +144,7 @@ func (o *overturns) refusingFor(uid types.UID) (time.Duration, bool) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	e := o.entries[uid]
-	if e == nil || e.since.IsZero() || now.Sub(e.kept()) > overturnWindow {
+	if e == nil || e.since.IsZero() || now.Sub(e.kept()) > storeRunGap {
 		return 0, false
 	}
 	return now.Sub(e.since), true
