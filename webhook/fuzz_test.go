@@ -120,15 +120,43 @@ func reviewOf(op admissionv1.Operation, object []byte) []byte {
 // coreReviewOf wraps a raw object in an AdmissionReview (uid) of an operation on a core/v1
 // kind, whose resource is resource.
 func coreReviewOf(uid, kind, resource string, op admissionv1.Operation, object []byte) []byte {
-	b, _ := json.Marshal(map[string]any{
+	return spliceReview(map[string]any{
 		"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
 		"request": map[string]any{
 			"uid": uid, "kind": map[string]string{"version": "v1", "kind": kind},
 			"resource":  map[string]string{"version": "v1", "resource": resource},
-			"namespace": "ns", "operation": op, "object": json.RawMessage(object),
+			"namespace": "ns", "operation": op, "object": objectSlot,
 			"userInfo": map[string]any{"username": "system:serviceaccount:argo:argo"},
 		},
-	})
+	}, object, nil)
+}
+
+// The strings that stand for the raw object and old object in a review spliceReview marshals.
+const (
+	objectSlot = "\x00exit-guard-test-object\x00"
+	oldSlot    = "\x00exit-guard-test-old-object\x00"
+)
+
+// spliceReview marshals review, in which objectSlot and oldSlot stand for the raw object and
+// old object, and puts the raw bytes in their places verbatim (an empty one as null).
+// json.Marshal would check a json.RawMessage, refuse one that is not valid JSON or nests past
+// its limit, and leave an empty body: the tests must send exactly the bytes they mean to,
+// malformed or deep.
+func spliceReview(review map[string]any, object, old []byte) []byte {
+	b, err := json.Marshal(review)
+	if err != nil {
+		panic(fmt.Sprintf("a review of plain values did not marshal: %v", err))
+	}
+	for slot, raw := range map[string][]byte{objectSlot: object, oldSlot: old} {
+		quoted, err := json.Marshal(slot)
+		if err != nil {
+			panic(err)
+		}
+		if len(raw) == 0 {
+			raw = []byte("null")
+		}
+		b = bytes.Replace(b, quoted, raw, 1)
+	}
 	return b
 }
 
@@ -138,14 +166,13 @@ func taskSetReviewOf(op admissionv1.Operation, object, old []byte) []byte {
 	req := map[string]any{
 		"uid": "f-2", "kind": map[string]string{"group": argo.Group, "version": argo.Version, "kind": argo.TaskSetKind},
 		"resource":  map[string]string{"group": argo.Group, "version": argo.Version, "resource": argo.TaskSetResource},
-		"namespace": "ns", "operation": op, "object": json.RawMessage(object),
+		"namespace": "ns", "operation": op, "object": objectSlot,
 		"userInfo": map[string]any{"username": "system:serviceaccount:argo:argo"},
 	}
 	if old != nil {
-		req["oldObject"] = json.RawMessage(old)
+		req["oldObject"] = oldSlot
 	}
-	b, _ := json.Marshal(map[string]any{"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": req})
-	return b
+	return spliceReview(map[string]any{"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": req}, object, old)
 }
 
 // eventReviewOf wraps a raw object in an AdmissionReview of a core/v1 Event operation.
@@ -243,9 +270,15 @@ func TestHugeAndDeeplyNestedBodies(t *testing.T) {
 			h      http.Handler
 			review func(object []byte) []byte
 		}{string(k.kind), fuzzGuard(t, Options{}).path(k.path, k.read), func(o []byte) []byte { return testOf(t, k).review(admissionv1.Create, o) }}
-		big := path.review([]byte(`{"metadata":{"annotations":{"a":"` + strings.Repeat("x", 8<<20) + `"}}}`))
-		deep := path.review([]byte(strings.Repeat(`{"a":`, 20000) + `1` + strings.Repeat(`}`, 20000)))
-		nearLimit := path.review([]byte(`{"metadata":{"annotations":{"a":"` + strings.Repeat("x", 6<<20) + `"}}}`))
+		bigObject := []byte(`{"metadata":{"annotations":{"a":"` + strings.Repeat("x", 8<<20) + `"}}}`)
+		deepObject := []byte(strings.Repeat(`{"a":`, 20000) + `1` + strings.Repeat(`}`, 20000))
+		nearObject := []byte(`{"metadata":{"annotations":{"a":"` + strings.Repeat("x", 6<<20) + `"}}}`)
+		big, deep, nearLimit := path.review(bigObject), path.review(deepObject), path.review(nearObject)
+		for what, sent := range map[string][2][]byte{"8 MiB": {big, bigObject}, "deep": {deep, deepObject}, "6 MiB": {nearLimit, nearObject}} {
+			if !bytes.Contains(sent[0], sent[1]) {
+				t.Fatalf("%s: the %s object is not in the review sent (%d bytes): the test would send something else", path.name, what, len(sent[0]))
+			}
+		}
 		for _, tc := range []struct {
 			name string
 			body []byte
