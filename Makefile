@@ -246,6 +246,26 @@ e2e-argo: argo-controllers $(HELM) $(PROMTOOL) ## Reproduce the stale exit handl
 	@assets=$$(hack/envtest-binaries.sh $(E2E_ASSETS)) && \
 	  KUBEBUILDER_ASSETS="$$assets" HELM="$(HELM)" PROMTOOL="$(PROMTOOL)" E2E_CAPTURE_DIR="$(E2E_CAPTURE_DIR)" E2E_TRIES=$(E2E_TRIES) $(GO) test -tags e2e -count=1 -v -timeout 120m -run '$(E2E_RUN)' ./test/e2e
 
+# The corpus run (make e2e-corpus): the Argo versions, the folder of Workflows (empty: each
+# controller module's own examples/), the files to run alone (comma-separated, relative to it;
+# empty: all), whether the stale runs go too, and where the report and the pods go.
+CORPUS_VERSIONS ?= v3.4.17 v3.6.18 v4.0.5
+CORPUS ?= @examples
+CORPUS_PICK ?=
+CORPUS_STALE ?= 1
+CORPUS_REPORT ?= $(BIN)/corpus.md
+CORPUS_PODS ?=
+
+.PHONY: e2e-corpus
+e2e-corpus: $(HELM) ## Every Workflow of CORPUS (default: Argo's own examples/) on real controllers, without and with the guard, then with a stale pass forced; writes CORPUS_REPORT.
+	@hack/argo-controllers.sh ensure $(CORPUS_VERSIONS) >/dev/null
+	@mkdir -p $(dir $(CORPUS_REPORT))
+	@assets=$$(hack/envtest-binaries.sh ensure) && \
+	  KUBEBUILDER_ASSETS="$$assets" HELM="$(HELM)" E2E_CORPUS="$(CORPUS)" E2E_CORPUS_PICK="$(CORPUS_PICK)" \
+	  E2E_CORPUS_VERSIONS="$(subst $(eval) ,$(comma),$(strip $(CORPUS_VERSIONS)))" E2E_CORPUS_STALE=$(CORPUS_STALE) \
+	  E2E_CORPUS_REPORT="$(abspath $(CORPUS_REPORT))" E2E_CORPUS_PODS="$(if $(CORPUS_PODS),$(abspath $(CORPUS_PODS)))" \
+	  $(GO) test -tags e2e -count=1 -v -timeout 300m -run '^TestCorpus$$' ./test/e2e
+
 # The throughput run (make e2e-throughput): Argo versions, workflows per batch, the controller's
 # parallelism, rounds, loads, workflow mixes (pods, http, mixed: test/e2e/throughput_test.go) and
 # configurations compared, and where the Markdown report goes.

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"strings"
 
 	"gomodules.xyz/jsonpatch/v2"
 	admissionv1 "k8s.io/api/admission/v1"
@@ -124,15 +123,21 @@ func classify(meta *metav1.ObjectMeta) facts {
 	if ref := metav1.GetControllerOfNoCopy(meta); ref != nil && ref.Kind == argo.Kind && argo.GroupOf(ref.APIVersion) == argo.Group {
 		f.owner = ref
 	}
+	workflow := meta.Labels[argo.LabelWorkflow]
+	if f.owner != nil {
+		workflow = f.owner.Name
+	}
 	_, onExitLabel := meta.Labels[argo.LabelOnExit]
+	// Roles come from what Argo says of a pod, never from a piece of a name: its component
+	// label, its on-exit label (Argo sets it on every pod under an exit handler, and tests the
+	// key), and the node name with the workflow's name stripped (argo.InLifecycleHook). A pod
+	// those do not place is a step's: the short read budget, never the exit handler's.
 	switch {
 	case component == argo.ComponentAgent:
 		f.role = roleAgent
-	case onExitLabel || strings.Contains(p.node, argo.OnExitMarker):
-		// The label is Argo's own mark; the node name is a second signal (a step may be
-		// named onExit, which costs that pod a live read, never a wrong denial).
+	case onExitLabel:
 		f.role = roleExitHandler
-	case strings.Contains(p.node, argo.HooksMarker):
+	case argo.InLifecycleHook(p.node, workflow):
 		f.role = roleHook
 	default:
 		f.role = roleStep

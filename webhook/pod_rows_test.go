@@ -1,12 +1,12 @@
 package webhook
 
 import (
-	"encoding/json"
+	"fmt"
+	"slices"
 	"strings"
 	"testing"
 
 	admissionv1 "k8s.io/api/admission/v1"
-	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
@@ -139,49 +139,138 @@ func FuzzRead(f *testing.F) {
 	})
 }
 
-// FuzzClassify builds pod metadata from arbitrary labels, annotations and owner references
-// (missing, several, duplicated, not controllers, of other kinds) and decides it.
-func FuzzClassify(f *testing.F) {
-	for _, raw := range argoPods(f) {
-		var pod corev1.Pod
-		if err := json.Unmarshal(raw, &pod); err != nil {
-			f.Fatal(err)
+// argoNode builds a node name the way Argo's controller does, from a path of operations, and
+// says which role Argo gives the node's pod: the oracle of FuzzClassify, independent of
+// classify. Each byte of path is one step down the node tree (its low 3 bits the kind, the rest
+// the name or index):
+//   - a steps group's child: <parent>[i].<step> (executeSteps);
+//   - a DAG task: <parent>.<task> (executeDAG; a task of the entrypoint DAG is <wf>.<task>);
+//   - an exit handler: GenerateOnExitNodeName, <parent>.onExit (spec.onExit, hooks.exit, a
+//     step's or task's onExit), after which Argo labels every pod on-exit;
+//   - a lifecycle hook: <parent>.hooks.<name> (any key but exit; no label);
+//   - a retry attempt: <parent>(n); a withItems or withParam expansion: <step>(i:item).
+//
+// Step and task names are Argo's valid names (no dot), some of them made to look like markers.
+type argoNode struct {
+	name string
+	// inExit: under an exit handler; inHook: under a lifecycle hook and not an exit handler.
+	inExit, inHook bool
+	// hooksTask: a step or task named hooks has a child whose name starts with a dot, so the
+	// node's name holds .hooks. without a hook: the one place where Argo's names do not tell
+	// a hook from a step (InLifecycleHook takes it for a hook's).
+	hooksTask bool
+}
+
+var argoNodeNames = []string{"main", "notify", "onExit", "onExitCleanup", "onExit-notify", "hooks", "hooks-x", "exit", "running", "on-exit"}
+
+func buildArgoNode(workflow string, path []byte) argoNode {
+	n := argoNode{name: workflow}
+	lastHooks := false // the last element is a step or task named hooks
+	for _, b := range path {
+		name := argoNodeNames[int(b>>3)%len(argoNodeNames)]
+		startsWithDot := false
+		switch b & 7 {
+		case 0, 1:
+			n.name += fmt.Sprintf("[%d].%s", b>>6, name)
+		case 2, 3:
+			n.name += "." + name
+			startsWithDot = true
+		case 4:
+			n.name += ".onExit"
+			n.inExit, startsWithDot = true, true
+		case 5:
+			n.name += ".hooks." + name
+			n.inHook, startsWithDot = !n.inExit, true
+		case 6:
+			n.name += fmt.Sprintf("(%d)", b>>3)
+		case 7:
+			n.name += fmt.Sprintf("(%d:%s)", b>>3, name)
 		}
-		ref := pod.OwnerReferences[0]
-		f.Add(pod.Annotations[argo.AnnotationNodeName], pod.Labels[argo.LabelOnExit], pod.Labels[argo.LabelComponent], ref.APIVersion, ref.Kind, ref.Name, string(ref.UID), 1, true)
+		if lastHooks && startsWithDot {
+			n.hooksTask = true
+		}
+		lastHooks = (b&7 == 0 || b&7 == 1 || b&7 == 2 || b&7 == 3) && name == "hooks"
 	}
-	f.Add("wf.onExit", "", "", "argoproj.io/v1alpha1", "Workflow", "done", "uid-done", 2, true)
-	f.Add("wf.hooks.running", "", "", "argoproj.io/v1alpha1", "Workflow", "done", "uid-other", 1, true)
-	f.Add("", "true", "agent", "argoproj.io", "Workflow", "", "", 0, false)
-	f.Add("x.onExit[0](1).hooks.y", "", "", "/", "", "running", "uid-running", 3, false)
+	return n
+}
+
+// dnsName maps s onto a Kubernetes object name (DNS subdomain: lowercase letters, digits, '-'
+// and '.'), so that a fuzzed workflow name is one Argo could have.
+func dnsName(s string) string {
+	const alphabet = "abcdefghijklmnopqrstuvwxyz0123456789-."
+	var b strings.Builder
+	for i := range min(len(s), 63) {
+		if strings.IndexByte(alphabet, s[i]) >= 0 {
+			b.WriteByte(s[i])
+			continue
+		}
+		b.WriteByte(alphabet[int(s[i])%len(alphabet)])
+	}
+	if b.Len() == 0 {
+		return "wf"
+	}
+	return b.String()
+}
+
+// FuzzClassify builds a pod as Argo's controller would for a node built by Argo's naming
+// (argoNode), under an arbitrary workflow name, with arbitrary other labels and owner references
+// (missing, several, not controllers, of other kinds), and holds classify's role against the
+// oracle's: an exit handler exactly when Argo labels it so (or the user's podMetadata sets the
+// label, which Argo then reads too), a hook for every hook's pod, a step otherwise (a hook only
+// where a step or task named hooks makes the names alike), never the exit handler's budget
+// from a name. It then decides the pod.
+func FuzzClassify(f *testing.F) {
+	f.Add("done", []byte{4, 0}, "", "", "argoproj.io/v1alpha1", "Workflow", "uid-done", 1, true)
+	f.Add("etl.hooks.daily", []byte{0, 8}, "", "", "argoproj.io/v1alpha1", "Workflow", "uid-done", 1, true)
+	f.Add("wf", []byte{2 | 3<<3, 7 | 4<<3}, "", "", "argoproj.io/v1alpha1", "Workflow", "uid-done", 1, true) // DAG task onExitCleanup, withItems
+	f.Add("wf", []byte{0 | 4<<3}, "", "", "argoproj.io/v1alpha1", "Workflow", "uid-done", 1, true)             // step onExit-notify
+	f.Add("wf", []byte{5, 0, 6}, "", "", "argoproj.io/v1alpha1", "Workflow", "uid-running", 1, true)        // a hook's step, retried
+	f.Add("wf", []byte{2 | 5<<3, 2}, "", "", "argoproj.io/v1alpha1", "Workflow", "uid-done", 2, true)          // a DAG task named hooks, nested
+	f.Add("wf", []byte{}, "true", "agent", "argoproj.io", "Workflow", "", 0, false)
+	f.Add("x", []byte{4, 5}, "", "", "/", "", "uid-running", 3, false)
 	g := fuzzGuard(f, Options{})
-	f.Fuzz(func(t *testing.T, node, onExit, component, apiVersion, kind, name, uid string, refs int, controller bool) {
-		meta := &metav1.ObjectMeta{Namespace: "ns", Name: "p", Labels: map[string]string{}, Annotations: map[string]string{argo.AnnotationNodeName: node}}
-		if onExit != "" {
-			meta.Labels[argo.LabelOnExit] = onExit
+	f.Fuzz(func(t *testing.T, wfName string, path []byte, userOnExit, component, apiVersion, kind, uid string, refs int, controller bool) {
+		wfName = dnsName(wfName)
+		node := buildArgoNode(wfName, path)
+		meta := &metav1.ObjectMeta{Namespace: "ns", Name: "p", Labels: map[string]string{argo.LabelWorkflow: wfName}, Annotations: map[string]string{argo.AnnotationNodeName: node.name}}
+		if node.inExit {
+			meta.Labels[argo.LabelOnExit] = "true"
+		}
+		if userOnExit != "" {
+			meta.Labels[argo.LabelOnExit] = userOnExit
 		}
 		if component != "" {
 			meta.Labels[argo.LabelComponent] = component
 		}
 		for i := range refs % 4 {
 			c := controller && i%2 == 0
-			meta.OwnerReferences = append(meta.OwnerReferences, metav1.OwnerReference{APIVersion: apiVersion, Kind: kind, Name: name, UID: types.UID(uid), Controller: &c})
+			meta.OwnerReferences = append(meta.OwnerReferences, metav1.OwnerReference{APIVersion: apiVersion, Kind: kind, Name: wfName, UID: types.UID(uid), Controller: &c})
 		}
 		facts := classify(meta)
 		if o := facts.owner; o != nil && (o.Kind != argo.Kind || argo.GroupOf(o.APIVersion) != argo.Group || o.Controller == nil || !*o.Controller) {
 			t.Fatalf("owner %+v is not a controlling Argo Workflow", o)
 		}
-		switch agent := component == argo.ComponentAgent; {
-		case agent != (facts.role == roleAgent):
-			t.Fatalf("role %s for component %q", facts.role, component)
-		case !agent && (onExit != "" || strings.Contains(node, argo.OnExitMarker)) != (facts.role == roleExitHandler):
-			t.Fatalf("role %s for on-exit label %q and node %q", facts.role, onExit, node)
+		var want []role
+		switch {
+		case component == argo.ComponentAgent:
+			want = []role{roleAgent}
+		case node.inExit || userOnExit != "":
+			want = []role{roleExitHandler}
+		case node.inHook:
+			want = []role{roleHook}
+		case node.hooksTask:
+			want = []role{roleStep, roleHook}
+		default:
+			want = []role{roleStep}
+		}
+		if !slices.Contains(want, facts.role) {
+			t.Fatalf("node %q of workflow %q (on-exit label %q, component %q): role %s, Argo's %v", node.name, wfName, meta.Labels[argo.LabelOnExit], component, facts.role, want)
 		}
 		d := g.decide(t.Context(), facts)
 		if d.deny && (facts.owner == nil || (component != "" && component != argo.ComponentAgent)) {
 			t.Fatalf("refused a pod the guard does not own: %+v", d)
 		}
-		if d.deny && d.reason == contract.ReasonWorkflowCompleted && (name != "done" || string(facts.owner.UID) != "uid-done") {
+		if d.deny && d.reason == contract.ReasonWorkflowCompleted && (wfName != "done" || string(facts.owner.UID) != "uid-done") {
 			t.Fatalf("refused as completed a pod whose workflow is not the Succeeded one: %+v", d)
 		}
 	})

@@ -92,11 +92,27 @@ func OnExitNodeName(wfName string) string { return wfName + OnExitMarker }
 
 // Node-name markers (GenerateOnExitNodeName and lifecycle hooks).
 const (
-	// OnExitMarker is in the node name of every node inside an exit handler.
+	// OnExitMarker is in the node name of every node inside an exit handler. It is not a sign
+	// of one: a step or DAG task may be named onExit, onExitCleanup or onExit-notify. Argo marks
+	// the pods of an exit handler with LabelOnExit.
 	OnExitMarker = ".onExit"
-	// HooksMarker is in the node name of every node inside a non-exit lifecycle hook.
+	// HooksMarker is in the node name of every node inside a non-exit lifecycle hook, after the
+	// workflow's name (InLifecycleHook).
 	HooksMarker = ".hooks."
 )
+
+// InLifecycleHook says whether the node named node, of the workflow named workflow, runs inside
+// a lifecycle hook other than exit, as far as its name tells: the workflow's own name stripped
+// first (a workflow may be named etl.hooks.daily), the rest holds HooksMarker. Argo names such
+// nodes <wf>.hooks.<name> (workflow-level) and <parent>.hooks.<name> (a step's or a task's), and
+// gives their pods no label of their own. Step and task names cannot hold a dot, so the rest
+// holds the marker only under a hook, or under a DAG task named hooks that runs a nested DAG
+// (<wf>.hooks.<task>): such a pod is taken for a hook's. A node name that does not start with
+// the workflow's name (not one Argo wrote) is not in a hook.
+func InLifecycleHook(node, workflow string) bool {
+	rest, ok := strings.CutPrefix(node, workflow)
+	return ok && workflow != "" && strings.Contains(rest, HooksMarker)
+}
 
 // Phase is a workflow phase.
 type Phase string

@@ -28,6 +28,11 @@ type kubelet struct {
 	c      client.Client
 	ns     string
 	agents *agents
+	// runtime says how long a node's pod runs and whether it fails (runtimeOf unless set);
+	// report, when set, reports a pod's outputs as its executor would, before the pod ends
+	// (an error: the pod ends on a later round).
+	runtime func(node string) (time.Duration, bool)
+	report  func(ctx context.Context, pod *corev1.Pod) error
 
 	mu   sync.Mutex
 	seen map[types.UID]seenPod // by pod UID: a stale copy re-creates pods under the same name
@@ -38,9 +43,12 @@ type seenPod struct {
 	workflow string
 	node     string
 	agent    bool
-	at       time.Time
-	running  bool
-	done     bool
+	// onExit: the pod has Argo's on-exit label; meta is its metadata as created.
+	onExit  bool
+	meta    *metav1.ObjectMeta
+	at      time.Time
+	running bool
+	done    bool
 }
 
 func newKubelet(c client.Client, ns string) *kubelet {
@@ -91,6 +99,10 @@ func (k *kubelet) step(ctx context.Context, pod *corev1.Pod) {
 	s, ok := k.seen[pod.UID]
 	if !ok {
 		s = seenPod{name: pod.Name, workflow: pod.Labels["workflows.argoproj.io/workflow"], node: pod.Annotations["workflows.argoproj.io/node-name"], at: time.Now()}
+		_, s.onExit = pod.Labels["workflows.argoproj.io/on-exit"]
+		meta := pod.ObjectMeta.DeepCopy()
+		meta.UID, meta.ResourceVersion, meta.ManagedFields, meta.CreationTimestamp, meta.Generation = "", "", nil, metav1.Time{}, 0
+		s.meta = meta
 		var err error
 		if s.agent, err = k.agents.start(pod); err != nil {
 			fmt.Fprintf(os.Stderr, "kubelet: starting the agent of pod %s: %v\n", pod.Name, err)
@@ -99,7 +111,11 @@ func (k *kubelet) step(ctx context.Context, pod *corev1.Pod) {
 		dumpPod(pod)
 	}
 	k.mu.Unlock()
-	d, fail := runtimeOf(s.node)
+	runtime := k.runtime
+	if runtime == nil {
+		runtime = runtimeOf
+	}
+	d, fail := runtime(s.node)
 	if s.done || pod.DeletionTimestamp != nil {
 		return
 	}
@@ -138,6 +154,12 @@ func (k *kubelet) step(ctx context.Context, pod *corev1.Pod) {
 	if time.Since(s.at) < d {
 		return
 	}
+	if k.report != nil && !s.agent {
+		if err := k.report(ctx, pod); err != nil {
+			fmt.Fprintf(os.Stderr, "kubelet: reporting the outputs of pod %s: %v\n", pod.Name, err)
+			return
+		}
+	}
 	now := metav1.Now()
 	term := func(c corev1.Container, code int32) corev1.ContainerStatus {
 		reason := "Completed"
@@ -169,6 +191,19 @@ func (k *kubelet) step(ctx context.Context, pod *corev1.Pod) {
 	s.done = true
 	k.seen[pod.UID] = s
 	k.mu.Unlock()
+}
+
+// seenOf returns every pod seen for workflow.
+func (k *kubelet) seenOf(workflow string) []seenPod {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	var out []seenPod
+	for _, s := range k.seen {
+		if s.workflow == workflow {
+			out = append(out, s)
+		}
+	}
+	return out
 }
 
 // agentPods returns the agent pods seen for workflow.

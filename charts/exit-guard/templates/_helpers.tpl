@@ -473,7 +473,10 @@ webhook's: on, its failure policy and timeout.
 {{/*
 The match conditions guard.cover adds to the pod webhooks, as a YAML list: none when it covers
 every pod; without hooks, every pod but a lifecycle hook's; without steps, only exit-handler,
-agent (and, with hooks, hook) pods.
+agent (and, with hooks, hook) pods. Roles as the guard reads them (classify, webhook/pod.go):
+an exit handler's pod by Argo's on-exit label, the agent by its component label, a hook's by
+its node name with the owning workflow's name stripped holding .hooks.; never from a piece of
+a name alone.
 */}}
 {{- define "exit-guard.coverConditions" -}}
 {{- $cover := include "exit-guard.cover" . }}
@@ -482,22 +485,21 @@ agent (and, with hooks, hook) pods.
 {{- if and $steps $hooks }}
 []
 {{- end }}
+{{- $hook := "has(object.metadata.annotations) && 'workflows.argoproj.io/node-name' in object.metadata.annotations &&\n    has(object.metadata.ownerReferences) && object.metadata.ownerReferences.exists(r, has(r.controller) && r.controller && r.kind == 'Workflow' &&\n    object.metadata.annotations['workflows.argoproj.io/node-name'].startsWith(r.name) &&\n    object.metadata.annotations['workflows.argoproj.io/node-name'].substring(size(r.name)).contains('.hooks.'))" }}
 {{- if and $steps (not $hooks) }}
 - name: not-a-lifecycle-hook-pod
   expression: >-
     (has(object.metadata.labels) && 'workflows.argoproj.io/on-exit' in object.metadata.labels) ||
-    !has(object.metadata.annotations) || !('workflows.argoproj.io/node-name' in object.metadata.annotations) ||
-    object.metadata.annotations['workflows.argoproj.io/node-name'].contains('.onExit') ||
-    !object.metadata.annotations['workflows.argoproj.io/node-name'].contains('.hooks.')
+    !({{ $hook }})
 {{- end }}
 {{- if not $steps }}
 - name: {{ ternary "exit-handler-hook-or-agent-pod" "exit-handler-or-agent-pod" $hooks }}
   expression: >-
     (has(object.metadata.labels) && 'workflows.argoproj.io/component' in object.metadata.labels) ||
-    (has(object.metadata.labels) && 'workflows.argoproj.io/on-exit' in object.metadata.labels) ||
-    (has(object.metadata.annotations) && 'workflows.argoproj.io/node-name' in object.metadata.annotations &&
-    (object.metadata.annotations['workflows.argoproj.io/node-name'].contains('.onExit')
-    {{- if $hooks }} || object.metadata.annotations['workflows.argoproj.io/node-name'].contains('.hooks.'){{ end }}))
+    (has(object.metadata.labels) && 'workflows.argoproj.io/on-exit' in object.metadata.labels)
+    {{- if $hooks }} ||
+    ({{ $hook }})
+    {{- end }}
 {{- end }}
 {{- end }}
 

@@ -57,6 +57,9 @@ type Write struct {
 	// Code is the HTTP status of the answer: 2xx the write landed, 4xx it was refused (a 429
 	// may be the guard's), 409 a conflict.
 	Code int
+	// Annotations are the audit annotations of the request: admission webhooks' among them,
+	// under <webhook name>/<key> (the guard's pod-kind, decision, reason).
+	Annotations map[string]string
 }
 
 // String is the write as a census row names it: "create pods 201", "patch workflows/status 200".
@@ -84,7 +87,8 @@ type auditEvent struct {
 	ResponseStatus *struct {
 		Code int `json:"code"`
 	} `json:"responseStatus"`
-	RequestReceived time.Time `json:"requestReceivedTimestamp"`
+	RequestReceived time.Time         `json:"requestReceivedTimestamp"`
+	Annotations     map[string]string `json:"annotations"`
 }
 
 // ReadWrites reads the writes of the audit log at path (AuditWrites), in the order they were
@@ -107,7 +111,7 @@ func ReadWrites(path string) ([]Write, error) {
 			continue
 		}
 		w := Write{At: e.RequestReceived, User: e.User.Username, Verb: e.Verb, Resource: e.ObjectRef.Resource,
-			Subresource: e.ObjectRef.Subresource, Namespace: e.ObjectRef.Namespace, Name: e.ObjectRef.Name}
+			Subresource: e.ObjectRef.Subresource, Namespace: e.ObjectRef.Namespace, Name: e.ObjectRef.Name, Annotations: e.Annotations}
 		if e.ResponseStatus != nil {
 			w.Code = e.ResponseStatus.Code
 		}
