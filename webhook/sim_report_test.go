@@ -61,6 +61,9 @@ func simulationReport(n int, seed uint64, loads map[string]int, results [][]*tal
 		fmt.Fprintf(&b, "\n`%s`:\n", s.name)
 		fmt.Fprintf(&b, "- WorkflowTaskSet writes: %d legitimate (%d refused, %d of them by design), %d stale (%d stopped)\n",
 			r.taskSetLegit, r.taskSetLegitDenied, r.byDesign, r.taskSetStale, r.taskSetStopped)
+		if r.held > 0 {
+			fmt.Fprintf(&b, "- %d histories had their workflow's deletion held until no legitimate pod of it waited (Argo completes, and ttlStrategy deletes, a workflow only once its nodes have run)\n", r.held)
+		}
 		if r.byDesign > 0 {
 			fmt.Fprintf(&b, "- refused by design: %d first-pass writes of a workflow that reused the name, judged without their create, written again %s later on average (the next pass, or the collector's deletion where the workflow completed first); %d refused on a later pass too (another replica's create and an exit handler's task, or no live answer), waiting for a wake-up\n",
 				r.byDesign, (r.byDesignDelay / time.Duration(r.byDesign)).Round(100*time.Millisecond), r.byDesignStalled)

@@ -1,7 +1,10 @@
 package webhook
 
 import (
+	"fmt"
+	"reflect"
 	"time"
+	"unsafe"
 
 	"github.com/exit-guard/exit-guard/contract"
 )
@@ -9,6 +12,9 @@ import (
 // tallies are what one setting did over every history.
 type tallies struct {
 	legit, stale int
+	// held are the histories whose workflow's deletion the model held until no legitimate
+	// pod of it waited (simulateHeld).
+	held int
 	// legitDenied counts the refusals of the real controller's pods and writes, by reason
 	// (every pass); legitDeniedWrongly those that are neither a store fallback's refusal of
 	// a completion (the price: the object waits for Argo's next pass) nor refused by design
@@ -50,6 +56,36 @@ type tallies struct {
 	taskSetLegit, taskSetLegitDenied, taskSetStale, taskSetStopped int
 	// failures are the seeds of the histories that broke a goal.
 	failures []uint64
+}
+
+// add adds o's counts to t: numbers summed, maps summed by key, lists appended. Every field
+// of tallies is one of those (add panics on another kind, so a new field cannot be left out).
+func (t *tallies) add(o *tallies) {
+	tv, ov := reflect.ValueOf(t).Elem(), reflect.ValueOf(o).Elem()
+	for i := range tv.NumField() {
+		// Unexported fields: reached through their addresses, as this package's own.
+		f := reflect.NewAt(tv.Field(i).Type(), unsafe.Pointer(tv.Field(i).UnsafeAddr())).Elem() //nolint:gosec // G103: the test's own struct
+		g := reflect.NewAt(ov.Field(i).Type(), unsafe.Pointer(ov.Field(i).UnsafeAddr())).Elem() //nolint:gosec // G103: as above
+		switch f.Kind() {
+		case reflect.Int, reflect.Int64:
+			f.SetInt(f.Int() + g.Int())
+		case reflect.Map:
+			if f.IsNil() {
+				f.Set(reflect.MakeMap(f.Type()))
+			}
+			for it := g.MapRange(); it.Next(); {
+				sum := it.Value().Int()
+				if cur := f.MapIndex(it.Key()); cur.IsValid() {
+					sum += cur.Int()
+				}
+				f.SetMapIndex(it.Key(), reflect.ValueOf(sum).Convert(f.Type().Elem()))
+			}
+		case reflect.Slice:
+			f.Set(reflect.AppendSlice(f, g))
+		default:
+			panic(fmt.Sprintf("tallies.add: field %s of kind %s", tv.Type().Field(i).Name, f.Kind()))
+		}
+	}
 }
 
 func newTallies() *tallies {
@@ -131,35 +167,8 @@ func windowName(d decision, l loadLevel) string {
 // total sums one setting's tallies over the load levels.
 func total(per []*tallies) *tallies {
 	out := newTallies()
-	add := func(dst, src map[string]int) {
-		for k, v := range src {
-			dst[k] += v
-		}
-	}
 	for _, r := range per {
-		out.legit += r.legit
-		out.stale += r.stale
-		add(out.legitDenied, r.legitDenied)
-		out.legitDeniedWrongly += r.legitDeniedWrongly
-		out.delayed += r.delayed
-		out.delays = append(out.delays, r.delays...)
-		add(out.lost, r.lost)
-		out.priceSeeds = append(out.priceSeeds, r.priceSeeds...)
-		out.byDesign += r.byDesign
-		out.byDesignDelay += r.byDesignDelay
-		out.byDesignStalled += r.byDesignStalled
-		out.staleStopped += r.staleStopped
-		out.staleRefusals += r.staleRefusals
-		out.staleRepeats += r.staleRepeats
-		add(out.staleMissedKnown, r.staleMissedKnown)
-		add(out.windows, r.windows)
-		add(out.notCovered, r.notCovered)
-		out.deniedNotDue += r.deniedNotDue
-		out.taskSetLegit += r.taskSetLegit
-		out.taskSetLegitDenied += r.taskSetLegitDenied
-		out.taskSetStale += r.taskSetStale
-		out.taskSetStopped += r.taskSetStopped
-		out.failures = append(out.failures, r.failures...)
+		out.add(r)
 	}
 	return out
 }

@@ -3,6 +3,7 @@ package webhook
 import (
 	"context"
 	"crypto/sha256"
+	"errors"
 	"flag"
 	"fmt"
 	"math/rand/v2"
@@ -105,6 +106,41 @@ func nextTry(h *history, p podEvent, tr try) (time.Duration, bool) {
 		}
 	}
 	return tr.at + *simRequeue, true
+}
+
+// deletedWhileWaiting: a legitimate pod of the workflow the model deletes was refused, and
+// Argo would send it again only at until, after the deletion: the model must hold the deletion.
+type deletedWhileWaiting struct{ until time.Duration }
+
+func (e *deletedWhileWaiting) Error() string {
+	return fmt.Sprintf("a legitimate pod waits until %s, past the workflow's deletion", e.until)
+}
+
+// simulateHeld runs the history of seed under s and adds to t, holding the workflow's deletion
+// until none of its nodes waits (generateHolding): each time a node would wait past it, the
+// history is made again with the deletion after that node's next try. It returns the history
+// run.
+func simulateHeld(seed uint64, s setting, t *tallies, log func(string, ...any)) (*history, error) {
+	var hold time.Duration
+	for range 200 {
+		h := generateHolding(seed, hold)
+		scratch := newTallies()
+		err := simulate(h, s, scratch, log)
+		var w *deletedWhileWaiting
+		if errors.As(err, &w) {
+			hold = w.until + time.Millisecond
+			continue
+		}
+		if err != nil {
+			return h, err
+		}
+		if hold > 0 {
+			scratch.held++
+		}
+		t.add(scratch)
+		return h, nil
+	}
+	return nil, fmt.Errorf("history %d: a node still waits at the workflow's deletion after 200 holds", seed)
 }
 
 // simulate runs h under s and adds to t. log, when set, is told every step.
@@ -214,14 +250,16 @@ func simulate(h *history, s setting, t *tallies, log func(string, ...any)) error
 				t.byDesignStalledSteps++
 			}
 			what = "legit, refused by design on a later pass (taskset-owner-gone): waits for a wake-up"
-		case !p.stale && d.deny && state.deleted && d.reason == contract.ReasonWorkflowDeleted:
-			// Legitimate when first sent, its workflow deleted by now: the model deletes a
-			// workflow at a fixed time after its completion, which a real controller would
-			// have held back while this pod's node waited. Reported apart: neither delayed,
-			// lost nor wrong, its outcome unknown.
-			t.legitDenied[string(d.reason)+" from "+string(d.source)+", the workflow deleted by then (outcome unknown: the model deleted it while the pod waited)"]++
-			what = "legit when first sent; its workflow deleted since (outcome unknown)"
 		case !p.stale && d.deny:
+			if next, ok := nextTry(h, p, tr); p.uid == h.deletedUID && (!ok || next >= h.deletedAt) {
+				// Its node waits past the model's deletion of the workflow, which Argo would
+				// not have completed, nor deleted, meanwhile: the history is made again with
+				// the deletion held (simulateHeld).
+				if !ok {
+					next = tr.at + *simRequeue
+				}
+				return &deletedWhileWaiting{until: next}
+			}
 			t.legitDenied[string(d.reason)+" from "+string(d.source)]++
 			if d.source == sourceStore && (d.reason == contract.ReasonWorkflowCompleted || d.reason == contract.ReasonWorkflowSucceeded) {
 				// The price of a store fallback that refuses from a completion: a retry the
@@ -379,7 +417,7 @@ func TestSimulation(t *testing.T) {
 		for _, s := range simSettings {
 			t.Logf("== %s", s.name)
 			ts := newTallies()
-			if err := simulate(h, s, ts, t.Logf); err != nil {
+			if _, err := simulateHeld(h.seed, s, ts, t.Logf); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -406,7 +444,7 @@ func TestSimulation(t *testing.T) {
 		loads[h.load.name]++
 		li := slices.Index(levels, h.load.name)
 		for si, s := range simSettings {
-			if err := simulate(h, s, results[si][li], nil); err != nil {
+			if _, err := simulateHeld(h.seed, s, results[si][li], nil); err != nil {
 				t.Fatal(err)
 			}
 		}

@@ -173,6 +173,10 @@ type history struct {
 	plans [][]bool
 	// The guard is cut off from the API server from cutFrom to cutTo (cutTo 0: never).
 	cutFrom, cutTo time.Duration
+	// deletedUID is the workflow its ttlStrategy deletes, at deletedAt (deletedUID empty:
+	// none); hold is the earliest the model may delete it (generateHolding).
+	deletedUID      types.UID
+	deletedAt, hold time.Duration
 }
 
 // cut says whether the guard is cut off from the API server at t.
@@ -188,9 +192,16 @@ func dur(r *rand.Rand, lo, hi time.Duration) time.Duration {
 }
 
 // generate makes the history of seed.
-func generate(seed uint64) *history {
+func generate(seed uint64) *history { return generateHolding(seed, 0) }
+
+// generateHolding makes the history of seed with its workflow's deletion (ttlStrategy) held
+// until hold at the earliest: Argo does not complete a workflow, so does not delete it, while
+// one of its nodes waits (a legitimate pod refused, which Argo sends again), and simulateHeld
+// holds the deletion until no node waits then. Every draw is the same as without the hold, so
+// the history is the same up to the deletion, and what follows it comes as much later.
+func generateHolding(seed uint64, hold time.Duration) *history {
 	r := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
-	h := &history{seed: seed}
+	h := &history{seed: seed, hold: hold}
 	x := r.Float64()
 	for _, l := range loadLevels {
 		if x < l.share {
@@ -354,8 +365,9 @@ func generate(seed uint64) *history {
 	stale(uid1, completions)
 	if r.Float64() < 0.4 {
 		// ttlStrategy deletes it; the name may be used again.
-		del := end + dur(r, time.Second, 2*time.Minute)
+		del := max(end+dur(r, time.Second, 2*time.Minute), hold)
 		put(del, wfState{uid: uid1, phase: h.writes[len(h.writes)-1].state.phase, deleted: true})
+		h.deletedUID, h.deletedAt = uid1, del
 		if r.Float64() < 0.5 {
 			uid2 := types.UID(fmt.Sprintf("uid-%d-2", seed))
 			_, c2, _ := lifecycle(uid2, del+dur(r, 100*time.Millisecond, 30*time.Second))
