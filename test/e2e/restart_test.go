@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"net/url"
 	"os"
-	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -40,8 +39,7 @@ const standbyConfig = "standby-controller-config"
 // controller handed over.
 type handover struct {
 	// lists are the lists of workflows the controllers made since, as the lagging proxy
-	// received them (resourceVersion "" is a consistent read; "answered-from" marks the one
-	// answered from the older snapshot).
+	// received them (resourceVersion "" is a consistent read).
 	lists []url.Values
 	// census is the controller's writes about the workflows after the handover.
 	census census
@@ -54,11 +52,6 @@ type handover struct {
 // latePods are the pods created after their workflow completed, after the handover.
 func (h *handover) latePods() int { return len(h.census.pods) }
 
-// fromSnapshot says whether a list of the new controller was answered from the older snapshot.
-func (h *handover) fromSnapshot() bool {
-	return slices.ContainsFunc(h.lists, func(q url.Values) bool { return q.Get("answered-from") == "snapshot" })
-}
-
 // refusals are the guard's refusals logged for the workflows, over the whole run.
 func (h *handover) refusals() int {
 	n := 0
@@ -69,18 +62,15 @@ func (h *handover) refusals() int {
 }
 
 // runHandover runs three reference workflows on a fixed controller of version behind the lagging
-// watch, the guard as mode says; takes a list of them while their first step runs (what a
-// watch cache that lags holds of them); lets them succeed; then restarts the controller, or
-// moves leadership to a standby (how), with the new controller's first list of workflows
-// answered from that snapshot when snapshot is set, and from the API server otherwise.
-func runHandover(t *testing.T, version, how string, snapshot bool, mode guardMode) *handover {
+// watch, the guard as mode says; lets them succeed; then restarts the controller, or moves
+// leadership to a standby (how). The new controller's lists are the API server's own answers.
+func runHandover(t *testing.T, version, how string, mode guardMode) *handover {
 	t.Helper()
 	h := &handover{}
 	sc := scenario{version: version, mode: mode, census: &h.census}
 	if how == byLeaderMove {
 		sc.leader = "a"
 	}
-	var snap []byte
 	sc.drive = func(ctx context.Context, t *testing.T, r rig) []*unstructured.Unstructured {
 		var wfs []*unstructured.Unstructured
 		for range 3 {
@@ -101,14 +91,6 @@ func runHandover(t *testing.T, version, how string, snapshot bool, mode guardMod
 		if err != nil {
 			t.Fatalf("the workflows did not all run a pod within 2 minutes: %v", err)
 		}
-		list := &unstructured.UnstructuredList{}
-		list.SetGroupVersionKind(argo.WorkflowListGVK)
-		if err := r.c.List(ctx, list, client.InNamespace(namespace)); err != nil {
-			t.Fatal(err)
-		}
-		if snap, err = list.MarshalJSON(); err != nil {
-			t.Fatal(err)
-		}
 		return wfs
 	}
 	sc.afterRun = func(ctx context.Context, r rig, wfs []*unstructured.Unstructured) {
@@ -118,9 +100,6 @@ func runHandover(t *testing.T, version, how string, snapshot bool, mode guardMod
 		listsBefore := len(r.ctrlProxy.ListQueries())
 		logBefore := fileSize(r.controllerLog)
 		h.census.from = time.Now()
-		if snapshot {
-			r.ctrlProxy.ServeListOnce(snap, isWorkflowInformersList)
-		}
 		switch how {
 		case byRestart:
 			r.restart()
@@ -148,15 +127,6 @@ func runHandover(t *testing.T, version, how string, snapshot bool, mode guardMod
 	}
 	h.outs = runScenario(t, sc)
 	return h
-}
-
-// isWorkflowInformersList says whether a list of workflows is the one of the controller's
-// workflow informer, whose copies its workers reconcile: selected by the instance ID alone
-// (none: the label must be absent), paginated. The controller lists workflows twice more as it
-// starts (v3.7.18, v4.0.7): the running ones, to rebuild its locks (initManagers, selected by
-// phase too), and the cron controller's informer (by its labels); neither is reconciled.
-func isWorkflowInformersList(q url.Values) bool {
-	return q.Get("labelSelector") == "!workflows.argoproj.io/controller-instanceid" && q.Has("limit")
 }
 
 // runsAPod says whether wf runs and has a pod node not yet complete.
@@ -230,9 +200,6 @@ func (h *handover) describe() string {
 			rv = "no resourceVersion"
 		}
 		rv = fmt.Sprintf("labelSelector %q limit %q, %s", q.Get("labelSelector"), q.Get("limit"), rv)
-		if q.Get("answered-from") == "snapshot" {
-			rv += " (answered from the older snapshot)"
-		}
 		lists = append(lists, rv)
 	}
 	var late int
@@ -248,47 +215,23 @@ func (h *handover) describe() string {
 // TestAFixedControllerAfterARestart asks whether a controller with upstream's fix runs a stale
 // pass when it starts with an empty memory (its record of the versions it wrote is per
 // process): after a restart, and after a move of leadership to a standby (leader election on),
-// of a controller that ran three reference workflows to Succeeded behind the lagging watch. First
-// as the API server serves it (the new controller's first list of workflows is the API
-// server's own answer); then with that list answered from a snapshot taken while the workflows
-// ran, as a watch cache that lags would serve a list it may answer from its cache, without and
-// with the guard. It fails when the first list as the API server answers it brings a stale pass
-// (a pod created after completion); when the older snapshot was not served (no list of the
-// workflow informer reached the proxy as a plain list) or makes no stale pass without the guard
-// (the guard's run would prove nothing); and when, with the guard, the snapshot was not served,
-// nothing was refused, a pod is created after its workflow completed, or a workflow does not
-// end Succeeded.
+// of a controller that ran three reference workflows to Succeeded behind the lagging watch, its
+// lists answered by the API server. It fails when the new controller creates a pod after its
+// workflow completed. Argo's workflow informer lists with resourceVersion "" (a consistent read:
+// every list in v3.4.18, v3.5.15 and v3.6.15; "0" rewritten to "" in v3.6.19, v3.7.18, v4.0.10
+// and v4.1.2; a consistent watch-list in 4.1), so a restarted or newly leading controller never
+// starts from an older snapshot; the cron controller's own workflow informer lists with "0", for
+// cron bookkeeping only. What can still bring a fixed controller an older copy is a later relist
+// or replay, or a second controller running beside the leader (LEADER_ELECTION_DISABLE=true with
+// a RollingUpdate, argo-workflows #16034): not tried here.
 func TestAFixedControllerAfterARestart(t *testing.T) {
 	for _, version := range fixedLines {
 		for _, how := range []string{byRestart, byLeaderMove} {
 			t.Run(version+", "+how, func(t *testing.T) {
-				asServed := runHandover(t, version, how, false, noGuard)
-				t.Logf("HANDOVER %s, %s, the first list as the API server answers it, no guard: %s", version, how, asServed.describe())
-				stale := runHandover(t, version, how, true, noGuard)
-				t.Logf("HANDOVER %s, %s, the first list from an older snapshot, no guard: %s", version, how, stale.describe())
-				guarded := runHandover(t, version, how, true, guardDirect)
-				t.Logf("HANDOVER %s, %s, the first list from an older snapshot, the guard: %s", version, how, guarded.describe())
-				if n := asServed.latePods(); n != 0 {
-					t.Errorf("%s, %s, the first list as the API server answers it: %d pods created after their workflow completed: %q", version, how, n, asServed.census.pods)
-				}
-				for _, h := range []*handover{stale, guarded} {
-					if !h.fromSnapshot() {
-						t.Errorf("%s, %s: no list of the workflow informer was answered from the older snapshot: %v", version, how, h.lists)
-					}
-				}
-				if stale.latePods() == 0 {
-					t.Errorf("%s, %s: the older snapshot made no stale pass without the guard: the guard's run proves nothing", version, how)
-				}
-				if guarded.refusals() == 0 {
-					t.Errorf("%s, %s, the guard: nothing refused: the guard was not shown at work", version, how)
-				}
-				if n := guarded.latePods(); n != 0 {
-					t.Errorf("%s, %s, the guard: %d pods created after their workflow completed: %q", version, how, n, guarded.census.pods)
-				}
-				for _, o := range guarded.outs {
-					if o.phase != argo.PhaseSucceeded {
-						t.Errorf("%s, %s, the guard: %s ended %q, want Succeeded", version, how, o.name, o.phase)
-					}
+				h := runHandover(t, version, how, noGuard)
+				t.Logf("HANDOVER %s, %s, no guard: %s", version, how, h.describe())
+				if n := h.latePods(); n != 0 {
+					t.Errorf("%s, %s: %d pods created after their workflow completed: %q", version, how, n, h.census.pods)
 				}
 			})
 		}
