@@ -870,6 +870,11 @@ func TestCorpus(t *testing.T) {
 					continue
 				}
 				line.run++
+				if a.phase == "" || b.phase == "" {
+					// Every workflow gets a phase on the controller's first pass, even one it
+					// cannot run: none means the controller did not reconcile it.
+					t.Errorf("%s %s: no phase without the guard (%q) or with it (%q): the controller never reconciled it", version, w.key, a.phase, b.phase)
+				}
 				if a.done && b.done {
 					line.completed++
 				} else {
