@@ -134,7 +134,7 @@ func (g *guard) nameHolderRunsTasks(ctx context.Context, f facts, d decision) bo
 	}
 	for _, id := range tasks {
 		n, ok := nodes[id]
-		if !ok || n.Type != argo.NodeTypeHTTP && n.Type != argo.NodeTypePlugin || !n.Pending() || n.InExitHandlerOrHook() {
+		if !ok || n.Type != argo.NodeTypeHTTP && n.Type != argo.NodeTypePlugin || !n.Pending() || n.InExitHandlerOrHook(d.wfName) {
 			return false
 		}
 	}

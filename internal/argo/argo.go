@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"maps"
+	"regexp"
 	"strings"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -270,10 +271,23 @@ type Node struct {
 	Phase string `json:"phase"`
 }
 
-// InExitHandlerOrHook says whether the node runs inside an exit handler or a lifecycle hook.
-func (n Node) InExitHandlerOrHook() bool {
-	return strings.Contains(n.Name, OnExitMarker) || strings.Contains(n.Name, HooksMarker)
+// InExitHandlerOrHook says whether the node of the workflow named workflow runs inside an exit
+// handler or a lifecycle hook, as far as its name tells (a status node has no label): after the
+// workflow's name, an .onExit segment (GenerateOnExitNodeName: followed by the name's end, a
+// child's '.' or '[', or a retry's '('), or HooksMarker. A step or task named onExitCleanup is
+// not one; one named onExit, or a DAG task named hooks that runs a nested DAG, is taken for one
+// (the safe side for its caller, which admits only what is not). A name that does not start
+// with the workflow's is read whole.
+func (n Node) InExitHandlerOrHook(workflow string) bool {
+	rest, ok := strings.CutPrefix(n.Name, workflow)
+	if !ok || workflow == "" {
+		rest = n.Name
+	}
+	return onExitSegment.MatchString(rest) || strings.Contains(rest, HooksMarker)
 }
+
+// onExitSegment is an .onExit segment of a node name (InExitHandlerOrHook).
+var onExitSegment = regexp.MustCompile(`\.onExit($|[.\[(])`)
 
 // Pending says whether the node has not run to its end: no phase yet, Pending or Running.
 func (n Node) Pending() bool {

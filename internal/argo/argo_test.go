@@ -87,3 +87,33 @@ func TestGroupOf(t *testing.T) {
 		}
 	}
 }
+
+// TestNodeInExitHandlerOrHook: a status node's name tells an exit handler's or a hook's node by
+// its segments after the workflow's name, never by a piece of a step's name or of the
+// workflow's; where names are alike (a step named onExit, a DAG task named hooks), it says yes.
+func TestNodeInExitHandlerOrHook(t *testing.T) {
+	for _, tc := range []struct {
+		workflow, node string
+		want           bool
+	}{
+		{"wf", "wf.onExit", true},
+		{"wf", "wf.onExit[0].notify", true},
+		{"wf", "wf.onExit(1)", true},
+		{"wf", "wf[0].step.onExit", true},
+		{"wf", "wf.task.onExit.notify", true},
+		{"wf", "wf.hooks.running", true},
+		{"wf", "wf[0].step.hooks.failed[0].notify", true},
+		{"wf", "wf.onExitCleanup", false},
+		{"wf", "wf[0].onExit-notify(0:a)", false},
+		{"wf", "wf[0].main", false},
+		{"etl.hooks.daily", "etl.hooks.daily[0].load", false},
+		{"etl.hooks.daily", "etl.hooks.daily.hooks.running", true},
+		{"a.onExit.b", "a.onExit.b.task", false},
+		{"wf", "wf[0].onExit", true}, // a step named onExit: taken for one
+		{"wf", "other.onExit", true}, // not under the workflow's name: read whole
+	} {
+		if got := (Node{Name: tc.node}).InExitHandlerOrHook(tc.workflow); got != tc.want {
+			t.Errorf("%q of workflow %q: InExitHandlerOrHook = %v, want %v", tc.node, tc.workflow, got, tc.want)
+		}
+	}
+}
