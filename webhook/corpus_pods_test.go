@@ -55,7 +55,9 @@ func TestArgosCorpusPodsGetArgosRoles(t *testing.T) {
 			t.Errorf("%s (%s, node %q): classify says %s, Argo %s", file, p.Source, meta.Annotations["workflows.argoproj.io/node-name"], f.role, p.ArgoRole)
 		}
 	}
-	for _, r := range []role{roleExitHandler, roleHook, roleStep} {
+	// Argo's corpus runs its lifecycle hooks as HTTP templates (the agent's pod): no pod of a
+	// hook's own is in it; TestClassify and FuzzClassify try that role by its names.
+	for _, r := range []role{roleExitHandler, roleAgent, roleStep} {
 		if roles[string(r)] == 0 {
 			t.Errorf("no %s pod in testdata/corpus-pods: the corpus does not try that role", r)
 		}

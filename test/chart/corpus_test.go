@@ -164,7 +164,8 @@ func TestCorpusPodsMeetTheChartsConditions(t *testing.T) {
 			}
 		})
 	}
-	for _, r := range []string{"exit-handler", "lifecycle-hook", "step"} {
+	// Argo's corpus runs its lifecycle hooks as HTTP templates: no pod of a hook's own is in it.
+	for _, r := range []string{"exit-handler", "agent", "step"} {
 		if roles[r] == 0 {
 			t.Errorf("no %s pod in the corpus: its conditions were not tried", r)
 		}
