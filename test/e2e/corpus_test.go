@@ -712,8 +712,8 @@ func taskResultReporter(c client.Client, version string) func(ctx context.Contex
 }
 
 // corpusDiff lists how two runs of one workflow differ: final phase, each node's name, type
-// and phase, the pods per node, whether the TaskSet was written (by kind of write), and the
-// Events that end the workflow (terminalEvents).
+// and phase, the pods per node, and whether the TaskSet was written (by kind of write). Events
+// are eventDiff's.
 func corpusDiff(a, b *corpusResult) []string {
 	var out []string
 	if a.phase != b.phase {
@@ -735,12 +735,18 @@ func corpusDiff(a, b *corpusResult) []string {
 	for _, d := range mapDiff("TaskSet write", has(a.taskSets), has(b.taskSets)) {
 		out = append(out, d)
 	}
-	if eventsComparable(a) && eventsComparable(b) {
-		for _, d := range mapDiff("Event reason", terminalEvents(a.events), terminalEvents(b.events)) {
-			out = append(out, d)
-		}
-	}
 	return out
+}
+
+// eventDiff lists how the two runs' Events that end the workflow differ (terminalEvents), where
+// both runs kept every Event (eventsComparable). Reported apart, not failing the run: Argo's
+// controller lost such Events at random, in both directions and in runs without the guard as
+// with it (docs/evidence/corpus.md), for a cause not yet found.
+func eventDiff(a, b *corpusResult) []string {
+	if !eventsComparable(a) || !eventsComparable(b) {
+		return nil
+	}
+	return mapDiff("Event reason", terminalEvents(a.events), terminalEvents(b.events))
 }
 
 // terminalEvents says which of the Events that end a workflow (WorkflowSucceeded,
@@ -808,7 +814,7 @@ type corpusLine struct {
 	staleSent, staleThrough, staleRefused   int
 	diffs, notRun, notCompleted, roleErrors []string
 	staleExceptions, staleSentRows          []string
-	eventsNotCompared                       []string
+	eventsNotCompared, eventDiffs           []string
 }
 
 // TestCorpus runs the corpus on each version (make e2e-corpus; .ci/run runs a short pick).
@@ -897,6 +903,9 @@ func TestCorpus(t *testing.T) {
 				if !eventsComparable(a) || !eventsComparable(b) {
 					line.eventsNotCompared = append(line.eventsNotCompared, w.key)
 				}
+				if d := eventDiff(a, b); len(d) > 0 {
+					line.eventDiffs = append(line.eventDiffs, w.key+": "+strings.Join(d, "; "))
+				}
 				if d := corpusDiff(a, b); len(d) > 0 {
 					line.differences++
 					line.diffs = append(line.diffs, w.key+": "+strings.Join(d, "; "))
@@ -966,13 +975,13 @@ func TestCorpus(t *testing.T) {
 // refusal, mismatch, workflow not run or not completed, and stale write through.
 func corpusReport(lines []corpusLine, seed uint64) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "| line | workflows run | completed in both | differences | refusals | role mismatches | stale writes sent without the guard | stale writes through with it |\n|---|---|---|---|---|---|---|---|\n")
+	fmt.Fprintf(&b, "| line | workflows run | completed in both | differences | refusals | role mismatches | stale writes sent without the guard | stale writes through with it | terminal Events in one run only |\n|---|---|---|---|---|---|---|---|---|\n")
 	for _, l := range lines {
 		sent, through := "not run", "not run"
 		if l.staleRun {
 			sent, through = strconv.Itoa(l.staleSent), strconv.Itoa(l.staleThrough)
 		}
-		fmt.Fprintf(&b, "| %s | %d | %d | %d | %d | %d | %s | %s |\n", l.version, l.run, l.completed, l.differences, l.refusals, l.mismatches, sent, through)
+		fmt.Fprintf(&b, "| %s | %d | %d | %d | %d | %d | %s | %s | %d |\n", l.version, l.run, l.completed, l.differences, l.refusals, l.mismatches, sent, through, len(l.eventDiffs))
 	}
 	fmt.Fprintf(&b, "\nOrder seed %d.\n", seed)
 	for _, l := range lines {
@@ -983,6 +992,7 @@ func corpusReport(lines []corpusLine, seed uint64) string {
 		}{
 			{"Differences", l.diffs}, {"Role mismatches", l.roleErrors}, {"Not run", l.notRun}, {"Not completed within the wait", l.notCompleted},
 			{"Events not compared (25 or more about the workflow, past client-go's per-object burst, or the recorder's queue full)", l.eventsNotCompared},
+			{"Events that end the workflow, recorded in one run and not the other (not failing the run)", l.eventDiffs},
 			{"What the stale passes sent without the guard", l.staleSentRows}, {"Stale writes through with the guard", l.staleExceptions},
 		} {
 			fmt.Fprintf(&b, "\n### %s (%d)\n\n", sec.title, len(sec.items))
