@@ -142,11 +142,16 @@ func TestCheckProvesTheInstall(t *testing.T) {
 				step.Spec.Containers[i].SecurityContext = &corev1.SecurityContext{AllowPrivilegeEscalation: ptr.To(false),
 					Capabilities: &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}}}
 			}
-			if err := env.Client.Create(t.Context(), step, client.DryRunAll); err != nil {
+			// Created for real, as the controller (the expected requester, env.Client's user)
+			// sends it: a dry run says nothing of Argo's release.
+			if err := env.Client.Create(t.Context(), step); err != nil {
 				t.Fatalf("the step pod of a running workflow: %v", err)
 			}
 			if code, out := runCheck(t, ns, sa, c.Args); code != 0 || !strings.Contains(out, "exit-guard: Argo Workflows v3.5.14 seen on the pods it judges: exposed") {
 				t.Errorf("after a pod of Argo v3.5.14: exit %d, want 0 and the release said exposed:\n%s", code, out)
+			}
+			if err := env.Client.Delete(t.Context(), step); err != nil {
+				t.Fatalf("deleting the step pod: %v", err)
 			}
 
 			if err := g.Stop(); err != nil {
