@@ -236,7 +236,9 @@ func corpusRun(t *testing.T, version string, guarded, stale bool, wfs []corpusWo
 	if opts.APIServerFlags, auditLog, err = testenv.AuditWrites(t.TempDir(), testenv.ControllerUser); err != nil {
 		t.Fatal(err)
 	}
-	env, ctx, stop := startAPIServer(t, opts, nil)
+	// The controller's metrics server off: nothing here reads it, and its port is then free for
+	// another run of Argo's controller on this machine.
+	env, ctx, stop := startAPIServer(t, opts, map[string]string{"metricsConfig": "enabled: false\n", "telemetryConfig": "enabled: false\n"})
 	defer stop()
 	c := env.Client
 	var guardOut testenv.Output
