@@ -835,7 +835,9 @@ type corpusLine struct {
 	diffs, notRun, notCompleted, roleErrors []string
 	staleExceptions, staleSentRows          []string
 	staleByPolicy, staleOtherRows           []string
-	eventsNotCompared, eventDiffs           []string
+	// phases: the workflows by final phase with the guard ("Succeeded": n).
+	phases                        map[string]int
+	eventsNotCompared, eventDiffs []string
 }
 
 // TestCorpus runs the corpus on each version (make e2e-corpus; .ci/run runs a short pick).
@@ -911,6 +913,10 @@ func TestCorpus(t *testing.T) {
 					continue
 				}
 				line.run++
+				if line.phases == nil {
+					line.phases = map[string]int{}
+				}
+				line.phases[orElse(b.phase, "no phase")]++
 				if a.phase == "" || b.phase == "" {
 					// Every workflow gets a phase on the controller's first pass, even one it
 					// cannot run: none means the controller did not reconcile it.
@@ -1013,6 +1019,13 @@ func corpusReport(lines []corpusLine, seed uint64) string {
 		fmt.Fprintf(&b, "| %s | %d | %d | %d | %d | %d | %s | %s | %d |\n", l.version, l.run, l.completed, l.differences, l.refusals, l.mismatches, sent, through, len(l.eventDiffs))
 	}
 	fmt.Fprintf(&b, "\nOrder seed %d.\n", seed)
+	for _, l := range lines {
+		var ps []string
+		for _, p := range sortedKeys(l.phases) {
+			ps = append(ps, fmt.Sprintf("%s %d", p, l.phases[p]))
+		}
+		fmt.Fprintf(&b, "\n%s, final phases with the guard: %s.\n", l.version, strings.Join(ps, ", "))
+	}
 	for _, l := range lines {
 		fmt.Fprintf(&b, "\n## %s\n", l.version)
 		for _, sec := range []struct {
