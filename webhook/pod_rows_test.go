@@ -223,9 +223,9 @@ func FuzzClassify(f *testing.F) {
 	f.Add("done", []byte{4, 0}, "", "", "argoproj.io/v1alpha1", "Workflow", "uid-done", 1, true)
 	f.Add("etl.hooks.daily", []byte{0, 8}, "", "", "argoproj.io/v1alpha1", "Workflow", "uid-done", 1, true)
 	f.Add("wf", []byte{2 | 3<<3, 7 | 4<<3}, "", "", "argoproj.io/v1alpha1", "Workflow", "uid-done", 1, true) // DAG task onExitCleanup, withItems
-	f.Add("wf", []byte{0 | 4<<3}, "", "", "argoproj.io/v1alpha1", "Workflow", "uid-done", 1, true)             // step onExit-notify
-	f.Add("wf", []byte{5, 0, 6}, "", "", "argoproj.io/v1alpha1", "Workflow", "uid-running", 1, true)        // a hook's step, retried
-	f.Add("wf", []byte{2 | 5<<3, 2}, "", "", "argoproj.io/v1alpha1", "Workflow", "uid-done", 2, true)          // a DAG task named hooks, nested
+	f.Add("wf", []byte{0 | 4<<3}, "", "", "argoproj.io/v1alpha1", "Workflow", "uid-done", 1, true)           // step onExit-notify
+	f.Add("wf", []byte{5, 0, 6}, "", "", "argoproj.io/v1alpha1", "Workflow", "uid-running", 1, true)         // a hook's step, retried
+	f.Add("wf", []byte{2 | 5<<3, 2}, "", "", "argoproj.io/v1alpha1", "Workflow", "uid-done", 2, true)        // a DAG task named hooks, nested
 	f.Add("wf", []byte{}, "true", "agent", "argoproj.io", "Workflow", "", 0, false)
 	f.Add("x", []byte{4, 5}, "", "", "/", "", "uid-running", 3, false)
 	g := fuzzGuard(f, Options{})
