@@ -739,12 +739,8 @@ func corpusDiff(a, b *corpusResult) []string {
 	if a.phase != b.phase {
 		out = append(out, fmt.Sprintf("phase %s (%s) against %s (%s)", a.phase, a.message, b.phase, b.message))
 	}
-	for _, d := range mapDiff("node", a.nodes, b.nodes) {
-		out = append(out, d)
-	}
-	for _, d := range mapDiff("pods of node", a.pods, b.pods) {
-		out = append(out, d)
-	}
+	out = append(out, mapDiff("node", a.nodes, b.nodes)...)
+	out = append(out, mapDiff("pods of node", a.pods, b.pods)...)
 	has := func(m map[string]int) map[string]bool {
 		o := map[string]bool{}
 		for k, n := range m {
@@ -752,10 +748,7 @@ func corpusDiff(a, b *corpusResult) []string {
 		}
 		return o
 	}
-	for _, d := range mapDiff("TaskSet write", has(a.taskSets), has(b.taskSets)) {
-		out = append(out, d)
-	}
-	return out
+	return append(out, mapDiff("TaskSet write", has(a.taskSets), has(b.taskSets))...)
 }
 
 // eventDiff lists how the two runs' Events that end the workflow differ (terminalEvents), where
