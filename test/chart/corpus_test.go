@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -24,16 +23,9 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/exit-guard/exit-guard/test/support/fixture"
 	"github.com/exit-guard/exit-guard/test/support/testenv"
 )
-
-// corpusPod is a pod of webhook/testdata/corpus-pods (make e2e-corpus CORPUS_PODS=...): its
-// metadata as Argo's controller created it, and the role Argo gives it.
-type corpusPod struct {
-	Source   string            `json:"source"`
-	ArgoRole string            `json:"argoRole"`
-	Metadata metav1.ObjectMeta `json:"metadata"`
-}
 
 // TestCorpusPodsMeetTheChartsConditions creates every corpus pod (a dry run) through the real
 // API server, with the chart's pod webhook registered for each guard.cover, its selector and
@@ -41,21 +33,9 @@ type corpusPod struct {
 // it for exactly the pods whose role (Argo's, from the workflow's status and spec) the
 // coverage covers, as the guard's own podCovered decides.
 func TestCorpusPodsMeetTheChartsConditions(t *testing.T) {
-	files, err := filepath.Glob(filepath.Join(testenv.RepoRoot(), "webhook", "testdata", "corpus-pods", "*.json"))
-	if err != nil || len(files) == 0 {
-		t.Fatalf("no pods in webhook/testdata/corpus-pods (%v): make e2e-corpus CORPUS_PODS=webhook/testdata/corpus-pods writes them", err)
-	}
-	var pods []corpusPod
-	for _, f := range files {
-		raw, err := os.ReadFile(f) //nolint:gosec // G304: the repository's own test data
-		if err != nil {
-			t.Fatal(err)
-		}
-		var p corpusPod
-		if err := json.Unmarshal(raw, &p); err != nil {
-			t.Fatalf("%s: %v", f, err)
-		}
-		pods = append(pods, p)
+	pods, err := fixture.CorpusPods(filepath.Join(testenv.RepoRoot(), "webhook", "testdata", "corpus-pods"))
+	if err != nil {
+		t.Fatal(err)
 	}
 	var mu sync.Mutex
 	called := map[string]bool{}
@@ -66,7 +46,10 @@ func TestCorpusPodsMeetTheChartsConditions(t *testing.T) {
 			return
 		}
 		var pod metav1.PartialObjectMetadata
-		_ = json.Unmarshal(review.Request.Object.Raw, &pod)
+		if err := json.Unmarshal(review.Request.Object.Raw, &pod); err != nil || pod.Name == "" {
+			http.Error(w, "no pod with a name in the review", http.StatusBadRequest)
+			return
+		}
 		mu.Lock()
 		called[pod.Name] = true
 		mu.Unlock()
@@ -117,7 +100,7 @@ func TestCorpusPodsMeetTheChartsConditions(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer func() { _ = env.Client.Delete(context.WithoutCancel(ctx), cfg) }()
-			create := func(p corpusPod, name string) error {
+			create := func(p fixture.CorpusPod, name string) error {
 				meta := *p.Metadata.DeepCopy()
 				meta.Name, meta.Namespace, meta.GenerateName = name, ns, ""
 				pod := &corev1.Pod{ObjectMeta: meta, Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "main", Image: "busybox"}}}}
@@ -125,7 +108,7 @@ func TestCorpusPodsMeetTheChartsConditions(t *testing.T) {
 			}
 			// The configuration takes effect within moments: wait until an exit-handler pod,
 			// covered in every mode, reaches the recorder.
-			var probe corpusPod
+			var probe fixture.CorpusPod
 			for _, p := range pods {
 				if p.ArgoRole == "exit-handler" {
 					probe = p

@@ -306,7 +306,9 @@ func corpusRun(t *testing.T, version string, guarded, stale bool, wfs []corpusWo
 		obj := w.obj.DeepCopy()
 		if stale {
 			if _, ok, _ := unstructured.NestedFieldNoCopy(obj.Object, "spec", "podGC"); !ok {
-				_ = unstructured.SetNestedField(obj.Object, "OnPodCompletion", "spec", "podGC", "strategy")
+				if err := unstructured.SetNestedField(obj.Object, "OnPodCompletion", "spec", "podGC", "strategy"); err != nil {
+					t.Fatalf("%s: setting podGC for the stale run: %v", w.key, err)
+				}
 			}
 		}
 		r := &corpusResult{}
