@@ -250,7 +250,14 @@ func corpusRun(t *testing.T, version string, guarded, stale bool, wfs []corpusWo
 		}
 		defer func() { _ = g.Stop() }()
 	}
+	// The controller's and agents' logs: kept under E2E_LOG_DIR when set, one folder a run.
 	logDir := t.TempDir()
+	if dir := os.Getenv("E2E_LOG_DIR"); dir != "" {
+		logDir = filepath.Join(dir, fmt.Sprintf("corpus-%s-guard-%v-stale-%v", version, guarded, stale))
+		if err := os.MkdirAll(logDir, 0o750); err != nil {
+			t.Fatal(err)
+		}
+	}
 	k := newKubelet(c, namespace)
 	k.runtime = func(string) (time.Duration, bool) { return time.Second, false }
 	k.report = taskResultReporter(c, version)
@@ -386,8 +393,12 @@ func corpusRun(t *testing.T, version string, guarded, stale bool, wfs []corpusWo
 	for _, r := range results {
 		r.eventsDropped = dropped > 0
 	}
-	t.Logf("%s, guard %v, stale %v: %d workflows submitted, seed %d; the controller's own stale-copy check fired %d times; its Event recorder dropped %d (queue full)",
-		version, guarded, stale, len(submitted), seed, strings.Count(logs, "Rejecting stale copy"), dropped)
+	// client-go's Event recorder logs each Event it does not send: no reference to the object,
+	// refused by the API server, or its retries spent.
+	t.Logf("%s, guard %v, stale %v: %d workflows submitted, seed %d; the controller's own stale-copy check fired %d times; its Event recorder dropped %d (queue full), "+
+		"could not refer to the object of %d, had %d refused and gave up on %d",
+		version, guarded, stale, len(submitted), seed, strings.Count(logs, "Rejecting stale copy"), dropped,
+		strings.Count(logs, "Could not construct reference"), strings.Count(logs, "Server rejected event"), strings.Count(logs, "retry limit exceeded"))
 	return results
 }
 
