@@ -19,6 +19,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -221,6 +222,115 @@ type corpusResult struct {
 	stale map[string]int
 }
 
+// phaseCrashed is the result of a workflow that crashed Argo's controller: the harness deleted
+// it, as an operator must for the controller to run again, and restarted the controller.
+const phaseCrashed = "CrashedTheController"
+
+// crashMessage is the panic of a workflow that crashed the controller, "" for any other.
+func crashMessage(r *corpusResult) string {
+	if r.phase != phaseCrashed {
+		return ""
+	}
+	return r.message
+}
+
+// maxControllerCrashes is how many times a run restarts a controller that crashed.
+const maxControllerCrashes = 5
+
+// supervisor keeps Argo's controller running through a corpus run as a Deployment would: when it
+// exits, it reads the panic from its log, deletes the workflow the panic names (else the
+// controller crashes on it again), and starts it again, up to maxControllerCrashes times.
+type supervisor struct {
+	mu      sync.Mutex
+	ctrl    *testenv.Process
+	crashed map[string]string // workflow name: the panic
+	n       int
+	quit    chan struct{}
+	done    chan struct{}
+}
+
+// panicKey finds the namespace/name key a panic line names ("... for key "ns/name" on ...").
+var panicKey = regexp.MustCompile(`"` + regexp.QuoteMeta(namespace) + `/([a-z0-9][a-z0-9.-]*)"`)
+
+func superviseController(ctx context.Context, t *testing.T, bin, kubeconfig, logFile string, out io.Writer, c client.Client) *supervisor {
+	t.Helper()
+	s := &supervisor{crashed: map[string]string{}, quit: make(chan struct{}), done: make(chan struct{})}
+	s.ctrl = launchController(t, bin, kubeconfig, "info", nil, nil, out)
+	go func() {
+		defer close(s.done)
+		var seen int
+		for {
+			s.mu.Lock()
+			cur := s.ctrl
+			s.mu.Unlock()
+			select {
+			case <-s.quit:
+				return
+			case <-ctx.Done():
+				return
+			case <-cur.Done():
+			}
+			logs := readFile(logFile)
+			msg := "exited: " + orElse(fmt.Sprint(cur.Exited()), "no error")
+			if i := strings.LastIndex(logs, "\npanic: "); i >= seen {
+				msg = strings.SplitN(logs[i+1:], "\n", 2)[0]
+			}
+			seen = len(logs)
+			s.mu.Lock()
+			s.n++
+			if m := panicKey.FindStringSubmatch(msg); m != nil {
+				s.crashed[m[1]] = msg
+				wf := &unstructured.Unstructured{}
+				wf.SetGroupVersionKind(argo.WorkflowGVK)
+				wf.SetNamespace(namespace)
+				wf.SetName(m[1])
+				if err := c.Delete(ctx, wf); err != nil && !apierrors.IsNotFound(err) {
+					t.Errorf("deleting %s, which crashed the controller: %v", m[1], err)
+				}
+			}
+			t.Logf("Argo's controller crashed (%d): %s", s.n, msg)
+			if s.n > maxControllerCrashes {
+				s.mu.Unlock()
+				t.Errorf("Argo's controller crashed %d times; not restarted again", s.n)
+				return
+			}
+			p, err := cur.Again()
+			if err != nil {
+				s.mu.Unlock()
+				t.Errorf("restarting Argo's controller: %v", err)
+				return
+			}
+			s.ctrl = p
+			s.mu.Unlock()
+		}
+	}()
+	return s
+}
+
+// stop stops the supervision, then the controller.
+func (s *supervisor) stop() {
+	close(s.quit)
+	<-s.done
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	_ = s.ctrl.Stop(controllerGrace)
+}
+
+// crashedBy says whether the workflow named name crashed the controller, and its panic.
+func (s *supervisor) crashedBy(name string) (string, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	msg, ok := s.crashed[name]
+	return msg, ok
+}
+
+// crashes is how many times the controller ended on its own.
+func (s *supervisor) crashes() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.n
+}
+
 // corpusRun runs the corpus once on version: with the guard or without, with a stale pass
 // forced or not, and returns what became of each workflow (by key).
 func corpusRun(t *testing.T, version string, guarded, stale bool, wfs []corpusWorkflow, seed uint64, waitFor time.Duration, parallel int, podDir string) map[string]*corpusResult {
@@ -286,8 +396,8 @@ func corpusRun(t *testing.T, version string, guarded, stale bool, wfs []corpusWo
 		t.Fatal(err)
 	}
 	defer func() { _ = logOut.Close() }()
-	ctrl := launchController(t, ctrlBin, kcFile, "info", nil, nil, logOut)
-	defer func() { _ = ctrl.Stop(controllerGrace) }()
+	sup := superviseController(ctx, t, ctrlBin, kcFile, logFile, logOut, c)
+	defer sup.stop()
 
 	for _, w := range wfs {
 		if w.support == nil {
@@ -335,6 +445,9 @@ func corpusRun(t *testing.T, version string, guarded, stale bool, wfs []corpusWo
 		_ = wait.PollUntilContextTimeout(ctx, time.Second, waitFor, true, func(ctx context.Context) (bool, error) {
 			running := 0
 			for i, wf := range submitted {
+				if _, crashed := sup.crashedBy(wf.GetName()); crashed {
+					continue
+				}
 				if time.Since(submittedAt[i]) < inFlightFor && !phase(ctx, c, wf).Terminal() {
 					running++
 				}
@@ -344,7 +457,7 @@ func corpusRun(t *testing.T, version string, guarded, stale bool, wfs []corpusWo
 	}
 	_ = wait.PollUntilContextTimeout(ctx, 2*time.Second, waitFor, true, func(ctx context.Context) (bool, error) {
 		for _, wf := range submitted {
-			if !phase(ctx, c, wf).Terminal() {
+			if _, crashed := sup.crashedBy(wf.GetName()); !crashed && !phase(ctx, c, wf).Terminal() {
 				return false, nil
 			}
 		}
@@ -375,6 +488,10 @@ func corpusRun(t *testing.T, version string, guarded, stale bool, wfs []corpusWo
 		if r == nil || r.phase == "NotCreated" {
 			continue
 		}
+		if msg, ok := sup.crashedBy(w.obj.GetName()); ok {
+			r.done, r.phase, r.message = true, phaseCrashed, msg
+			continue
+		}
 		wf := &unstructured.Unstructured{}
 		wf.SetGroupVersionKind(argo.WorkflowGVK)
 		if err := c.Get(ctx, client.ObjectKeyFromObject(w.obj), wf); err != nil {
@@ -395,9 +512,9 @@ func corpusRun(t *testing.T, version string, guarded, stale bool, wfs []corpusWo
 	}
 	// client-go's Event recorder logs each Event it does not send: no reference to the object,
 	// refused by the API server, or its retries spent.
-	t.Logf("%s, guard %v, stale %v: %d workflows submitted, seed %d; the controller's own stale-copy check fired %d times; its Event recorder dropped %d (queue full), "+
+	t.Logf("%s, guard %v, stale %v: %d workflows submitted, seed %d; the controller crashed %d times; its own stale-copy check fired %d times; its Event recorder dropped %d (queue full), "+
 		"could not refer to the object of %d, had %d refused and gave up on %d",
-		version, guarded, stale, len(submitted), seed, strings.Count(logs, "Rejecting stale copy"), dropped,
+		version, guarded, stale, len(submitted), seed, sup.crashes(), strings.Count(logs, "Rejecting stale copy"), dropped,
 		strings.Count(logs, "Could not construct reference"), strings.Count(logs, "Server rejected event"), strings.Count(logs, "retry limit exceeded"))
 	return results
 }
@@ -916,6 +1033,12 @@ func TestCorpus(t *testing.T) {
 			for _, w := range wfs {
 				a, b := without[w.key], with[w.key]
 				if a == nil || b == nil {
+					continue
+				}
+				if a.phase == phaseCrashed || b.phase == phaseCrashed {
+					// Left out, as a user's cluster would have to leave it out.
+					line.notRun = append(line.notRun, fmt.Sprintf("%s: crashed Argo's controller (without the guard: %s; with it: %s)",
+						w.key, orElse(crashMessage(a), "did not crash it"), orElse(crashMessage(b), "did not crash it")))
 					continue
 				}
 				line.run++

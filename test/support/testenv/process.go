@@ -18,6 +18,8 @@ import (
 // load tool's watcher. Launch starts it; it ends with Stop or Kill.
 type Process struct {
 	name    string
+	bin     string
+	out     io.Writer
 	cmd     *exec.Cmd
 	started time.Time
 	exited  chan struct{} // closed when the process has ended
@@ -27,7 +29,7 @@ type Process struct {
 // Launch starts bin with args, its output into out. With env, the process has that environment
 // instead of the test's (append to os.Environ() to add to it).
 func Launch(bin string, args, env []string, out io.Writer) (*Process, error) {
-	p := &Process{name: filepath.Base(bin), exited: make(chan struct{})}
+	p := &Process{name: filepath.Base(bin), bin: bin, out: out, exited: make(chan struct{})}
 	p.cmd = exec.Command(bin, args...) //nolint:gosec // G204: a binary this repository built, or one of its pinned tools
 	p.cmd.Env = env
 	p.cmd.Stdout, p.cmd.Stderr = out, out
@@ -37,6 +39,12 @@ func Launch(bin string, args, env []string, out io.Writer) (*Process, error) {
 	}
 	go func() { p.exitErr = p.cmd.Wait(); close(p.exited) }()
 	return p, nil
+}
+
+// Again starts the same program again, with the same arguments, environment and output: as
+// a Deployment restarts a container that ended.
+func (p *Process) Again() (*Process, error) {
+	return Launch(p.bin, p.cmd.Args[1:], p.cmd.Env, p.out)
 }
 
 // Pid is the process's ID.
