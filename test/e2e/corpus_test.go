@@ -216,6 +216,10 @@ type corpusResult struct {
 	// eventsDropped: the controller's Event recorder dropped Events in the run (its queue
 	// full), so its Events are not all there.
 	eventsDropped bool
+	// eventCreates are the Events about the workflow the controller created (the audit log),
+	// eventObjects those listed at the end: where an Event is missing from a run, they tell
+	// whether the controller sent it.
+	eventCreates, eventObjects int
 	// stale is what the controller sent about the workflow after it completed (more than
 	// afterCompletion after its finishedAt): pods by role and answer, TaskSet writes, Events
 	// by reason.
@@ -570,6 +574,9 @@ func (r *corpusResult) read(wf *unstructured.Unstructured, k *kubelet, writes []
 		if w.Resource == "workflowtasksets" {
 			r.taskSets[w.String()]++
 		}
+		if w.Resource == "events" && w.Verb == "create" && w.Code/100 == 2 {
+			r.eventCreates++
+		}
 		if w.Resource == "pods" && w.Verb == "create" && w.Subresource == "" && w.Code/100 == 2 {
 			s, ok := byName[w.Name]
 			argoRole := "(not seen)"
@@ -599,6 +606,7 @@ func (r *corpusResult) read(wf *unstructured.Unstructured, k *kubelet, writes []
 		}
 		n := max(int(e.Count), 1)
 		r.events[e.Reason] += n
+		r.eventObjects++
 		last := e.LastTimestamp.Time
 		if last.IsZero() {
 			last = e.EventTime.Time
@@ -1060,7 +1068,8 @@ func TestCorpus(t *testing.T) {
 					line.eventsNotCompared = append(line.eventsNotCompared, w.key)
 				}
 				if d := eventDiff(a, b); len(d) > 0 {
-					line.eventDiffs = append(line.eventDiffs, w.key+": "+strings.Join(d, "; "))
+					line.eventDiffs = append(line.eventDiffs, fmt.Sprintf("%s: %s (Events created by the controller, as audited, and listed at the end: %d and %d without the guard, %d and %d with it)",
+						w.key, strings.Join(d, "; "), a.eventCreates, a.eventObjects, b.eventCreates, b.eventObjects))
 				}
 				if d := corpusDiff(a, b); len(d) > 0 {
 					line.differences++
