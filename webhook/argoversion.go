@@ -35,7 +35,7 @@ const (
 var exposureWords = map[exposure]string{
 	exposureExposed:   "this line sends stale passes (README, Am I affected?): the guard refuses what they send",
 	exposureWriteBack: "exposed only when the controller runs with INFORMER_WRITE_BACK=true, which the guard cannot see; with 4.0's default the guard adds nothing measured",
-	exposureFixed:     "this release carries upstream's fix: the guard adds nothing measured here (it still refuses the step pods a stale list would send)",
+	exposureFixed:     "this release carries upstream's fix: with one controller at a time the guard adds nothing measured; two controllers at once (LEADER_ELECTION_DISABLE=true, argo-workflows #16034) send false exit handlers on it too, which the guard refuses",
 	exposureOlder:     "older than the lines the guard was proved on (3.4 and later): exposed, not measured",
 	exposureUnknown:   "the executor image's tag is not a release (a retagged, mirrored under another tag, or digest-only image): the guard cannot tell; compare your controller's version with the README's Am I affected?",
 }
