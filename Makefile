@@ -248,7 +248,8 @@ e2e-argo: argo-controllers $(HELM) $(PROMTOOL) ## Reproduce the stale exit handl
 
 # The corpus run (make e2e-corpus): the Argo versions, the folder of Workflows (empty: each
 # controller module's own examples/), the files to run alone (comma-separated, relative to it;
-# empty: all), whether the stale runs go too, and where the report and the pods go.
+# empty: all), whether the stale runs go too (1: after the plain runs; only: alone), and where the
+# report and the pods go.
 CORPUS_VERSIONS ?= v3.4.17 v3.6.18 v4.0.5
 CORPUS ?= @examples
 CORPUS_PICK ?=

@@ -958,7 +958,10 @@ func sortedKeys[V any](ms ...map[string]V) []string {
 
 // corpusLine is one controller line's figures, for the report's table.
 type corpusLine struct {
-	version                                 string
+	version string
+	// pairRun: the plain runs without and with the guard were made (E2E_CORPUS_STALE is not
+	// "only"); their columns say "not run" otherwise.
+	pairRun                                 bool
 	run, completed, differences, refusals   int
 	mismatches                              int
 	staleRun                                bool
@@ -992,7 +995,9 @@ func TestCorpus(t *testing.T) {
 			t.Fatalf("E2E_CORPUS_WAIT=%q: %v", s, err)
 		}
 	}
-	stale := os.Getenv("E2E_CORPUS_STALE") == "1"
+	// E2E_CORPUS_STALE: 1 the stale pair after the plain one, only the stale pair alone.
+	stale := os.Getenv("E2E_CORPUS_STALE") == "1" || os.Getenv("E2E_CORPUS_STALE") == "only"
+	staleOnly := os.Getenv("E2E_CORPUS_STALE") == "only"
 	parallel := 10
 	if s := os.Getenv("E2E_CORPUS_PARALLEL"); s != "" {
 		var err error
@@ -1036,8 +1041,12 @@ func TestCorpus(t *testing.T) {
 					line.notRun = append(line.notRun, w.key+": "+w.skip)
 				}
 			}
-			without := corpusRun(t, version, false, false, wfs, seed, waitFor, parallel, "")
-			with := corpusRun(t, version, true, false, wfs, seed+1, waitFor, parallel, os.Getenv("E2E_CORPUS_PODS"))
+			line.pairRun = !staleOnly
+			without, with := map[string]*corpusResult{}, map[string]*corpusResult{}
+			if !staleOnly {
+				without = corpusRun(t, version, false, false, wfs, seed, waitFor, parallel, "")
+				with = corpusRun(t, version, true, false, wfs, seed+1, waitFor, parallel, os.Getenv("E2E_CORPUS_PODS"))
+			}
 			for _, w := range wfs {
 				a, b := without[w.key], with[w.key]
 				if a == nil || b == nil {
@@ -1101,6 +1110,17 @@ func TestCorpus(t *testing.T) {
 					if a == nil || b == nil {
 						continue
 					}
+					if staleOnly {
+						if a.phase == phaseCrashed || b.phase == phaseCrashed {
+							line.notRun = append(line.notRun, fmt.Sprintf("%s: crashed Argo's controller (%s)", w.key, orElse(crashMessage(a), crashMessage(b))))
+							continue
+						}
+						line.run++
+						if line.phases == nil {
+							line.phases = map[string]int{}
+						}
+						line.phases[orElse(b.phase, "no phase")]++
+					}
 					for row, n := range a.stale {
 						if staleHarm(row) && staleLanded(row) {
 							line.staleSent += n
@@ -1154,7 +1174,12 @@ func corpusReport(lines []corpusLine, seed uint64) string {
 		if l.staleRun {
 			sent, through = strconv.Itoa(l.staleSent), strconv.Itoa(l.staleThrough)
 		}
-		fmt.Fprintf(&b, "| %s | %d | %d | %d | %d | %d | %s | %s | %d |\n", l.version, l.run, l.completed, l.differences, l.refusals, l.mismatches, sent, through, len(l.eventDiffs))
+		pair := []string{strconv.Itoa(l.completed), strconv.Itoa(l.differences), strconv.Itoa(l.refusals), strconv.Itoa(l.mismatches)}
+		events := strconv.Itoa(len(l.eventDiffs))
+		if !l.pairRun {
+			pair, events = []string{"not run", "not run", "not run", "not run"}, "not run"
+		}
+		fmt.Fprintf(&b, "| %s | %d | %s | %s | %s |\n", l.version, l.run, strings.Join(pair, " | "), strings.Join([]string{sent, through}, " | "), events)
 	}
 	fmt.Fprintf(&b, "\nOrder seed %d.\n", seed)
 	for _, l := range lines {
@@ -1162,7 +1187,11 @@ func corpusReport(lines []corpusLine, seed uint64) string {
 		for _, p := range sortedKeys(l.phases) {
 			ps = append(ps, fmt.Sprintf("%s %d", p, l.phases[p]))
 		}
-		fmt.Fprintf(&b, "\n%s, final phases with the guard: %s.\n", l.version, strings.Join(ps, ", "))
+		run := "its run"
+		if !l.pairRun {
+			run = "its stale run"
+		}
+		fmt.Fprintf(&b, "\n%s, final phases with the guard (%s): %s.\n", l.version, run, strings.Join(ps, ", "))
 	}
 	for _, l := range lines {
 		fmt.Fprintf(&b, "\n## %s\n", l.version)
