@@ -249,6 +249,7 @@ type supervisor struct {
 	ctrl    *testenv.Process
 	crashed map[string]string // workflow name: the panic
 	n       int
+	gaveUp  bool // crashed past maxControllerCrashes, or could not be started again
 	quit    chan struct{}
 	done    chan struct{}
 }
@@ -276,7 +277,7 @@ func superviseController(ctx context.Context, t *testing.T, bin, kubeconfig, log
 			}
 			logs := readFile(logFile)
 			msg := "exited: " + orElse(fmt.Sprint(cur.Exited()), "no error")
-			if i := strings.LastIndex(logs, "\npanic: "); i >= seen {
+			if i := strings.LastIndex(logs, "\npanic: "); i+1 >= seen {
 				msg = strings.SplitN(logs[i+1:], "\n", 2)[0]
 			}
 			seen = len(logs)
@@ -294,14 +295,15 @@ func superviseController(ctx context.Context, t *testing.T, bin, kubeconfig, log
 			}
 			t.Logf("Argo's controller crashed (%d): %s", s.n, msg)
 			if s.n > maxControllerCrashes {
+				s.gaveUp = true
 				s.mu.Unlock()
-				t.Errorf("Argo's controller crashed %d times; not restarted again", s.n)
 				return
 			}
 			p, err := cur.Again()
 			if err != nil {
+				s.gaveUp = true
 				s.mu.Unlock()
-				t.Errorf("restarting Argo's controller: %v", err)
+				t.Logf("restarting Argo's controller: %v", err)
 				return
 			}
 			s.ctrl = p
@@ -328,6 +330,13 @@ func (s *supervisor) crashedBy(name string) (string, bool) {
 	return msg, ok
 }
 
+// down says whether the supervision gave up: no controller runs any more.
+func (s *supervisor) down() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.gaveUp
+}
+
 // crashes is how many times the controller ended on its own.
 func (s *supervisor) crashes() int {
 	s.mu.Lock()
@@ -337,7 +346,7 @@ func (s *supervisor) crashes() int {
 
 // corpusRun runs the corpus once on version: with the guard or without, with a stale pass
 // forced or not, and returns what became of each workflow (by key).
-func corpusRun(t *testing.T, version string, guarded, stale bool, wfs []corpusWorkflow, seed uint64, waitFor time.Duration, parallel int, podDir string) map[string]*corpusResult {
+func corpusRun(t *testing.T, version string, guarded, stale bool, wfs []corpusWorkflow, seed uint64, waitFor time.Duration, parallel int, podDir string) (map[string]*corpusResult, int) {
 	t.Helper()
 	runs.Add(1)
 	ctrlBin, crds := controller(t, version)
@@ -446,7 +455,13 @@ func corpusRun(t *testing.T, version string, guarded, stale bool, wfs []corpusWo
 		submittedAt = append(submittedAt, time.Now())
 		// In flight: not ended, and submitted less than inFlightFor ago (a suspended workflow
 		// waits for good).
+		if sup.down() {
+			break
+		}
 		_ = wait.PollUntilContextTimeout(ctx, time.Second, waitFor, true, func(ctx context.Context) (bool, error) {
+			if sup.down() {
+				return true, nil
+			}
 			running := 0
 			for i, wf := range submitted {
 				if _, crashed := sup.crashedBy(wf.GetName()); crashed {
@@ -460,6 +475,9 @@ func corpusRun(t *testing.T, version string, guarded, stale bool, wfs []corpusWo
 		})
 	}
 	_ = wait.PollUntilContextTimeout(ctx, 2*time.Second, waitFor, true, func(ctx context.Context) (bool, error) {
+		if sup.down() {
+			return true, nil
+		}
 		for _, wf := range submitted {
 			if _, crashed := sup.crashedBy(wf.GetName()); !crashed && !phase(ctx, c, wf).Terminal() {
 				return false, nil
@@ -467,6 +485,10 @@ func corpusRun(t *testing.T, version string, guarded, stale bool, wfs []corpusWo
 		}
 		return true, nil
 	})
+	if sup.down() {
+		t.Fatalf("%s, guard %v, stale %v: Argo's controller crashed %d times and is not running any more: the run says nothing (its log: %s)",
+			version, guarded, stale, sup.crashes(), logFile)
+	}
 	// A stale copy needs the lag of the controller's watch to come back and be reconciled.
 	// The controller's Events go out after its writes (client-go's recorder, behind its
 	// client's rate limit).
@@ -520,7 +542,7 @@ func corpusRun(t *testing.T, version string, guarded, stale bool, wfs []corpusWo
 		"could not refer to the object of %d, had %d refused and gave up on %d",
 		version, guarded, stale, len(submitted), seed, sup.crashes(), strings.Count(logs, "Rejecting stale copy"), dropped,
 		strings.Count(logs, "Could not construct reference"), strings.Count(logs, "Server rejected event"), strings.Count(logs, "retry limit exceeded"))
-	return results
+	return results, sup.crashes()
 }
 
 func readFile(path string) string {
@@ -969,6 +991,11 @@ type corpusLine struct {
 	diffs, notRun, notCompleted, roleErrors []string
 	staleExceptions, staleSentRows          []string
 	staleByPolicy, staleOtherRows           []string
+	// staleNotCounted: workflows of the stale runs whose stale pass could not be counted
+	// (crashed the controller, or did not complete).
+	staleNotCounted []string
+	// crashes: how many times Argo's controller crashed, over the line's runs.
+	crashes int
 	// phases: the workflows by final phase with the guard ("Succeeded": n).
 	phases                        map[string]int
 	eventsNotCompared, eventDiffs []string
@@ -1044,8 +1071,10 @@ func TestCorpus(t *testing.T) {
 			line.pairRun = !staleOnly
 			without, with := map[string]*corpusResult{}, map[string]*corpusResult{}
 			if !staleOnly {
-				without = corpusRun(t, version, false, false, wfs, seed, waitFor, parallel, "")
-				with = corpusRun(t, version, true, false, wfs, seed+1, waitFor, parallel, os.Getenv("E2E_CORPUS_PODS"))
+				var n, m int
+				without, n = corpusRun(t, version, false, false, wfs, seed, waitFor, parallel, "")
+				with, m = corpusRun(t, version, true, false, wfs, seed+1, waitFor, parallel, os.Getenv("E2E_CORPUS_PODS"))
+				line.crashes += n + m
 			}
 			for _, w := range wfs {
 				a, b := without[w.key], with[w.key]
@@ -1053,9 +1082,15 @@ func TestCorpus(t *testing.T) {
 					continue
 				}
 				if a.phase == phaseCrashed || b.phase == phaseCrashed {
-					// Left out, as a user's cluster would have to leave it out.
-					line.notRun = append(line.notRun, fmt.Sprintf("%s: crashed Argo's controller (without the guard: %s; with it: %s)",
-						w.key, orElse(crashMessage(a), "did not crash it"), orElse(crashMessage(b), "did not crash it")))
+					// Left out, as a user's cluster would have to leave it out; a crash in one
+					// run only is a difference (the guard's doing, until shown otherwise).
+					crash := fmt.Sprintf("%s: crashed Argo's controller (without the guard: %s; with it: %s)",
+						w.key, orElse(crashMessage(a), "did not crash it"), orElse(crashMessage(b), "did not crash it"))
+					line.notRun = append(line.notRun, crash)
+					if (a.phase == phaseCrashed) != (b.phase == phaseCrashed) {
+						line.differences++
+						line.diffs = append(line.diffs, crash)
+					}
 					continue
 				}
 				line.run++
@@ -1102,19 +1137,34 @@ func TestCorpus(t *testing.T) {
 				t.Errorf("%s: %s", version, e)
 			}
 			if stale {
-				sw := corpusRun(t, version, false, true, wfs, seed+2, waitFor, parallel, "")
-				sg := corpusRun(t, version, true, true, wfs, seed+3, waitFor, parallel, "")
+				sw, n := corpusRun(t, version, false, true, wfs, seed+2, waitFor, parallel, "")
+				sg, m := corpusRun(t, version, true, true, wfs, seed+3, waitFor, parallel, "")
+				line.crashes += n + m
 				sent, other := map[string]int{}, map[string]int{}
 				for _, w := range wfs {
 					a, b := sw[w.key], sg[w.key]
 					if a == nil || b == nil {
 						continue
 					}
-					if staleOnly {
-						if a.phase == phaseCrashed || b.phase == phaseCrashed {
-							line.notRun = append(line.notRun, fmt.Sprintf("%s: crashed Argo's controller (%s)", w.key, orElse(crashMessage(a), crashMessage(b))))
-							continue
+					if a.phase == phaseCrashed || b.phase == phaseCrashed {
+						crash := fmt.Sprintf("%s: crashed Argo's controller in a stale run (without the guard: %s; with it: %s)",
+							w.key, orElse(crashMessage(a), "did not crash it"), orElse(crashMessage(b), "did not crash it"))
+						line.staleNotCounted = append(line.staleNotCounted, crash)
+						if (a.phase == phaseCrashed) != (b.phase == phaseCrashed) {
+							t.Errorf("%s %s", version, crash)
 						}
+						continue
+					}
+					if a.phase == "" || b.phase == "" {
+						t.Errorf("%s %s: no phase in a stale run without the guard (%q) or with it (%q): the controller never reconciled it", version, w.key, a.phase, b.phase)
+					}
+					if !a.done || !b.done {
+						// A stale pass comes after completion: one that never completed sent
+						// nothing to count.
+						line.staleNotCounted = append(line.staleNotCounted, fmt.Sprintf("%s: not completed in a stale run: %s without the guard, %s with it",
+							w.key, orElse(a.phase, "no phase"), orElse(b.phase, "no phase")))
+					}
+					if staleOnly {
 						line.run++
 						if line.phases == nil {
 							line.phases = map[string]int{}
@@ -1191,7 +1241,8 @@ func corpusReport(lines []corpusLine, seed uint64) string {
 		if !l.pairRun {
 			run = "its stale run"
 		}
-		fmt.Fprintf(&b, "\n%s, final phases with the guard (%s): %s.\n", l.version, run, strings.Join(ps, ", "))
+		fmt.Fprintf(&b, "\n%s, final phases with the guard (%s): %s. Argo's controller crashed %d times over the line's runs (restarted each time, the workflow its panic names deleted).\n",
+			l.version, run, strings.Join(ps, ", "), l.crashes)
 	}
 	for _, l := range lines {
 		fmt.Fprintf(&b, "\n## %s\n", l.version)
@@ -1206,7 +1257,13 @@ func corpusReport(lines []corpusLine, seed uint64) string {
 			{"Stale writes through with the guard, of workflows that Succeeded (goal 0)", l.staleExceptions},
 			{"Stale writes admitted with the guard, of workflows that did not succeed (its default deny phases: Succeeded)", l.staleByPolicy},
 			{"Other writes after completion without the guard (refused ones, other Events)", l.staleOtherRows},
+			{"Workflows of the stale runs not counted", l.staleNotCounted},
 		} {
+			plain := !strings.HasPrefix(sec.title, "Not run") && !strings.Contains(sec.title, "stale") && !strings.Contains(sec.title, "Stale")
+			if plain && !l.pairRun || !plain && !l.staleRun && sec.title != "Not run" {
+				fmt.Fprintf(&b, "\n### %s: not run\n", sec.title)
+				continue
+			}
 			fmt.Fprintf(&b, "\n### %s (%d)\n\n", sec.title, len(sec.items))
 			for _, it := range sec.items {
 				fmt.Fprintf(&b, "- %s\n", strings.ReplaceAll(it, "\n", " "))
