@@ -34,8 +34,10 @@ type census struct {
 	// all are every write of the controller about the workflows, in the whole run: that the
 	// PVCs, the PodDisruptionBudget and the cache were written at all.
 	all map[string]int
-	// pods are the pods created after completion (2xx), by name.
-	pods []string
+	// pods are the pods created after completion (2xx), by name; podsBy the same by the user
+	// that created them (the controller, or a second one: testenv.SecondControllerUser).
+	pods   []string
+	podsBy map[string][]string
 	// from, when set, is the earliest write counted (a restart of the controller).
 	from time.Time
 }
@@ -48,6 +50,9 @@ func about(wf, ns, name string) bool {
 	return ns == namespace && (name == wf || strings.HasPrefix(name, wf+"-") || strings.HasPrefix(name, wf+".") || name == censusMemo)
 }
 
+// secondRow begins the census rows of a second controller's writes (testenv.SecondControllerUser).
+const secondRow = "second controller: "
+
 // count reads the audit log and counts, for each of wfs, the controller's writes about it
 // received more than afterCompletion after its finishedAt.
 func (cs *census) count(ctx context.Context, t *testing.T, c client.Client, wfs []*unstructured.Unstructured) {
@@ -56,7 +61,7 @@ func (cs *census) count(ctx context.Context, t *testing.T, c client.Client, wfs 
 	if err != nil {
 		t.Fatalf("reading the API server's audit log: %v", err)
 	}
-	cs.rows, cs.all, cs.pods, cs.workflows = map[string]int{}, map[string]int{}, nil, 0
+	cs.rows, cs.all, cs.pods, cs.podsBy, cs.workflows = map[string]int{}, map[string]int{}, nil, map[string][]string{}, 0
 	for _, wf := range wfs {
 		done := finishedAt(ctx, c, wf)
 		if done.IsZero() {
@@ -65,14 +70,19 @@ func (cs *census) count(ctx context.Context, t *testing.T, c client.Client, wfs 
 		}
 		cs.workflows++
 		for _, w := range writes {
-			if w.User != testenv.ControllerUser || !about(wf.GetName(), w.Namespace, w.Name) {
+			if w.User != testenv.ControllerUser && w.User != testenv.SecondControllerUser || !about(wf.GetName(), w.Namespace, w.Name) {
 				continue
 			}
-			cs.all[w.String()]++
+			row := w.String()
+			if w.User == testenv.SecondControllerUser {
+				row = secondRow + row
+			}
+			cs.all[row]++
 			if w.At.After(done.Add(afterCompletion)) && w.At.After(cs.from) {
-				cs.rows[w.String()]++
+				cs.rows[row]++
 				if w.Verb == "create" && w.Resource == "pods" && w.Code/100 == 2 {
 					cs.pods = append(cs.pods, w.Name)
+					cs.podsBy[w.User] = append(cs.podsBy[w.User], w.Name)
 				}
 			}
 		}

@@ -132,10 +132,13 @@ type rig struct {
 	// ctrlProxy is the lagging proxy between the controller and the API server (nil with
 	// scenario.direct); restart stops the controller and starts it again; launch starts
 	// another controller like the run's with extra flags and environment, logging beside it
-	// (a standby, with leader election); stop stops the run's controller.
+	// (a standby, with leader election); launchSecond starts one as testenv.SecondControllerUser,
+	// behind a lagging proxy of its own, logging into secondLog; stop stops the run's controller.
 	ctrlProxy     *testenv.APIProxy
 	restart, stop func()
 	launch        func(args, env []string) *testenv.Process
+	launchSecond  func(args, env []string) *testenv.Process
+	secondLog     string
 	// controllerLog is the file the controllers log into.
 	controllerLog string
 }
@@ -167,7 +170,7 @@ func runScenario(t *testing.T, sc scenario) []outcome {
 	}
 	if sc.census != nil {
 		var err error
-		if opts.APIServerFlags, sc.census.auditLog, err = testenv.AuditWrites(t.TempDir(), testenv.ControllerUser); err != nil {
+		if opts.APIServerFlags, sc.census.auditLog, err = testenv.AuditWrites(t.TempDir(), testenv.ControllerUser, testenv.SecondControllerUser); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -278,10 +281,36 @@ func runScenario(t *testing.T, sc scenario) []outcome {
 			_ = p.Stop(controllerGrace)
 		}
 	}()
+	secondLog := filepath.Join(logDir, fmt.Sprintf("controller-second-%s-%d-%d.log", version, mode, time.Now().Unix()))
 	r := rig{c: c, notify: notify, gc: gc, g: g, proxy: guardProxy, k: k, guardLog: guardOut, ctrlProxy: ctrlProxy,
 		restart: func() { stopController(); startController() }, stop: stopController, controllerLog: logFile,
 		launch: func(args, env []string) *testenv.Process {
 			p := launchController(t, ctrlBin, kcFile, "info", args, append(slices.Clone(ctrlEnv), env...), logOut)
+			others = append(others, p)
+			return p
+		},
+		secondLog: secondLog,
+		launchSecond: func(args, extra []string) *testenv.Process {
+			kc, cfg, err := env.KubeConfigAs(testenv.SecondControllerUser, "system:masters")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !sc.direct {
+				// Its own watch lags as the first one's does.
+				p := testenv.StartAPIProxyWith(t, cfg, testenv.APIProxyOptions{WatchDelay: watchLag})
+				t.Cleanup(func() { _ = p.Close() })
+				kc = p.KubeConfig(t)
+			}
+			f := filepath.Join(t.TempDir(), "kubeconfig-second")
+			if err := os.WriteFile(f, kc, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			out, err := os.Create(secondLog) //nolint:gosec // G304: the test's own log folder
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = out.Close() })
+			p := launchController(t, ctrlBin, f, "info", args, append(slices.Clone(ctrlEnv), extra...), out)
 			others = append(others, p)
 			return p
 		}}

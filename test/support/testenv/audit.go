@@ -14,6 +14,10 @@ import (
 // test's (the ServiceAccount form the chart's guard.expectedRequester takes).
 const ControllerUser = "system:serviceaccount:argo:argo-workflow-controller"
 
+// SecondControllerUser is the user a second controller acts as, where a test runs two at once
+// (argo-workflows #16034), so that the audit log tells its writes from the first one's.
+const SecondControllerUser = "system:serviceaccount:argo:argo-workflow-controller-second"
+
 // writeVerbs are the verbs of the requests that change something.
 var writeVerbs = []string{"create", "update", "patch", "delete", "deletecollection"}
 
