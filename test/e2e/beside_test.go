@@ -25,8 +25,8 @@ import (
 // tells whose each write is. Without the guard, the second controller must create pods after
 // their workflow completed (else the run reproduced nothing); the first one's are reported
 // (either controller's copy can be the stale one: the one that did not write a workflow's
-// completion); with the guard, no pod after completion from either, every workflow Succeeded,
-// and creates after completion refused.
+// completion); with the guard, no pod after completion from either, every workflow Succeeded
+// with no WorkflowFailed Event, and creates after completion refused.
 func TestAFixedControllerBesideASecondController(t *testing.T) {
 	for _, version := range fixedLines {
 		t.Run(version, func(t *testing.T) {
@@ -46,9 +46,15 @@ func TestAFixedControllerBesideASecondController(t *testing.T) {
 			if n := with.latePods(); n != 0 {
 				t.Errorf("%s, guard: %d pods created after their workflow completed: %q", version, n, with.census.pods)
 			}
+			for _, o := range without.outs {
+				t.Logf("%s, no guard: %s ended %s, %d WorkflowFailed Events kept", version, o.name, o.phase, o.failedEvents)
+			}
 			for _, o := range with.outs {
 				if o.phase != argo.PhaseSucceeded {
 					t.Errorf("%s, guard: %s ended %s, want Succeeded", version, o.name, o.phase)
+				}
+				if o.failedEvents != 0 {
+					t.Errorf("%s, guard: %d WorkflowFailed Events about %s, which Succeeded", version, o.failedEvents, o.name)
 				}
 			}
 			if with.census.rows["create pods 429"]+with.census.rows[secondRow+"create pods 429"] == 0 && len(second) > 0 {
