@@ -230,6 +230,17 @@ type corpusResult struct {
 // it, as an operator must for the controller to run again, and restarted the controller.
 const phaseCrashed = "CrashedTheController"
 
+// phaseNotCreated is the result of a workflow the API server refused to create.
+const phaseNotCreated = "NotCreated"
+
+// notCreatedMessage is why the API server refused a workflow, "" for one it created.
+func notCreatedMessage(r *corpusResult) string {
+	if r.phase != phaseNotCreated {
+		return ""
+	}
+	return r.message
+}
+
 // crashMessage is the panic of a workflow that crashed the controller, "" for any other.
 func crashMessage(r *corpusResult) string {
 	if r.phase != phaseCrashed {
@@ -444,7 +455,7 @@ func corpusRun(t *testing.T, version string, guarded, stale bool, wfs []corpusWo
 		r := &corpusResult{}
 		results[w.key] = r
 		if err := c.Create(ctx, obj); err != nil {
-			r.done, r.phase, r.message = true, "NotCreated", err.Error()
+			r.done, r.phase, r.message = true, phaseNotCreated, err.Error()
 			continue
 		}
 		submitted = append(submitted, obj)
@@ -511,7 +522,7 @@ func corpusRun(t *testing.T, version string, guarded, stale bool, wfs []corpusWo
 	}
 	for _, w := range wfs {
 		r := results[w.key]
-		if r == nil || r.phase == "NotCreated" {
+		if r == nil || r.phase == phaseNotCreated {
 			continue
 		}
 		if msg, ok := sup.crashedBy(w.obj.GetName()); ok {
@@ -581,13 +592,15 @@ func (r *corpusResult) read(wf *unstructured.Unstructured, k *kubelet, writes []
 		if w.User != testenv.ControllerUser || !about(name, w.Namespace, w.Name) {
 			continue
 		}
-		decision, guardRole := "", ""
+		decision, guardRole, guardReason := "", "", ""
 		for key, v := range w.Annotations {
 			switch {
 			case strings.HasSuffix(key, ".exit-guard.io/decision"):
 				decision = v
 			case strings.HasSuffix(key, ".exit-guard.io/pod-kind"):
 				guardRole = v
+			case strings.HasSuffix(key, ".exit-guard.io/reason"):
+				guardReason = v
 			}
 		}
 		if w.Code == 429 || decision == "denied" {
@@ -616,6 +629,11 @@ func (r *corpusResult) read(wf *unstructured.Unstructured, k *kubelet, writes []
 			what := w.String()
 			if w.Resource == "pods" {
 				what += " " + stalePodRole(byName[w.Name], guardRole)
+			}
+			if w.Resource == "workflowtasksets" && guardReason != "" {
+				// Why the guard admitted or refused it: a write that adds no task hands the
+				// agent nothing (idle).
+				what += " (guard: " + guardReason + ")"
 			}
 			r.stale[what]++
 		}
@@ -1081,6 +1099,17 @@ func TestCorpus(t *testing.T) {
 				if a == nil || b == nil {
 					continue
 				}
+				if a.phase == phaseNotCreated || b.phase == phaseNotCreated {
+					// The API server refused it: nothing ran to compare.
+					refused := fmt.Sprintf("%s: the API server did not create it (without the guard: %s; with it: %s)",
+						w.key, orElse(notCreatedMessage(a), "created"), orElse(notCreatedMessage(b), "created"))
+					line.notRun = append(line.notRun, refused)
+					if (a.phase == phaseNotCreated) != (b.phase == phaseNotCreated) {
+						line.differences++
+						line.diffs = append(line.diffs, refused)
+					}
+					continue
+				}
 				if a.phase == phaseCrashed || b.phase == phaseCrashed {
 					// Left out, as a user's cluster would have to leave it out; a crash in one
 					// run only is a difference (the guard's doing, until shown otherwise).
@@ -1153,6 +1182,11 @@ func TestCorpus(t *testing.T) {
 						if (a.phase == phaseCrashed) != (b.phase == phaseCrashed) {
 							t.Errorf("%s %s", version, crash)
 						}
+						continue
+					}
+					if a.phase == phaseNotCreated || b.phase == phaseNotCreated {
+						line.staleNotCounted = append(line.staleNotCounted, fmt.Sprintf("%s: the API server did not create it in a stale run (without the guard: %s; with it: %s)",
+							w.key, orElse(notCreatedMessage(a), "created"), orElse(notCreatedMessage(b), "created")))
 						continue
 					}
 					if a.phase == "" || b.phase == "" {
