@@ -27,11 +27,15 @@ var writeVerbs = []string{"create", "update", "patch", "delete", "deletecollecti
 // JSON log they write.
 func AuditWrites(dir string, users ...string) (flags map[string]string, log string, err error) {
 	rule := map[string]any{"level": "Metadata", "users": users, "verbs": writeVerbs}
+	// A WorkflowTaskSet write's body too (Write.Request): whether it hands Argo's agent a task
+	// or only removes completed ones.
+	taskSets := map[string]any{"level": "Request", "users": users, "verbs": writeVerbs,
+		"resources": []any{map[string]any{"group": "argoproj.io", "resources": []string{"workflowtasksets"}}}}
 	policy := map[string]any{
 		"apiVersion": "audit.k8s.io/v1", "kind": "Policy",
 		// One event a request, once its answer is known.
 		"omitStages": []string{"RequestReceived", "ResponseStarted", "Panic"},
-		"rules":      []any{rule, map[string]any{"level": "None"}},
+		"rules":      []any{taskSets, rule, map[string]any{"level": "None"}},
 	}
 	raw, err := json.Marshal(policy) // JSON is YAML
 	if err != nil {
@@ -64,6 +68,8 @@ type Write struct {
 	// Annotations are the audit annotations of the request: admission webhooks' among them,
 	// under <webhook name>/<key> (the guard's pod-kind, decision, reason).
 	Annotations map[string]string
+	// Request is the request's body, for WorkflowTaskSet writes (a patch, or the object).
+	Request json.RawMessage
 }
 
 // String is the write as a census row names it: "create pods 201", "patch workflows/status 200".
@@ -93,6 +99,7 @@ type auditEvent struct {
 	} `json:"responseStatus"`
 	RequestReceived time.Time         `json:"requestReceivedTimestamp"`
 	Annotations     map[string]string `json:"annotations"`
+	RequestObject   json.RawMessage   `json:"requestObject"`
 }
 
 // ReadWrites reads the writes of the audit log at path (AuditWrites), in the order they were
@@ -115,7 +122,8 @@ func ReadWrites(path string) ([]Write, error) {
 			continue
 		}
 		w := Write{At: e.RequestReceived, User: e.User.Username, Verb: e.Verb, Resource: e.ObjectRef.Resource,
-			Subresource: e.ObjectRef.Subresource, Namespace: e.ObjectRef.Namespace, Name: e.ObjectRef.Name, Annotations: e.Annotations}
+			Subresource: e.ObjectRef.Subresource, Namespace: e.ObjectRef.Namespace, Name: e.ObjectRef.Name, Annotations: e.Annotations,
+			Request: e.RequestObject}
 		if e.ResponseStatus != nil {
 			w.Code = e.ResponseStatus.Code
 		}
