@@ -233,20 +233,31 @@ const phaseCrashed = "CrashedTheController"
 // phaseNotCreated is the result of a workflow the API server refused to create.
 const phaseNotCreated = "NotCreated"
 
-// notCreatedMessage is why the API server refused a workflow, "" for one it created.
-func notCreatedMessage(r *corpusResult) string {
-	if r.phase != phaseNotCreated {
-		return ""
-	}
-	return r.message
+// leftOutPhases are the results of a workflow that did not run to compare: what happened in a
+// run, and what is said of a run where it did not.
+var leftOutPhases = []struct{ phase, what, otherwise string }{
+	{phaseNotCreated, "the API server did not create it", "created"},
+	{phaseCrashed, "crashed Argo's controller", "did not crash it"},
 }
 
-// crashMessage is the panic of a workflow that crashed the controller, "" for any other.
-func crashMessage(r *corpusResult) string {
-	if r.phase != phaseCrashed {
-		return ""
+// leftOut says whether the workflow key did not run to compare in one of its two runs (a
+// without the guard, b with it), how the report lists it (where: which runs), and whether it
+// was so in one run only.
+func leftOut(key, where string, a, b *corpusResult) (text string, oneSided, out bool) {
+	for _, lp := range leftOutPhases {
+		if a.phase != lp.phase && b.phase != lp.phase {
+			continue
+		}
+		say := func(r *corpusResult) string {
+			if r.phase != lp.phase {
+				return lp.otherwise
+			}
+			return r.message
+		}
+		return fmt.Sprintf("%s: %s%s (without the guard: %s; with it: %s)", key, lp.what, where, say(a), say(b)),
+			(a.phase == lp.phase) != (b.phase == lp.phase), true
 	}
-	return r.message
+	return "", false, false
 }
 
 // maxControllerCrashes is how many times a run restarts a controller that crashed.
@@ -1141,26 +1152,13 @@ func TestCorpus(t *testing.T) {
 				if a == nil || b == nil {
 					continue
 				}
-				if a.phase == phaseNotCreated || b.phase == phaseNotCreated {
-					// The API server refused it: nothing ran to compare.
-					refused := fmt.Sprintf("%s: the API server did not create it (without the guard: %s; with it: %s)",
-						w.key, orElse(notCreatedMessage(a), "created"), orElse(notCreatedMessage(b), "created"))
-					line.notRun = append(line.notRun, refused)
-					if (a.phase == phaseNotCreated) != (b.phase == phaseNotCreated) {
+				if text, oneSided, out := leftOut(w.key, "", a, b); out {
+					// Left out, as a user's cluster would have to leave it out; in one run only
+					// it is a difference (the guard's doing, until shown otherwise).
+					line.notRun = append(line.notRun, text)
+					if oneSided {
 						line.differences++
-						line.diffs = append(line.diffs, refused)
-					}
-					continue
-				}
-				if a.phase == phaseCrashed || b.phase == phaseCrashed {
-					// Left out, as a user's cluster would have to leave it out; a crash in one
-					// run only is a difference (the guard's doing, until shown otherwise).
-					crash := fmt.Sprintf("%s: crashed Argo's controller (without the guard: %s; with it: %s)",
-						w.key, orElse(crashMessage(a), "did not crash it"), orElse(crashMessage(b), "did not crash it"))
-					line.notRun = append(line.notRun, crash)
-					if (a.phase == phaseCrashed) != (b.phase == phaseCrashed) {
-						line.differences++
-						line.diffs = append(line.diffs, crash)
+						line.diffs = append(line.diffs, text)
 					}
 					continue
 				}
@@ -1217,18 +1215,11 @@ func TestCorpus(t *testing.T) {
 					if a == nil || b == nil {
 						continue
 					}
-					if a.phase == phaseCrashed || b.phase == phaseCrashed {
-						crash := fmt.Sprintf("%s: crashed Argo's controller in a stale run (without the guard: %s; with it: %s)",
-							w.key, orElse(crashMessage(a), "did not crash it"), orElse(crashMessage(b), "did not crash it"))
-						line.staleNotCounted = append(line.staleNotCounted, crash)
-						if (a.phase == phaseCrashed) != (b.phase == phaseCrashed) {
-							t.Errorf("%s %s", version, crash)
+					if text, oneSided, out := leftOut(w.key, " in a stale run", a, b); out {
+						line.staleNotCounted = append(line.staleNotCounted, text)
+						if oneSided {
+							t.Errorf("%s %s", version, text)
 						}
-						continue
-					}
-					if a.phase == phaseNotCreated || b.phase == phaseNotCreated {
-						line.staleNotCounted = append(line.staleNotCounted, fmt.Sprintf("%s: the API server did not create it in a stale run (without the guard: %s; with it: %s)",
-							w.key, orElse(notCreatedMessage(a), "created"), orElse(notCreatedMessage(b), "created")))
 						continue
 					}
 					if a.phase == "" || b.phase == "" {
