@@ -72,28 +72,7 @@ func runHandover(t *testing.T, version, how string, mode guardMode) *handover {
 	if how == byLeaderMove {
 		sc.leader = "a"
 	}
-	sc.drive = func(ctx context.Context, t *testing.T, r rig) []*unstructured.Unstructured {
-		var wfs []*unstructured.Unstructured
-		for range 3 {
-			wf := referenceWorkflow(false)
-			if err := r.c.Create(ctx, wf); err != nil {
-				t.Fatal(err)
-			}
-			wfs = append(wfs, wf)
-		}
-		err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
-			for _, wf := range wfs {
-				if !runsAPod(ctx, r.c, wf) {
-					return false, nil
-				}
-			}
-			return true, nil
-		})
-		if err != nil {
-			t.Fatalf("the workflows did not all run a pod within 2 minutes: %v", err)
-		}
-		return wfs
-	}
+	sc.drive = startThreeRunning
 	sc.afterRun = func(ctx context.Context, r rig, wfs []*unstructured.Unstructured) {
 		if r.ctrlProxy == nil {
 			t.Fatal("the handover needs the controller behind the lagging proxy")
@@ -128,6 +107,32 @@ func runHandover(t *testing.T, version, how string, mode guardMode) *handover {
 	}
 	h.outs = runScenario(t, sc)
 	return h
+}
+
+// startThreeRunning creates three reference workflows that succeed and waits until each runs
+// a pod (a scenario's drive).
+func startThreeRunning(ctx context.Context, t *testing.T, r rig) []*unstructured.Unstructured {
+	t.Helper()
+	var wfs []*unstructured.Unstructured
+	for range 3 {
+		wf := referenceWorkflow(false)
+		if err := r.c.Create(ctx, wf); err != nil {
+			t.Fatal(err)
+		}
+		wfs = append(wfs, wf)
+	}
+	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+		for _, wf := range wfs {
+			if !runsAPod(ctx, r.c, wf) {
+				return false, nil
+			}
+		}
+		return true, nil
+	})
+	if err != nil {
+		t.Fatalf("the workflows did not all run a pod within 2 minutes: %v", err)
+	}
+	return wfs
 }
 
 // runsAPod says whether wf runs and has a pod node not yet complete.
