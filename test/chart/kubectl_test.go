@@ -76,7 +76,8 @@ func TestTheDocsKubectlRecipes(t *testing.T) {
 		if err := env.Client.Create(t.Context(), dep); err != nil {
 			t.Fatal(err)
 		}
-		// The argo-helm shape: <release>-workflow-controller, its own ServiceAccount.
+		// The argo-helm shape, with its naming rule: release aw gives the ServiceAccount
+		// aw-argo-workflows-workflow-controller.
 		rendered := decodeAll(t, runHelm(t, "template", "aw", filepath.Join("testdata", "argo-workflows-standin"), "--namespace", helmNS))
 		for _, o := range rendered {
 			o.SetNamespace(helmNS)
@@ -88,7 +89,7 @@ func TestTheDocsKubectlRecipes(t *testing.T) {
 		if err != nil {
 			t.Fatalf("the recipe failed: %v\n%s", err, out)
 		}
-		for _, want := range []string{"system:serviceaccount:" + upstream + ":argo", "system:serviceaccount:" + helmNS + ":aw-workflow-controller"} {
+		for _, want := range []string{"system:serviceaccount:" + upstream + ":argo", "system:serviceaccount:" + helmNS + ":aw-argo-workflows-workflow-controller"} {
 			if !strings.Contains(out, want+"\n") {
 				t.Errorf("the recipe does not print %s:\n%s", want, out)
 			}

@@ -56,11 +56,16 @@ func TestSidecarSnippetMatchesTheChart(t *testing.T) {
 	standalone := convert[appsv1.Deployment](t, only(t, render(t, profiles[0], "exit-guard", "argo"), "Deployment"))
 	want := standalone.Spec.Template.Spec.Containers[0]
 	// The chart's arguments, with the sidecar's own probe port (sidecar.probePort: the
-	// controller's pod has 8081 taken) and --restart-on-failure.
+	// controller's pod has 8081 taken), the controller's ServiceAccount as the expected
+	// requester (the argo-workflows chart's for its release argo-workflows), and
+	// --restart-on-failure.
 	wantArgs := slices.Clone(want.Args)
 	for i, a := range wantArgs {
 		if strings.HasPrefix(a, "--health-probe-bind-address=") {
 			wantArgs[i] = "--health-probe-bind-address=:8082"
+		}
+		if strings.HasPrefix(a, "--expected-requester=") {
+			wantArgs[i] = "--expected-requester=system:serviceaccount:argo:argo-workflows-workflow-controller"
 		}
 	}
 	if diff := cmp.Diff(append(wantArgs, "--restart-on-failure"), c.Args); diff != "" {

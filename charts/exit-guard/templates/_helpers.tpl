@@ -42,7 +42,7 @@ annotations:
 {{/* The ServiceAccount the guard runs as. */}}
 {{- define "exit-guard.serviceAccountName" -}}
 {{- if eq .Values.installMode "sidecar" }}
-{{- .Values.sidecar.controllerServiceAccount }}
+{{- include "exit-guard.controllerServiceAccount" . }}
 {{- else if .Values.serviceAccount.create }}
 {{- default (include "exit-guard.fullname" .) .Values.serviceAccount.name }}
 {{- else }}
@@ -301,9 +301,9 @@ values, into examples/sidecar-values.yaml (make manifests).
 # workflow-controller, rendered by exit-guard's chart (release {{ .Release.Name }} in {{ .Release.Namespace }}, installMode
 # sidecar) from its values: add them to Argo's release with helm upgrade ... -f <this file>
 # (docs/sidecar.md). The certificate volume is optional, so that Argo's controller pod starts
-# without exit-guard's Secret. Set guard.expectedRequester in exit-guard's values to the
-# controller's ServiceAccount (system:serviceaccount:<namespace>:<name>) to count other users'
-# requests apart.
+# without exit-guard's Secret. The guard expects requests from
+# {{ include "exit-guard.expectedRequester" . }} (guard.expectedRequester, by default the
+# controller's ServiceAccount: sidecar.argoRelease or sidecar.controllerServiceAccount).
 controller:
   extraContainers:
     - {{ include "exit-guard.sidecarContainer" . | nindent 6 | trim }}
@@ -325,9 +325,31 @@ controller:
     {{- end }}
 {{- end }}
 
-{{/* The user the guard expects to send what it judges (guard.expectedRequester). */}}
+{{/*
+The workflow-controller's ServiceAccount in sidecar mode: sidecar.controllerServiceAccount, or
+argo-helm's name for the release sidecar.argoRelease (its argo-workflows.fullname, then
+"-workflow-controller", each cut to 63 characters as argo-helm cuts them).
+*/}}
+{{- define "exit-guard.controllerServiceAccount" -}}
+{{- if .Values.sidecar.controllerServiceAccount }}
+{{- .Values.sidecar.controllerServiceAccount }}
+{{- else }}
+{{- $release := .Values.sidecar.argoRelease }}
+{{- $fullname := ternary $release (printf "%s-argo-workflows" $release) (contains "argo-workflows" $release) | trunc 63 | trimSuffix "-" }}
+{{- printf "%s-workflow-controller" $fullname | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+
+{{/*
+The user the guard expects to send what it judges: guard.expectedRequester, or in sidecar mode
+the controller's ServiceAccount, which the chart knows.
+*/}}
 {{- define "exit-guard.expectedRequester" -}}
+{{- if .Values.guard.expectedRequester }}
 {{- .Values.guard.expectedRequester }}
+{{- else if eq .Values.installMode "sidecar" }}
+{{- printf "system:serviceaccount:%s:%s" .Release.Namespace (include "exit-guard.controllerServiceAccount" .) }}
+{{- end }}
 {{- end }}
 
 {{/* The volume of the API server's client CA (webhook.clientAuth). */}}
