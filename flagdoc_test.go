@@ -16,9 +16,9 @@ import (
 
 var updateDocs = flag.Bool("update-docs", false, "write docs/flags.md from the command line (make manifests)")
 
-// flagReference is docs/flags.md: every flag of the guard and of `exit-guard check`, as the
-// binary defines them.
-func flagReference(guard, check *flag.FlagSet) string {
+// flagReference is docs/flags.md: every flag of the guard, of `exit-guard check` and of
+// `exit-guard affected`, as the binary defines them.
+func flagReference(guard, check, affected *flag.FlagSet) string {
 	var b strings.Builder
 	b.WriteString(`# Command-line reference
 
@@ -51,6 +51,8 @@ prints the same, grouped the same way.
 	}
 	b.WriteString("## exit-guard check\n\n`exit-guard check [flags]` proves, with a dry-run exit-handler pod, that the API server calls the guard and that it refuses the pod (`helm test` runs it).\n\n")
 	table(check, func(string) bool { return true })
+	b.WriteString("## exit-guard affected\n\n`exit-guard affected [flags]` runs before an install, with a kubeconfig alone: it finds Argo's workflow controllers by their labels, says of each whether it sends what the guard refuses, why, and the fix upstream offers, and exits 0 (not affected), 1 (affected), 2 (error) or 3 (cannot tell, or no controller found) ([`docs/install.md`](install.md#before-you-install-do-you-need-it)).\n\n")
+	table(affected, func(string) bool { return true })
 	return strings.TrimSuffix(b.String(), "\n")
 }
 
@@ -61,7 +63,8 @@ func TestFlagReference(t *testing.T) {
 	t.Setenv("POD_NAMESPACE", "")
 	_, guard := newFlagSet()
 	_, check := newCheckFlagSet()
-	got := flagReference(guard, check)
+	_, affected := newAffectedFlagSet()
+	got := flagReference(guard, check, affected)
 	path := filepath.Join("docs", "flags.md")
 	if *updateDocs {
 		if err := os.WriteFile(path, []byte(got), 0o644); err != nil { //nolint:gosec // G306: a document of the repository
@@ -76,7 +79,7 @@ func TestFlagReference(t *testing.T) {
 	if string(want) != got {
 		t.Errorf("%s is not what the binary's flags say: run make manifests (go test -run '^TestFlagReference$' . -update-docs)", path)
 	}
-	if rows, n := strings.Count(string(want), "\n| `--"), countFlags(guard)+countFlags(check); rows != n {
+	if rows, n := strings.Count(string(want), "\n| `--"), countFlags(guard)+countFlags(check)+countFlags(affected); rows != n {
 		t.Errorf("%s has %d flag rows, the binary %d flags", path, rows, n)
 	}
 }

@@ -375,6 +375,8 @@ func newFlagSet() (*flags, *flag.FlagSet) {
   exit-guard [flags]          run the guard (the chart's Deployment or sidecar does)
   exit-guard check [flags]    prove, with a dry-run exit-handler pod, that the API server calls the guard
                               and that it answers (helm test runs it; exit-guard check -h for its flags)
+  exit-guard affected [flags] before installing: find Argo's workflow controllers and say whether each
+                              sends what the guard refuses (read-only; exit-guard affected -h for its flags)
   exit-guard --version        print the version, commit and build date
 `)
 		for _, g := range flagGroups {

@@ -35,6 +35,9 @@ func main() {
 	if len(os.Args) > 1 && os.Args[1] == "check" {
 		os.Exit(runCheck(os.Args[2:]))
 	}
+	if len(os.Args) > 1 && os.Args[1] == "affected" {
+		os.Exit(runAffected(os.Args[2:], os.Stdout))
+	}
 	f, err := parseFlags(os.Args[1:])
 	if err != nil {
 		os.Exit(usageExit(err))

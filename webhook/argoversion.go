@@ -2,14 +2,13 @@ package webhook
 
 import (
 	"fmt"
-	"regexp"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/exit-guard/exit-guard/internal/argorelease"
 )
 
 // What Argo Workflows release the pods the guard judges were made by, read from their executor
@@ -18,64 +17,28 @@ import (
 // helm test). It is observed only: no decision reads it, so a wrong reading changes what the
 // guard says, never what it refuses or admits.
 
-// exposure is what the "Am I affected?" table says of an Argo release.
-type exposure string
+// exposure is what the "Am I affected?" table says of an Argo release (internal/argorelease).
+type exposure = argorelease.Exposure
 
 const (
-	exposureExposed     exposure = "exposed"
-	exposureWriteBack   exposure = "exposed-with-informer-write-back"
-	exposureFixed       exposure = "fixed"
-	exposureOlder       exposure = "older-than-supported"
-	exposureUnknown     exposure = "unknown"
-	maxArgoVersionsSeen          = 16
+	exposureExposed     = argorelease.Exposed
+	exposureWriteBack   = argorelease.WriteBack
+	exposureFixed       = argorelease.Fixed
+	exposureOlder       = argorelease.Older
+	exposureUnknown     = argorelease.Unknown
+	maxArgoVersionsSeen = 16
 )
 
 // exposureWords say what an exposure means for the guard, in the log line and the dry run's
 // warning.
-var exposureWords = map[exposure]string{
-	exposureExposed:   "this line sends stale passes (README, Am I affected?): the guard refuses what they send",
-	exposureWriteBack: "exposed only when the controller runs with INFORMER_WRITE_BACK=true, which the guard cannot see; with 4.0's default the guard adds nothing measured",
-	exposureFixed:     "this release carries upstream's fix: with one controller at a time the guard adds nothing measured; two controllers at once (LEADER_ELECTION_DISABLE=true, argo-workflows #16034) send false exit handlers on it too, which the guard refuses",
-	exposureOlder:     "older than the lines the guard was proved on (3.4 and later): exposed, not measured",
-	exposureUnknown:   "the executor image's tag is not a release (a retagged, mirrored under another tag, or digest-only image): the guard cannot tell; compare your controller's version with the README's Am I affected?",
-}
-
-var releaseTag = regexp.MustCompile(`^v?(\d+)\.(\d+)\.(\d+)`)
+var exposureWords = argorelease.Words
 
 // exposureOf holds an Argo release (a tag such as v3.5.14) against the "Am I affected?" table.
-func exposureOf(tag string) exposure {
-	m := releaseTag.FindStringSubmatch(tag)
-	if m == nil {
-		return exposureUnknown
-	}
-	major, _ := strconv.Atoi(m[1])
-	minor, _ := strconv.Atoi(m[2])
-	patch, _ := strconv.Atoi(m[3])
-	switch {
-	case major < 3 || major == 3 && minor < 4:
-		return exposureOlder
-	case major == 3 && minor < 7, major == 3 && minor == 7 && patch <= 15:
-		return exposureExposed
-	case major == 3:
-		return exposureFixed
-	case major == 4 && minor == 0 && patch <= 6:
-		return exposureWriteBack
-	default:
-		return exposureFixed
-	}
-}
+func exposureOf(tag string) exposure { return argorelease.Of(tag) }
 
 // executorTag is the tag of an executor image ("v3.5.14" of quay.io/argoproj/argoexec:v3.5.14),
 // or "" for an image named by digest alone or without a tag.
-func executorTag(image string) string {
-	image, _, _ = strings.Cut(image, "@")
-	last := image[strings.LastIndex(image, "/")+1:]
-	_, tag, ok := strings.Cut(last, ":")
-	if !ok {
-		return ""
-	}
-	return tag
-}
+func executorTag(image string) string { return argorelease.ImageTag(image) }
 
 // argoVersions keeps the Argo releases seen on the pods judged (at most maxArgoVersionsSeen,
 // the metric's series), their gauge, and the last image seen, so that the pod of the same
@@ -100,9 +63,7 @@ type argoVersions struct {
 
 // exposureRank orders exposures from the least to the most exposed: the summary says the
 // highest seen, and the bound evicts the lowest first.
-var exposureRank = map[exposure]int{
-	exposureFixed: 0, exposureUnknown: 1, exposureOlder: 2, exposureWriteBack: 3, exposureExposed: 4,
-}
+var exposureRank = argorelease.Rank
 
 func newArgoVersions(log logr.Logger, anyRequester bool) *argoVersions {
 	return &argoVersions{log: log, anyRequester: anyRequester, seen: map[string]exposure{}, order: map[string]int{},
