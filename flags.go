@@ -7,7 +7,6 @@ import (
 	"io"
 	"os"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
@@ -38,10 +37,6 @@ type flags struct {
 
 	// set holds the flags given on the command line (flag.Visit), apart from their defaults.
 	set map[string]bool
-	// oldCover holds the deprecated coverage flags given (deprecatedCover), applied after the
-	// command line is parsed; deprecated are notes on them, for main to log.
-	oldCover   map[string]bool
-	deprecated []string
 }
 
 // serving is how the process serves: its endpoints, its certificate files, its shutdown.
@@ -178,63 +173,6 @@ func (f *flags) guardOptions() (completionstore.Options, webhook.Options) {
 	return f.store, f.guard
 }
 
-// deprecatedCover is one of the boolean flags that said what was covered before --cover
-// (--cover-hooks, --cover-steps, --strict): each still parses and leaves a deprecation note
-// that main logs; applyDeprecatedCover applies them after --cover, whatever their order. Only a
-// value away from the old default acts: --strict=true covers every pod (whatever the other two
-// say, as it did), --cover-hooks=true adds hooks, --cover-steps=false leaves steps out. Their
-// old defaults (--cover-hooks=false, --cover-steps=true, --strict=false), which every release
-// of the chart rendered, cannot say what a user chose, and change nothing.
-type deprecatedCover struct {
-	f    *flags
-	name string
-}
-
-func (d deprecatedCover) IsBoolFlag() bool { return true }
-
-// String is what -h prints a default against: empty, so that none is shown.
-func (d deprecatedCover) String() string { return "" }
-
-func (d deprecatedCover) Set(s string) error {
-	v, err := strconv.ParseBool(s)
-	if err != nil {
-		return err
-	}
-	if d.f.oldCover == nil {
-		d.f.oldCover = map[string]bool{}
-	}
-	d.f.oldCover[d.name] = v
-	return nil
-}
-
-// applyDeprecatedCover applies the deprecated coverage flags given (deprecatedCover) to
-// --cover, and notes each for main to log.
-func (f *flags) applyDeprecatedCover() {
-	c := &f.guard.Cover
-	switch {
-	case f.oldCover["strict"]:
-		*c = webhook.Coverage{}
-	default:
-		if f.oldCover["cover-hooks"] {
-			c.NoHooks = false
-		}
-		if v, ok := f.oldCover["cover-steps"]; ok && !v {
-			c.NoSteps = true
-		}
-	}
-	for _, name := range []string{"cover-hooks", "cover-steps", "strict"} {
-		v, ok := f.oldCover[name]
-		if !ok {
-			continue
-		}
-		note := fmt.Sprintf("--%s=%t is deprecated: use --cover", name, v)
-		if name == "cover-hooks" && !v {
-			note += " (hooks are covered by default now; --cover=exit-handlers,steps leaves them out)"
-		}
-		f.deprecated = append(f.deprecated, note+"; the coverage is --cover="+c.String())
-	}
-}
-
 // listFlag is a comma-separated list as a flag.Value: empty items are dropped.
 type listFlag []string
 
@@ -263,7 +201,6 @@ func parseFlags(args []string) (*flags, error) {
 	}
 	f.set = map[string]bool{}
 	fs.Visit(func(fl *flag.Flag) { f.set[fl.Name] = true })
-	f.applyDeprecatedCover()
 	return f, nil
 }
 
@@ -304,12 +241,6 @@ func newFlagSet() (*flags, *flag.FlagSet) {
 		"What the store alone may refuse when no live read answers within the budget: requeue (workflows seen deleted; for workflows seen completed, the pods Argo's controller sends again on its next pass, and the rest as fresh), fresh (workflows seen deleted; workflows seen completed while the store's newest write is younger than --store-fresh-for), tombstone (only workflows seen deleted) or completion (workflows seen deleted or completed, whatever is refused: a refused agent pod fails a retried workflow on Argo 3.4 and 3.5).")
 	fs.Var(&f.guard.Cover, "cover",
 		"Which pods of a completed workflow to refuse: all (the default: exit handlers, the agent, lifecycle hooks at every level and ordinary steps), or a comma-separated list of exit-handlers, hooks and steps (exit-handler and agent pods are always judged).")
-	fs.Var(deprecatedCover{f, "cover-hooks"}, "cover-hooks",
-		"Deprecated: use --cover. true covers lifecycle-hook pods (the default now); false, the old default, no longer leaves them out: --cover=exit-handlers,steps does.")
-	fs.Var(deprecatedCover{f, "cover-steps"}, "cover-steps",
-		"Deprecated: use --cover. false leaves step pods out, as --cover=exit-handlers,hooks does; true, the old default, changes nothing.")
-	fs.Var(deprecatedCover{f, "strict"}, "strict",
-		"Deprecated: use --cover. true covers every pod, whatever --cover and the other two say (as it did); false, the old default, changes nothing.")
 	fs.BoolVar(&f.guard.StoreFirst, "store-first", f.guard.StoreFirst,
 		"Admit exit-handler pods from the store without a live read when it holds no completion (lower latency; a lagging watch then lets stale pods through).")
 	fs.DurationVar(&f.guard.LiveReadTimeout, "live-read-timeout", f.guard.LiveReadTimeout,

@@ -50,9 +50,6 @@ func main() {
 	setupLog := ctrl.Log.WithName("setup")
 	v, c, d := buildVersion()
 	setupLog.Info("exit-guard starting", "version", v, "commit", c, "built", d)
-	for _, note := range f.deprecated {
-		setupLog.Info("deprecated flag", "note", note)
-	}
 	if limit, ok, err := setMemoryLimit(); err != nil {
 		setupLog.Error(err, "invalid environment")
 		os.Exit(2)

@@ -38,7 +38,6 @@ func TestFlagsBecomeGuardOptions(t *testing.T) {
 		{name: "an unknown coverage is refused", args: []string{"--cover=exit-handlers,pods"}, wantErr: true},
 		{name: "an empty coverage is refused", args: []string{"--cover="}, wantErr: true},
 		{name: "an unknown mode is refused", args: []string{"--mode=block"}, wantErr: true},
-		{name: "--cover-steps takes a boolean", args: []string{"--cover-steps=maybe"}, wantErr: true},
 		{name: "a non-terminal deny phase is refused", args: []string{"--deny-phases=Running"}, wantErr: true},
 		{name: "an empty deny-phase list is refused", args: []string{"--deny-phases=,"}, wantErr: true},
 		{name: "an unknown store fallback is refused", args: []string{"--store-fallback=always"}, wantErr: true},
@@ -128,53 +127,14 @@ func TestVersion(t *testing.T) {
 	}
 }
 
-// TestDeprecatedCoverFlags: the flags that said what was covered before --cover still parse,
-// each leaves a note that main logs, and the chart's rendering of every earlier release
-// (--cover-hooks=false --cover-steps=true --strict=false, the old defaults) now covers every pod.
-func TestDeprecatedCoverFlags(t *testing.T) {
-	tests := []struct {
-		name    string
-		args    []string
-		want    webhook.Coverage
-		wantErr bool
-	}{
-		{name: "the old chart's defaults cover every pod", args: []string{"--cover-hooks=false", "--cover-steps=true", "--strict=false"}, want: webhook.Coverage{}},
-		{name: "--cover-hooks=false no longer leaves hooks out", args: []string{"--cover-hooks=false"}, want: webhook.Coverage{}},
-		{name: "--cover-steps=false leaves steps out, as it did", args: []string{"--cover-hooks=false", "--cover-steps=false", "--strict=false"}, want: webhook.Coverage{NoSteps: true}},
-		{name: "--cover-hooks adds hooks to a narrower --cover", args: []string{"--cover=exit-handlers", "--cover-hooks"}, want: webhook.Coverage{NoSteps: true}},
-		{name: "--cover-steps=true, the old default, changes nothing", args: []string{"--cover=exit-handlers", "--cover-steps=true"}, want: webhook.Coverage{NoHooks: true, NoSteps: true}},
-		{name: "--strict covers every pod", args: []string{"--cover=exit-handlers", "--strict"}, want: webhook.Coverage{}},
-		{name: "--strict wins over --cover-steps=false, whatever the order, as it did", args: []string{"--strict", "--cover-steps=false"}, want: webhook.Coverage{}},
-		{name: "--strict wins over a --cover given after it", args: []string{"--strict", "--cover=exit-handlers"}, want: webhook.Coverage{}},
-		{name: "--cover-steps takes a boolean", args: []string{"--cover-steps=maybe"}, wantErr: true},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			f, err := parseFlags(tt.args)
-			if (err != nil) != tt.wantErr {
-				t.Fatalf("parseFlags error = %v, want error %v", err, tt.wantErr)
-			}
-			if tt.wantErr {
-				return
-			}
-			if _, opts := f.guardOptions(); opts.Cover != tt.want {
-				t.Errorf("coverage = %v, want %v", opts.Cover, tt.want)
-			}
-			deprecated := 0
-			for _, a := range tt.args {
-				if !strings.HasPrefix(a, "--cover=") {
-					deprecated++
-				}
-			}
-			if len(f.deprecated) != deprecated {
-				t.Errorf("deprecation notes = %q, want one for each of the %d deprecated flags", f.deprecated, deprecated)
-			}
-			for _, note := range f.deprecated {
-				if !strings.Contains(note, "is deprecated: use --cover") || !strings.Contains(note, "the coverage is --cover="+tt.want.String()) {
-					t.Errorf("note %q does not say to use --cover and what the coverage is", note)
-				}
-			}
-		})
+// TestNoCoverFlagButCover: a first release carries no deprecated flag. The three that said what
+// was covered before --cover are refused as unknown, so a command line that names one fails at
+// start-up, saying which, rather than guarding other pods than it says.
+func TestNoCoverFlagButCover(t *testing.T) {
+	for _, name := range []string{"cover-hooks", "cover-steps", "strict"} {
+		if _, err := parseFlags([]string{"--" + name + "=true"}); err == nil || !strings.Contains(err.Error(), name) {
+			t.Errorf("--%s=true: error %v, want it refused by name", name, err)
+		}
 	}
 }
 

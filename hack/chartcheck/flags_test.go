@@ -23,9 +23,6 @@ var notChartValues = map[string]string{
 	"zap-devel":            "logging.level and logging.format cover what a cluster needs",
 	"zap-stacktrace-level": "logging.level and logging.format cover what a cluster needs",
 	"zap-time-encoding":    "the chart's logs use ISO 8601, the binary's default",
-	"cover-hooks":          "deprecated: the chart sets --cover from guard.cover",
-	"cover-steps":          "deprecated: the chart sets --cover from guard.cover",
-	"strict":               "deprecated: the chart sets --cover from guard.cover",
 }
 
 // TestEveryFlagIsAChartValue: every flag of the guard (docs/flags.md, which TestFlagReference

@@ -63,11 +63,6 @@ func TestAlertRules(t *testing.T) {
 	if slices.Contains(alertNames(t, scoped.Object["spec"]), "ExitGuardWatchStalled") {
 		t.Errorf("ExitGuardWatchStalled is rendered with guard.namespaces, where only events move the watch's progress")
 	}
-	// The refusal alert's previous name, for this release, for routes that match it.
-	previous := alertNames(t, only(t, render(t, profile{name: "previous-names", set: []string{"prometheusRule.enabled=true", "prometheusRule.previousAlertNames=true"}}, "exit-guard", "argo"), "PrometheusRule").Object["spec"])
-	if !slices.Contains(previous, "ExitGuardDeniedExitHandler") || slices.Contains(previous, "ExitGuardStaleCopyRefused") {
-		t.Errorf("with prometheusRule.previousAlertNames the alerts are %v, want ExitGuardDeniedExitHandler in place of ExitGuardStaleCopyRefused", previous)
-	}
 	for _, args := range [][]string{{"check", "rules", "rules.yaml"}, {"test", "rules", "alerts_test.yaml"}} {
 		cmd := exec.Command(promtool(t), args...) //nolint:gosec // G204: the pinned promtool of this repository
 		cmd.Dir = dir

@@ -97,15 +97,6 @@ var profiles = []profile{
 	{name: "exit-handlers-and-hooks", set: []string{`guard.cover=exit-handlers\,hooks`}},
 	{name: "exit-handlers-and-steps", set: []string{`guard.cover=exit-handlers\,steps`}},
 	{name: "exit-handlers-only", set: []string{"guard.cover=exit-handlers"}},
-	// The values an upgrade with --reuse-values keeps from a release before guard.cover: the
-	// keys it replaced, at their defaults of then, and no guard.cover or guard.hookStepReadBudget.
-	{name: "values-before-cover", set: []string{"guard.cover=null", "guard.hookStepReadBudget=null", "guard.storeRefusalsFor=null",
-		"guard.coverHooks=false", "guard.coverSteps=true", "guard.strict=false"}},
-	// From a release with strict on and steps off: strict won, as it does now.
-	{name: "values-before-cover-strict", set: []string{"guard.cover=null", "guard.coverSteps=false", "guard.strict=true"}},
-	// The same, from a release that had left steps out.
-	{name: "values-before-cover-without-steps", set: []string{"guard.cover=null", "guard.hookStepReadBudget=null",
-		"guard.coverHooks=false", "guard.coverSteps=false", "guard.strict=false"}},
 	{name: "fail-closed", set: []string{"webhook.failurePolicy=Fail", "webhook.timeoutSeconds=3", "guard.liveReadBudget=2s"}},
 	{name: "sidecar", set: []string{"installMode=sidecar"}},
 	{name: "sidecar-chart-certificates", set: []string{"installMode=sidecar", "certificates.mode=chart"}},

@@ -58,7 +58,7 @@ func TestTuningValuesLandWhereTheySay(t *testing.T) {
 			t.Errorf("PDB %+v, want minAvailable 50%%", pdb.Spec)
 		}
 	})
-	t.Run("coverage and the values of a release before guard.cover", func(t *testing.T) {
+	t.Run("coverage", func(t *testing.T) {
 		coverage := []string{"not-a-lifecycle-hook-pod", "exit-handler-hook-or-agent-pod", "exit-handler-or-agent-pod"}
 		for _, p := range []struct {
 			profile   string
@@ -66,9 +66,6 @@ func TestTuningValuesLandWhereTheySay(t *testing.T) {
 			condition string // the match condition of coverage, or none
 		}{
 			{"default", []string{"--cover=all", "--hook-step-read-budget=750ms"}, ""},
-			{"values-before-cover", []string{"--cover=all", "--hook-step-read-budget=750ms", "--store-refusals-for=2m"}, ""},
-			{"values-before-cover-strict", []string{"--cover=all"}, ""},
-			{"values-before-cover-without-steps", []string{"--cover=exit-handlers,hooks"}, "exit-handler-hook-or-agent-pod"},
 			{"exit-handlers-and-hooks", []string{"--cover=exit-handlers,hooks"}, "exit-handler-hook-or-agent-pod"},
 			{"exit-handlers-and-steps", []string{"--cover=exit-handlers,steps"}, "not-a-lifecycle-hook-pod"},
 			{"exit-handlers-only", []string{"--cover=exit-handlers"}, "exit-handler-or-agent-pod"},
@@ -140,10 +137,14 @@ func TestTuningValuesLandWhereTheySay(t *testing.T) {
 		if img := convert[appsv1.Deployment](t, only(t, old, "Deployment")).Spec.Template.Spec.Containers[0].Image; img != "registry.example.com:5000/platform/exit-guard:"+chartVersion(t) {
 			t.Errorf("image.repository naming a registry: %s", img)
 		}
-		args := append([]string{"template", "eg", chartDir, "--namespace", "argo", "--kube-version", testenv.KubeVersion()},
-			"--set", "prometheusRule.enabled=true", "--set", "prometheusRule.disabled.ExitGuardNoSuchAlert=true")
-		if out, err := exec.CommandContext(t.Context(), helm(t), args...).CombinedOutput(); err == nil || !strings.Contains(string(out), "ExitGuardNoSuchAlert, which is not an alert") { //nolint:gosec // G204: the pinned helm of this repository
-			t.Errorf("a disabled name that is no alert rendered, or without saying so: %v\n%s", err, out)
+		// A name no alert has, and a name no released chart ever gave an alert (the refusal
+		// alert's name before the first release), are refused: accepted, they would turn nothing off.
+		for _, name := range []string{"ExitGuardNoSuchAlert", "ExitGuardDeniedExitHandler"} {
+			args := append([]string{"template", "eg", chartDir, "--namespace", "argo", "--kube-version", testenv.KubeVersion()},
+				"--set", "prometheusRule.enabled=true", "--set", "prometheusRule.disabled."+name+"=true")
+			if out, err := exec.CommandContext(t.Context(), helm(t), args...).CombinedOutput(); err == nil || !strings.Contains(string(out), name+", which is not an alert") { //nolint:gosec // G204: the pinned helm of this repository
+				t.Errorf("prometheusRule.disabled.%s rendered, or without saying so: %v\n%s", name, err, out)
+			}
 		}
 	})
 	t.Run("secure metrics, the chart's scraper", func(t *testing.T) {

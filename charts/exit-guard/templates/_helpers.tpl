@@ -119,20 +119,11 @@ wins, so it would override the value past the chart's checks (timings, certifica
 {{- end }}
 {{- end }}
 
-{{/*
-The pods the guard judges, as --cover takes them: guard.cover ("all" when the values lack it: an
-upgrade with --reuse-values keeps the values of a release that predates it), changed by the values
-it replaces where a release set them away from their defaults: strict=true covers every pod
-(whatever the other two say, as it did), coverHooks=true adds hooks, coverSteps=false leaves steps
-out. Their defaults (coverHooks=false, coverSteps=true, strict=false) change nothing: every
-release kept them in its values, so they cannot say what a user chose.
-*/}}
+{{/* The pods the guard judges, as --cover takes them, from guard.cover. */}}
 {{- define "exit-guard.cover" -}}
-{{- $g := .Values.guard }}
-{{- $items := splitList "," (ternary $g.cover "all" (and (hasKey $g "cover") (ne (toString $g.cover) "<nil>"))) }}
-{{- $hooks := or (has "all" $items) (has "hooks" $items) (eq (toString $g.coverHooks) "true") (eq (toString $g.strict) "true") }}
-{{- $steps := or (has "all" $items) (has "steps" $items) (eq (toString $g.strict) "true") }}
-{{- if and (eq (toString $g.coverSteps) "false") (ne (toString $g.strict) "true") }}{{ $steps = false }}{{ end }}
+{{- $items := splitList "," .Values.guard.cover }}
+{{- $hooks := or (has "all" $items) (has "hooks" $items) }}
+{{- $steps := or (has "all" $items) (has "steps" $items) }}
 {{- if and $hooks $steps }}all{{ else }}exit-handlers{{ if $hooks }},hooks{{ end }}{{ if $steps }},steps{{ end }}{{ end }}
 {{- end }}
 
