@@ -51,9 +51,6 @@ type schemaNode struct {
 	Enum                 []any                  `json:"enum"`
 	Properties           map[string]*schemaNode `json:"properties"`
 	AdditionalProperties any                    `json:"additionalProperties"`
-	// Deprecated: a value the chart still honours from an earlier release's values, and no
-	// longer sets in values.yaml.
-	Deprecated bool `json:"deprecated"`
 }
 
 // TestSchemaAndValuesNameTheSameKeys walks values.yaml and values.schema.json together: every
@@ -93,8 +90,8 @@ func TestSchemaAndValuesNameTheSameKeys(t *testing.T) {
 				walk(p, m, sub)
 			}
 		}
-		for k, sub := range s.Properties {
-			if _, ok := v[k]; !ok && !sub.Deprecated {
+		for k := range s.Properties {
+			if _, ok := v[k]; !ok {
 				t.Errorf("values.schema.json has %s, which values.yaml does not", strings.TrimPrefix(path+"."+k, "."))
 			}
 		}
@@ -103,6 +100,65 @@ func TestSchemaAndValuesNameTheSameKeys(t *testing.T) {
 }
 
 func sortedKeys(m map[string]any) []string { return slices.Sorted(maps.Keys(m)) }
+
+// TestEveryValueTheDocsNameExists reads the runbooks and every other page a user acts from
+// (docs/*.md, the README, the chart's README and NOTES): every value they name in backticks
+// (`prometheusRule.notReadyFor`, `webhook.timeoutSeconds=3`) is a key of values.schema.json,
+// so that no runbook sends anyone to a key the schema refuses.
+func TestEveryValueTheDocsNameExists(t *testing.T) {
+	var schema schemaNode
+	raw, err := os.ReadFile(filepath.Join(chartDir, "values.schema.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(raw, &schema); err != nil {
+		t.Fatal(err)
+	}
+	root := testenv.RepoRoot()
+	files := []string{filepath.Join(root, "README.md"), filepath.Join(chartDir, "templates", "NOTES.txt"), filepath.Join(chartDir, "README.md")}
+	m, err := filepath.Glob(filepath.Join(root, "docs", "*.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	files = append(files, m...)
+	key := regexp.MustCompile("`([a-z][A-Za-z0-9]*(?:\\.[A-Za-z0-9<>_-]+)+)(?:=[^`]*)?`")
+	named := 0
+	for _, f := range files {
+		raw, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range key.FindAllStringSubmatch(string(raw), -1) {
+			path := strings.Split(m[1], ".")
+			if schema.Properties[path[0]] == nil || len(path) < 2 || slices.Contains([]string{"go", "md", "yaml", "json"}, path[len(path)-1]) {
+				continue // not a value of this chart (a label, a file, a metric)
+			}
+			named++
+			if where := missing(&schema, path); where != "" {
+				t.Errorf("%s names `%s`, which values.schema.json does not have (%s)", filepath.Base(f), m[1], where)
+			}
+		}
+	}
+	if named < 50 {
+		t.Errorf("the pages name %d values; the test reads too few to mean anything", named)
+	}
+}
+
+// missing says where path leaves the schema ("" when it is a key of it): an object the schema
+// does not close (no properties, or additionalProperties other than false) takes any key below.
+func missing(s *schemaNode, path []string) string {
+	for i, k := range path {
+		if s.Properties[k] != nil {
+			s = s.Properties[k]
+			continue
+		}
+		if s.Properties == nil || s.AdditionalProperties != nil && s.AdditionalProperties != false {
+			return ""
+		}
+		return "no " + strings.Join(path[:i+1], ".")
+	}
+	return ""
+}
 
 // TestDocumentedValuesPassTheSchema renders the chart with every value the documentation tells
 // a user to set (`--set` in the README, docs/ and the chart's own files, and the valuesObject
