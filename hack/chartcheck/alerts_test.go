@@ -16,6 +16,7 @@ import (
 // renderedAlert is an alert of the chart's PrometheusRule.
 type renderedAlert struct {
 	Alert       string            `json:"alert"`
+	Labels      map[string]string `json:"labels"`
 	Annotations map[string]string `json:"annotations"`
 }
 
@@ -60,7 +61,12 @@ func alertNames(alerts []renderedAlert) []string {
 // chart renders, no other, and each row says when it fires and what to do in words (a row of
 // the e2e timings pasted over it, "12.8 s", says neither).
 func TestAlertsTableIsTheChartsAlerts(t *testing.T) {
-	alerts := alertNames(renderedAlerts(t))
+	rendered := renderedAlerts(t)
+	alerts := alertNames(rendered)
+	severity := map[string]string{}
+	for _, a := range rendered {
+		severity[a.Alert] = a.Labels["severity"]
+	}
 	raw, err := os.ReadFile(filepath.Join(testenv.RepoRoot(), "docs", "alerts.md"))
 	if err != nil {
 		t.Fatal(err)
@@ -91,6 +97,9 @@ func TestAlertsTableIsTheChartsAlerts(t *testing.T) {
 		if len(cells) != 4 {
 			t.Errorf("docs/alerts.md: the row of %s has %d cells, want 4", name, len(cells))
 			continue
+		}
+		if want, ok := severity[name]; ok && cells[1] != want {
+			t.Errorf("docs/alerts.md: the row of %s says severity %s, the chart renders %s", name, cells[1], want)
 		}
 		for _, c := range cells[2:] {
 			if len(strings.Fields(c)) < 8 {

@@ -51,6 +51,28 @@ func TestAlertRules(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, "alerts_test.yaml"), tests, 0o600); err != nil {
 		t.Fatal(err)
 	}
+	// With prometheusRule.clusterLabel, one ruler over two clusters: each cluster's alert its own.
+	clustered := only(t, render(t, profile{name: "alerts-cluster", set: []string{"prometheusRule.enabled=true", "prometheusRule.clusterLabel=cluster"}}, "exit-guard", "argo"), "PrometheusRule")
+	clusterDir := t.TempDir()
+	clusterRules, err := yaml.Marshal(clustered.Object["spec"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	clusterTests, err := os.ReadFile(filepath.Join("testdata", "alerts_cluster_test.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(clusterDir, "rules.yaml"), clusterRules, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(clusterDir, "alerts_test.yaml"), clusterTests, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(promtool(t), "test", "rules", "alerts_test.yaml") //nolint:gosec // G204: the pinned promtool of this repository
+	cmd.Dir = clusterDir
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Errorf("promtool test rules, prometheusRule.clusterLabel=cluster: %v\n%s", err, out)
+	}
 	// Every alert of the chart has a test that shows it firing.
 	for _, name := range alertNames(t, spec) {
 		if !strings.Contains(string(tests), "alertname: "+name+"\n        exp_alerts:\n          - ") {

@@ -151,7 +151,7 @@ func TestDashboardOnRealData(t *testing.T) {
 			for _, tg := range pn.Targets {
 				for _, nsValue := range []string{nsVar.all, regexp.QuoteMeta(namespace)} {
 					q := strings.NewReplacer("$__rate_interval", fmt.Sprintf("%dms", rateInterval.Milliseconds()),
-						"$__range", fmt.Sprintf("%ds", rangeSecs), "$namespace", nsValue).Replace(tg.Expr)
+						"$__range", fmt.Sprintf("%ds", rangeSecs), "$cluster", ".*", "$namespace", nsValue).Replace(tg.Expr)
 					got, err := testenv.QueryRange(t.Context(), st.prom.Addr, q, start, end, interval)
 					if err != nil {
 						t.Errorf("panel %q: %v", pn.Title, err)
