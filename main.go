@@ -46,7 +46,7 @@ func main() {
 		fmt.Println(versionLine())
 		return
 	}
-	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&f.zap)))
+	ctrl.SetLogger(newLogger(zap.New(zap.UseFlagOptions(&f.zap))))
 	setupLog := ctrl.Log.WithName("setup")
 	v, c, d := buildVersion()
 	setupLog.Info("exit-guard starting", "version", v, "commit", c, "built", d)

@@ -15,10 +15,17 @@ import (
 
 // probes serves /healthz and /readyz for the life of the process. /healthz passes while the
 // process runs; /readyz runs the checks of the current run of the guard, and fails between
-// runs.
+// runs. The kubelet and exit_guard_ready see only pass or fail ("reason withheld"), so each
+// check's reason is logged when it changes: a check that starts failing, or fails for another
+// reason, logs "not ready" with the check and its reason; one that passes again logs "ready
+// check passing"; all of them passing, "ready".
 type probes struct {
 	mu     sync.Mutex
 	checks map[string]healthz.Checker
+	log    logr.Logger
+	// last is each check's last result ("" when it passed), ready whether all passed.
+	last  map[string]string
+	ready bool
 }
 
 func newProbes() *probes { return &probes{} }
@@ -28,17 +35,64 @@ func (p *probes) set(checks map[string]healthz.Checker) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.checks = checks
+	p.last, p.ready = nil, false
 }
 
+// notRunning is the one check between runs.
+var notRunning = map[string]healthz.Checker{"running": func(*http.Request) error {
+	return errors.New("the guard is not running: starting, or restarting after a failure")
+}}
+
+// current is the readiness checks, each logging its result when it changes.
 func (p *probes) current() map[string]healthz.Checker {
 	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.checks == nil {
-		return map[string]healthz.Checker{"running": func(*http.Request) error {
-			return errors.New("the guard is not running: starting, or restarting after a failure")
-		}}
+	checks := p.checks
+	p.mu.Unlock()
+	if checks == nil {
+		checks = notRunning
 	}
-	return p.checks
+	out := make(map[string]healthz.Checker, len(checks))
+	for name, check := range checks {
+		out[name] = func(r *http.Request) error {
+			err := check(r)
+			p.note(name, err, len(checks))
+			return err
+		}
+	}
+	return out
+}
+
+// note logs a check's result when it differs from the last one, and "ready" when all n checks
+// pass for the first time since they last did not.
+func (p *probes) note(name string, err error, n int) {
+	reason := ""
+	if err != nil {
+		reason = err.Error()
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.last == nil {
+		p.last = map[string]string{}
+	}
+	prev, seen := p.last[name]
+	p.last[name] = reason
+	switch {
+	case reason != "" && (!seen || prev != reason):
+		p.ready = false
+		p.log.Info("not ready", "check", name, "reason", reason)
+	case reason == "" && seen && prev != "":
+		p.log.Info("ready check passing", "check", name)
+	}
+	if reason != "" || p.ready || len(p.last) < n {
+		return
+	}
+	for _, r := range p.last {
+		if r != "" {
+			return
+		}
+	}
+	p.ready = true
+	p.log.Info("ready", "checks", n)
 }
 
 // readyValue is 1 while every readiness check passes, else 0.
@@ -47,16 +101,20 @@ func (p *probes) readyValue() float64 {
 	if err != nil {
 		return 0
 	}
-	for _, check := range p.current() {
+	ready := 1.0
+	for _, check := range p.current() { // every check, so that each one's reason is logged
 		if check(req) != nil {
-			return 0
+			ready = 0
 		}
 	}
-	return 1
+	return ready
 }
 
 // serve serves the probes on addr ("0" disables them) until the process ends.
 func (p *probes) serve(addr string, log logr.Logger) error {
+	p.mu.Lock()
+	p.log = log
+	p.mu.Unlock()
 	if addr == "0" || addr == "" {
 		return nil
 	}
