@@ -9,6 +9,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"log"
 	"os"
 	"path/filepath"
 
@@ -81,11 +82,21 @@ func main() {
 		setupLog.Error(err, "unable to register the metrics")
 		os.Exit(1)
 	}
+	if webhookHandshakes, err = newHandshakes(metrics.Registry); err != nil {
+		setupLog.Error(err, "unable to register the metrics")
+		os.Exit(1)
+	}
+	// net/http's servers log failed handshakes through the standard logger: into the guard's.
+	log.SetFlags(0)
+	log.SetOutput(&stdlibLog{log: ctrl.Log.WithName("net-http"), failed: webhookHandshakes.failed})
 	os.Exit(supervise(ctx, f.serve.restartOnFailure, setupLog, func() error {
 		defer probes.set(nil)
 		return run(runCtx, f, opts, drainer, probes)
 	}))
 }
+
+// webhookHandshakes counts the webhook port's TLS handshakes across runs.
+var webhookHandshakes *handshakes
 
 // run runs the guard until ctx ends (nil) or it fails.
 func run(ctx context.Context, f *flags, opts options, drainer *shutdown.Drainer, probes *probes) error {
@@ -121,6 +132,10 @@ func run(ctx context.Context, f *flags, opts options, drainer *shutdown.Drainer,
 			return err
 		}
 		webhookTLS = append(webhookTLS, clients.Configure)
+	}
+	// After clientauth's: its check runs first, and only a handshake it lets through completes.
+	if webhookHandshakes != nil {
+		webhookTLS = append(webhookTLS, webhookHandshakes.Configure)
 	}
 	webhookServer := crwebhook.NewServer(crwebhook.Options{
 		Port:     f.serve.webhookPort,

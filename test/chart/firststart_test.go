@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/exit-guard/exit-guard/contract"
 	"github.com/exit-guard/exit-guard/internal/argo"
@@ -82,5 +84,69 @@ func TestAFirstStartLogsNoError(t *testing.T) {
 	// The first replica, probed from its start, said why it was not ready.
 	if log := replicas[0].out.String(); !strings.Contains(log, `"msg":"not ready","check":`) {
 		t.Errorf("replica 0 did not say why it was not ready:\n%s", log)
+	}
+}
+
+// TestTheGuardSaysWhyTheAPIServerFailsOpen: with a caBundle that does not match the guard's
+// certificate, the API server fails open on every call. The guard, with no access to the API
+// server's log, counts the handshakes started and failed, by reason, and logs the reason Go's
+// TLS stack was given; with the right caBundle, none fails.
+func TestTheGuardSaysWhyTheAPIServerFailsOpen(t *testing.T) {
+	ns := newNamespace(t, nil)
+	objs := render(t, chartCerts, "open", ns)
+	webhooks := install(t, objs)
+	g, out := startChartGuard(t, ns, objs)
+	url := "https://" + env.WebhookHost + ":" + strconv.Itoa(env.WebhookPort)
+	done := createWorkflow(t, ns, argo.PhaseSucceeded)
+	stale := func() error { return env.Client.Create(t.Context(), fixture.ExitPod(done), client.DryRunAll) }
+	counts := func() (started, failed float64) {
+		mfs, err := g.Metrics(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		started, _ = sample(mfs, "exit_guard_webhook_tls_handshakes_started_total", nil)
+		for _, r := range []string{"bad-certificate", "unknown-authority"} {
+			v, _ := sample(mfs, "exit_guard_tls_handshake_errors_total", map[string]string{"reason": r})
+			failed += v
+		}
+		return started, failed
+	}
+
+	registerAt(t, webhooks[0], url, env.WebhookCAData)
+	if err := stale(); !contract.IsRefusal(err) {
+		t.Fatalf("with the right caBundle the stale pod is not refused: %v", err)
+	}
+	started, failed := counts()
+	if started < 1 || failed != 0 {
+		t.Errorf("with the right caBundle: %v handshakes started, %v failed for the certificate; want at least one, and none", started, failed)
+	}
+
+	wrong := pointAt(t, webhooks[0], url, testenv.NewCA(t, "not the guard's CA").PEM)
+	current := webhooks[0].DeepCopy()
+	if err := env.Client.Get(t.Context(), client.ObjectKeyFromObject(current), current); err != nil {
+		t.Fatal(err)
+	}
+	wrong.SetResourceVersion(current.GetResourceVersion())
+	if err := env.Client.Update(t.Context(), wrong); err != nil {
+		t.Fatal(err)
+	}
+	// The API server takes the new caBundle within moments: once a call fails open.
+	if err := wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
+		return stale() == nil, nil
+	}); err != nil {
+		t.Fatalf("with a wrong caBundle the API server never failed open: %v", err)
+	}
+	started, failed = counts()
+	for range 3 {
+		if err := stale(); err != nil {
+			t.Fatalf("with a wrong caBundle the API server should fail open: %v", err)
+		}
+	}
+	started2, failed2 := counts()
+	if started2-started < 3 || failed2-failed < 3 {
+		t.Errorf("with a wrong caBundle: %v more handshakes started, %v more failed for the certificate; want at least 3 of each", started2-started, failed2-failed)
+	}
+	if log := out.String(); !strings.Contains(log, `"msg":"TLS handshake failed"`) || !strings.Contains(log, "remote error: tls:") {
+		t.Errorf("the guard's log does not say the handshake failed, and why:\n%s", log)
 	}
 }
