@@ -88,9 +88,8 @@ func Setup(mgr manager.Manager, opts Options, ready chan struct{}) (healthz.Chec
 	if opts.DNSName == "" {
 		return nil, errors.New("certs: the webhook Service's DNS name is required")
 	}
-	if len(opts.ValidatingWebhooks)+len(opts.MutatingWebhooks) == 0 {
-		return nil, errors.New("certs: name at least one webhook configuration to write the CA into")
-	}
+	// No webhook configuration at all is the chart's kill switch (webhook.enabled=false): the
+	// guard keeps its certificate, ready for when they come back, and writes no caBundle.
 	if len(opts.ValidatingWebhooks) > 1 || len(opts.MutatingWebhooks) > 1 {
 		// One name per kind: the rotator's lists select their object by name (narrowed).
 		return nil, errors.New("certs: name at most one validating and one mutating webhook configuration")

@@ -8,16 +8,20 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
+	"net/http"
 	"os"
 	"path/filepath"
 	"reflect"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/itchyny/gojq"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 
@@ -230,8 +234,8 @@ func TestGitOpsSyncSettlesAroundTheGuard(t *testing.T) {
 	// What a sync applies: the rendered objects but Helm's test hooks (which Argo CD does not
 	// sync), the webhooks pointed at the test process (which the API server cannot reach
 	// through the Service), the Deployment run by the test.
-	desired := func() (objs, applied []*unstructured.Unstructured) {
-		objs = render(t, profiles[0], release, ns)
+	desired := func(set ...string) (objs, applied []*unstructured.Unstructured) {
+		objs = render(t, profile{name: "gitops", set: set}, release, ns)
 		for _, o := range objs {
 			if isTestHook(o) {
 				continue
@@ -325,8 +329,80 @@ func TestGitOpsSyncSettlesAroundTheGuard(t *testing.T) {
 	}
 	refused("after the second sync")
 
-	// Argo CD's view: the live objects, less the Application's ignoreDifferences, hold every
-	// applied field, and nothing the guard wrote is left to differ.
+	checkInSync(t, app, again, live)
+
+	// The kill switch from Git: a commit of webhook.enabled=false. Argo CD syncs it and prunes
+	// what the render no longer has: the webhook configuration. The Deployment rolls to the
+	// new arguments (the test restarts the guard with them): it runs and stays ready, naming no
+	// configuration, and every stale pod is admitted, as before the install. Then a commit of
+	// true brings the configuration back, and the guard refuses again.
+	switchTo := func(enabled bool) *testenv.Guard {
+		t.Helper()
+		objs, applied := desired("webhook.enabled=" + strconv.FormatBool(enabled))
+		sync(applied)
+		prune(t, again, applied)
+		again = applied
+		if err := g.Stop(); err != nil {
+			t.Logf("stopping the guard: %v", err)
+		}
+		out = &testenv.Output{}
+		g, err = testenv.StartGuard(ctx, guardBin, kubeconfigAs(t, ns, sa), guardArgs(t, objs,
+			"--webhook-port="+strconv.Itoa(env.WebhookPort), "--webhook-cert-path="+certDir,
+			"--cert-namespace="+ns, "--cert-extra-dns-names=localhost"), out)
+		if err != nil {
+			t.Fatalf("webhook.enabled=%t: %v\n%s", enabled, err, out)
+		}
+		return g
+	}
+	g = switchTo(false)
+	cfg := &unstructured.Unstructured{}
+	cfg.SetGroupVersionKind(webhookCfg.GroupVersionKind())
+	if err := env.Client.Get(t.Context(), client.ObjectKeyFromObject(webhookCfg), cfg); !apierrors.IsNotFound(err) {
+		t.Errorf("webhook.enabled=false: the webhook configuration is still there (%v)", err)
+	}
+	if err := wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
+		return env.Client.Create(t.Context(), fixture.ExitPod(done), client.DryRunAll) == nil, nil
+	}); err != nil {
+		t.Errorf("webhook.enabled=false: the stale pod is still refused: %v", err)
+	}
+	if code, err := g.Probe(t.Context(), "/readyz"); err != nil || code != http.StatusOK {
+		t.Errorf("webhook.enabled=false: the guard is not ready (%d, %v)\n%s", code, err, out)
+	}
+	if strings.Contains(out.String(), `"level":"error"`) {
+		t.Errorf("webhook.enabled=false: the guard logs errors:\n%s", out)
+	}
+	checkInSync(t, app, again, live)
+	g = switchTo(true)
+	if err := wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
+		return contract.IsRefusal(env.Client.Create(t.Context(), fixture.ExitPod(done), client.DryRunAll)), nil
+	}); err != nil {
+		t.Errorf("webhook.enabled=true again: the stale pod is not refused: %v\n%s", err, out)
+	}
+	checkInSync(t, app, again, live)
+}
+
+// prune deletes what the last sync applied and the new render no longer has, as Argo CD's
+// automated prune does.
+func prune(t *testing.T, last, now []*unstructured.Unstructured) {
+	t.Helper()
+	keep := map[string]bool{}
+	for _, o := range now {
+		keep[o.GetKind()+"/"+o.GetNamespace()+"/"+o.GetName()] = true
+	}
+	for _, o := range last {
+		if !keep[o.GetKind()+"/"+o.GetNamespace()+"/"+o.GetName()] {
+			if err := env.Client.Delete(t.Context(), o.DeepCopy()); err != nil && !apierrors.IsNotFound(err) {
+				t.Fatalf("pruning %s %s: %v", o.GetKind(), o.GetName(), err)
+			}
+		}
+	}
+}
+
+// checkInSync is Argo CD's view: the live objects, less the Application's ignoreDifferences,
+// hold every applied field, and nothing the guard wrote is left to differ.
+func checkInSync(t *testing.T, app application, applied []*unstructured.Unstructured, live func(*unstructured.Unstructured) *unstructured.Unstructured) {
+	t.Helper()
+	again := applied
 	for _, o := range again {
 		l := app.withoutIgnored(t, live(o))
 		want := app.withoutIgnored(t, o)

@@ -97,6 +97,8 @@ var profiles = []profile{
 	{name: "exit-handlers-and-hooks", set: []string{`guard.cover=exit-handlers\,hooks`}},
 	{name: "exit-handlers-and-steps", set: []string{`guard.cover=exit-handlers\,steps`}},
 	{name: "exit-handlers-only", set: []string{"guard.cover=exit-handlers"}},
+	// The kill switch: no webhook configuration, the guard running.
+	{name: "webhooks-off", set: []string{"webhook.enabled=false", "prometheusRule.enabled=true"}},
 	{name: "fail-closed", set: []string{"webhook.failurePolicy=Fail", "webhook.timeoutSeconds=3", "guard.liveReadBudget=2s"}},
 	{name: "sidecar", set: []string{"installMode=sidecar"}},
 	{name: "sidecar-chart-certificates", set: []string{"installMode=sidecar", "certificates.mode=chart"}},

@@ -44,8 +44,18 @@ func TestEveryProfileLintsAndRenders(t *testing.T) {
 			objs := render(t, p, "eg", "argo")
 			sidecar := strings.HasPrefix(p.name, "sidecar")
 			mutating := p.name == "self-managed-warn" || p.name == "dry-run" || p.name == "warn-without-tasksets"
-			// warn-without-tasksets turns the Event webhook off too: no validating webhook is left.
+			// warn-without-tasksets turns the Event webhook off too: no validating webhook is left;
+			// webhooks-off (the kill switch) renders none.
 			taskSets := p.name != "warn-without-tasksets"
+			if p.name == "webhooks-off" {
+				if n := len(find(objs, "ValidatingWebhookConfiguration")) + len(find(objs, "MutatingWebhookConfiguration")); n != 0 {
+					t.Errorf("webhook.enabled=false rendered %d webhook configurations", n)
+				}
+				if n := len(find(objs, "Deployment")); n != 1 {
+					t.Errorf("webhook.enabled=false rendered %d Deployments: the guard keeps running", n)
+				}
+				return
+			}
 			if got := len(find(objs, "MutatingWebhookConfiguration")); got != map[bool]int{true: 1, false: 0}[mutating] {
 				t.Errorf("%d MutatingWebhookConfigurations", got)
 			}

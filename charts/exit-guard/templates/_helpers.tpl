@@ -554,5 +554,10 @@ name the kinds of configuration that hold any.
 {{- end }}
 {{- if not $mutatingHooks }}{{ fail "files/webhook/manifests.yaml has no mutating webhook for warn or dry-run mode: run make manifests" }}{{ end }}
 {{- end }}
+{{- if .Values.webhook.enabled }}
 {{- toJson (dict "MutatingWebhookConfiguration" $marking "ValidatingWebhookConfiguration" (concat $markedFirst $others)) }}
+{{- else }}
+{{- /* The kill switch: no webhook configuration, so the API server calls the guard for nothing. */}}
+{{- toJson (dict "MutatingWebhookConfiguration" list "ValidatingWebhookConfiguration" list) }}
+{{- end }}
 {{- end }}
