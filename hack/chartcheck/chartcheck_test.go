@@ -227,3 +227,28 @@ func TestDocumentedValuesPassTheSchema(t *testing.T) {
 func TestRendersAsASubchart(t *testing.T) {
 	render(t, "--set", "global.imageRegistry=registry.example", "--set", "global.labels.team=platform")
 }
+
+// TestKubernetes129IsRefused: the README refuses Kubernetes 1.29 and older, and says why; the
+// chart does so before anything is created (its kubeVersion), and renders on 1.30.
+func TestKubernetes129IsRefused(t *testing.T) {
+	bin, err := testenv.HelmBin()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for version, ok := range map[string]bool{"1.29.15": false, "1.28.15": false, "1.30.0": true} {
+		out, err := exec.Command(bin, "template", "doc", chartDir, "--namespace", "argo", "--kube-version", version).CombinedOutput() //nolint:gosec // G204: the pinned helm of this repository
+		switch {
+		case ok && err != nil:
+			t.Errorf("Kubernetes %s: the chart does not render: %v\n%s", version, err, out)
+		case !ok && (err == nil || !strings.Contains(string(out), "chart requires kubeVersion: >=1.30.0-0")):
+			t.Errorf("Kubernetes %s: the chart renders, or refuses without saying why: %v\n%s", version, err, bytes.TrimSpace(out)[:min(200, len(bytes.TrimSpace(out)))])
+		}
+	}
+	readme, err := os.ReadFile(filepath.Join(testenv.RepoRoot(), "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(readme), "Kubernetes 1.29 and older are refused") {
+		t.Error("the README does not say that Kubernetes 1.29 and older are refused, and why")
+	}
+}

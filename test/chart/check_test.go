@@ -15,7 +15,9 @@ import (
 	"testing"
 	"time"
 
+	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -185,4 +187,49 @@ func scrapeBoth(t *testing.T, g *testenv.Guard) scrape {
 		t.Fatal(err)
 	}
 	return scrape{guard: guard, apiserver: apiserver, at: time.Now()}
+}
+
+// TestTheCheckRunsAfterSync: with check.afterSync the chart renders the check as a Job that
+// Helm runs after install and upgrade and Argo CD after every sync (PostSync), with RBAC that
+// exists before it (an earlier wave and weight). Its command, run as its own ServiceAccount
+// with that RBAC alone, proves the install as helm test's does.
+func TestTheCheckRunsAfterSync(t *testing.T) {
+	ns := newNamespace(t, nil)
+	objs := render(t, profile{name: "after-sync", set: append([]string{"check.afterSync=true"}, chartCerts.set...)}, "sync", ns)
+	var job *batchv1.Job
+	var sa string
+	for _, o := range objs {
+		a := o.GetAnnotations()
+		if a["argocd.argoproj.io/hook"] != "PostSync" {
+			continue
+		}
+		if a["helm.sh/hook"] != "post-install,post-upgrade" {
+			t.Errorf("%s %s: Argo CD's PostSync without Helm's post-install,post-upgrade: %v", o.GetKind(), o.GetName(), a)
+		}
+		switch o.GetKind() {
+		case "Job":
+			job = convert[batchv1.Job](t, o)
+		case "ServiceAccount":
+			sa = o.GetName()
+			fallthrough
+		default:
+			if a["argocd.argoproj.io/sync-wave"] != "-1" || a["helm.sh/hook-weight"] != "-1" {
+				t.Errorf("%s %s is not created before the Job: %v", o.GetKind(), o.GetName(), a)
+			}
+		}
+	}
+	if job == nil || sa == "" || job.Spec.Template.Spec.ServiceAccountName != sa {
+		t.Fatalf("no PostSync Job run as its own ServiceAccount (job %v, ServiceAccount %q)", job, sa)
+	}
+	webhooks := install(t, objs)
+	startChartGuard(t, ns, objs)
+	for _, wh := range webhooks {
+		registerAt(t, wh, fmt.Sprintf("https://%s:%d", env.WebhookHost, env.WebhookPort), env.WebhookCAData)
+	}
+	if code, out := runCheck(t, ns, sa, job.Spec.Template.Spec.Containers[0].Args); code != 0 || !strings.Contains(out, "exit-guard check: OK") {
+		t.Errorf("the Job's check: exit %d, want 0 and OK:\n%s", code, out)
+	}
+	if none := render(t, chartCerts, "sync", ns); slices.ContainsFunc(none, func(o *unstructured.Unstructured) bool { return o.GetKind() == "Job" }) {
+		t.Error("the Job is rendered without check.afterSync")
+	}
 }

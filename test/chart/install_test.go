@@ -34,7 +34,7 @@ func install(t *testing.T, objs []*unstructured.Unstructured) (webhooks []*unstr
 	t.Helper()
 	for _, o := range objs {
 		switch o.GetKind() {
-		case "Deployment", "PodDisruptionBudget", "Pod":
+		case "Deployment", "PodDisruptionBudget", "Pod", "Job":
 			continue
 		case "ValidatingWebhookConfiguration", "MutatingWebhookConfiguration":
 			webhooks = append(webhooks, o)

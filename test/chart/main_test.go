@@ -200,11 +200,11 @@ func decodeAll(t *testing.T, manifests []byte) []*unstructured.Unstructured {
 }
 
 // find returns the rendered objects of kind that are installed with the release, not the
-// ones of `helm test` (hooks).
+// hooks (`helm test`'s, check.afterSync's).
 func find(objs []*unstructured.Unstructured, kind string) []*unstructured.Unstructured {
 	var out []*unstructured.Unstructured
 	for _, o := range objs {
-		if o.GetKind() == kind && !isTestHook(o) {
+		if _, hook := o.GetAnnotations()["helm.sh/hook"]; o.GetKind() == kind && !hook {
 			out = append(out, o)
 		}
 	}
