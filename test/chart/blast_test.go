@@ -3,35 +3,23 @@
 package chart
 
 import (
-	"os"
-	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
 	"testing"
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
-
-	"github.com/exit-guard/exit-guard/test/support/testenv"
 )
 
 // TestTheBlastRadiusIsTheChartsRender holds docs/install.md's blast-radius table to the chart:
 // for each row, the webhook its kind reaches (pods for each guard.cover, TaskSets, Events) has
 // exactly the match conditions the row names, in the default render, failing open.
 func TestTheBlastRadiusIsTheChartsRender(t *testing.T) {
-	raw, err := os.ReadFile(filepath.Join(testenv.RepoRoot(), "docs", "install.md"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	doc := string(raw)
-	at := strings.Index(doc, "<!-- table: blast-radius -->")
-	if at < 0 {
-		t.Fatal("docs/install.md has no <!-- table: blast-radius -->")
-	}
+	table := docTable(t, "docs/install.md", "blast-radius")
 	cover := regexp.MustCompile("`guard\\.cover=([a-z,-]+)`")
 	name := regexp.MustCompile("`([a-z-]+)`")
 	rows := 0
-	for _, line := range strings.Split(strings.SplitN(doc[at:], "\n\n", 2)[0], "\n") {
+	for _, line := range table {
 		cells := strings.Split(line, " | ")
 		if len(cells) != 4 || strings.HasPrefix(line, "| ---") || strings.HasPrefix(line, "| what |") {
 			continue

@@ -22,19 +22,11 @@ import (
 // For each argo-helm release it renders this chart in sidecar mode with sidecar.argoRelease
 // set to it: the RBAC binds, and guard.expectedRequester defaults to, that ServiceAccount.
 func TestTheControllersServiceAccountIsNamedRight(t *testing.T) {
-	raw, err := os.ReadFile(filepath.Join(testenv.RepoRoot(), "docs", "install.md"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	doc := string(raw)
-	at := strings.Index(doc, "<!-- table: controller-serviceaccount -->")
-	if at < 0 {
-		t.Fatal("docs/install.md has no <!-- table: controller-serviceaccount -->")
-	}
+	table := docTable(t, "docs/install.md", "controller-serviceaccount")
 	upstreamSA := convert[appsv1.Deployment](t, decodeAll(t, upstreamControllerDeployment(t))[0]).Spec.Template.Spec.ServiceAccountName
 	row := regexp.MustCompile("(?m)^\\| ([^|]+) \\| `([^`]+)` \\| `system:serviceaccount:([^:`]+):([^`]+)` \\|$")
 	rows := 0
-	for _, line := range strings.Split(strings.SplitN(doc[at:], "\n\n", 2)[0], "\n") {
+	for _, line := range table {
 		m := row.FindStringSubmatch(line)
 		if m == nil {
 			continue
@@ -103,4 +95,20 @@ func sidecar(t *testing.T, release, sa string) {
 	if !strings.Contains(snippet, want+"\n") {
 		t.Errorf("sidecar with argoRelease %s: the container lacks %s:\n%s", release, want, snippet)
 	}
+}
+
+// docTable returns the lines of the table a document marks with <!-- table: name -->, up to
+// the first blank line after it.
+func docTable(t *testing.T, doc, name string) []string {
+	t.Helper()
+	raw, err := os.ReadFile(filepath.Join(testenv.RepoRoot(), doc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	marker := "<!-- table: " + name + " -->"
+	at := strings.Index(string(raw), marker)
+	if at < 0 {
+		t.Fatalf("%s has no %s: the table the test reads is gone", doc, marker)
+	}
+	return strings.Split(strings.SplitN(string(raw)[at:], "\n\n", 2)[0], "\n")
 }
