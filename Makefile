@@ -318,6 +318,11 @@ e2e-ops: $(HELM) ## The chart's alerts on a real Prometheus and Alertmanager, ea
 	  KUBEBUILDER_ASSETS="$$assets" EXIT_GUARD_OPS_BIN="$$ops" HELM="$(HELM)" EXIT_GUARD_DASHBOARD_PREVIEW="$(if $(OPS_PREVIEW),$(abspath $(OPS_PREVIEW)))" \
 	  $(GO) test -tags e2e -count=1 -v -timeout 60m -run '$(OPS_RUN)' ./test/ops
 
+.PHONY: e2e-scheduling
+e2e-scheduling: $(HELM) ## Where the chart's replicas land: the real kube-scheduler and kube-controller-manager place its Deployment on Node objects (builds both into the user cache, about 20 minutes the first time).
+	@assets=$$(hack/envtest-binaries.sh ensure-scheduler) && \
+	  KUBEBUILDER_ASSETS="$$assets" HELM="$(HELM)" $(GO) test -tags e2e -count=1 -v -timeout 20m ./test/scheduling
+
 .PHONY: argocd-binaries
 argocd-binaries: ## Build Argo CD's application controller and repo server from Go modules into the user cache (first run about 10 minutes).
 	@hack/argocd-binaries.sh ensure

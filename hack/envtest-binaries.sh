@@ -3,12 +3,14 @@
 # download site), and keeps them in the user's cache directory keyed by version, the way
 # setup-envtest keeps its binaries. A fresh clone reuses them; only the first run pays.
 # kube-controller-manager (its garbage collector: what deletes a TaskSet whose Workflow is
-# gone) is built beside them for the Argo proof only.
+# gone) is built beside them for the Argo proof, and kube-scheduler with it for the spread test.
 #
 # Usage: hack/envtest-binaries.sh [ensure|ensure-gc|ensure-kubectl|path]
 #   ensure          build whatever is missing or stale, then print the assets directory (default)
 #   ensure-gc       the same, and kube-controller-manager too
 #   ensure-kubectl  the same, and kubectl too (the tests that run the docs' kubectl recipes)
+#   ensure-scheduler  the same, and kube-scheduler and kube-controller-manager too (the spread
+#                   test: Deployments to Pods to Nodes as a cluster does it, without a kubelet)
 #   path       print the assets directory without building anything
 #
 # Environment:
@@ -136,5 +138,13 @@ case "${1:-ensure}" in
     build_kube kubectl
     echo "$ASSETS"
     ;;
-  *) echo "usage: $0 [ensure|ensure-gc|ensure-kubectl|path]" >&2; exit 2 ;;
+  ensure-scheduler)
+    mkdir -p "$ASSETS"
+    build_etcd
+    build_kube kube-apiserver
+    build_kube kube-controller-manager
+    build_kube kube-scheduler
+    echo "$ASSETS"
+    ;;
+  *) echo "usage: $0 [ensure|ensure-gc|ensure-kubectl|ensure-scheduler|path]" >&2; exit 2 ;;
 esac
