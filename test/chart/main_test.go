@@ -122,8 +122,9 @@ var profiles = []profile{
 	// A namespaced install: the webhook and the Workflow and Event rights scoped to the
 	// namespaces guarded.
 	{name: "namespaced", set: []string{"certificates.mode=chart", "guard.namespaces={argo,ci}"}},
-	// HTTPS metrics scraped with the chart's own scraper identity.
-	{name: "secure-metrics-scraper", set: []string{"metrics.secure=true", "metrics.serviceMonitor.enabled=true"}},
+	// HTTPS metrics scraped with Prometheus's own ServiceAccount token, bound to the reader.
+	{name: "secure-metrics-prometheus-token", set: []string{"metrics.secure=true", "metrics.serviceMonitor.enabled=true",
+		"metrics.serviceMonitor.prometheusServiceAccount.name=prometheus", "metrics.serviceMonitor.prometheusServiceAccount.namespace=monitoring"}},
 	// OpenShift's restricted-v2 SCC chooses the user (docs/platforms.md).
 	{name: "openshift", set: []string{"podSecurityContext.runAsUser=null", "podSecurityContext.runAsGroup=null"}},
 	{name: "dns-policy-percentage-budget", set: []string{"dnsPolicy=Default", "podDisruptionBudget.minAvailable=50%"}},

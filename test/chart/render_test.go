@@ -389,8 +389,10 @@ func TestChartRefusesTimingsThatDoNotFit(t *testing.T) {
 		// A scrape the Prometheus Operator would skip, or the guard refuse, is refused here.
 		{name: "secure metrics scraped from another namespace without a CA there", set: []string{"metrics.secure=true", "metrics.serviceMonitor.enabled=true",
 			"metrics.serviceMonitor.namespace=monitoring"}, wantErr: "set metrics.serviceMonitor.tlsConfig to a CA found there"},
-		{name: "token audiences with the chart's scraper token", set: []string{"metrics.secure=true", "metrics.serviceMonitor.enabled=true",
+		{name: "token audiences with Prometheus's own token", set: []string{"metrics.secure=true", "metrics.serviceMonitor.enabled=true",
 			"metrics.tokenAudiences={exit-guard}"}, wantErr: "the guard would refuse every scrape"},
+		{name: "Prometheus's ServiceAccount without its namespace", set: []string{"metrics.secure=true", "metrics.serviceMonitor.enabled=true",
+			"metrics.serviceMonitor.prometheusServiceAccount.name=prometheus"}, wantErr: "the namespace of Prometheus's ServiceAccount"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			args := []string{"template", "exit-guard", chartDir, "--namespace", "argo", "--kube-version", testenv.KubeVersion()}

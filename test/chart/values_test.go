@@ -147,36 +147,34 @@ func TestTuningValuesLandWhereTheySay(t *testing.T) {
 			}
 		}
 	})
-	t.Run("secure metrics, the chart's scraper", func(t *testing.T) {
-		objs := render(t, profileNamed(t, "secure-metrics-scraper"), "eg", "argo")
+	t.Run("secure metrics, Prometheus's own token", func(t *testing.T) {
+		objs := render(t, profileNamed(t, "secure-metrics-prometheus-token"), "eg", "argo")
 		ep, _, _ := unstructured.NestedSlice(only(t, objs, "ServiceMonitor").Object, "spec", "endpoints")
 		e := ep[0].(map[string]any)
-		if e["bearerTokenFile"] != nil {
-			t.Errorf("the ServiceMonitor has the deprecated bearerTokenFile: %v", e)
-		}
-		// The scrape's token: the chart's scraper, a token Secret the API server fills, bound to
-		// the metrics reader alone.
-		if cred, _, _ := unstructured.NestedString(e, "authorization", "credentials", "name"); cred != "eg-exit-guard-scraper-token" {
-			t.Errorf("ServiceMonitor authorization names the Secret %q, want the chart's scraper token", cred)
-		}
-		var scraperSecret *unstructured.Unstructured
-		for _, o := range find(objs, "Secret") {
-			if o.GetName() == "eg-exit-guard-scraper-token" {
-				scraperSecret = o
-			}
-		}
-		if scraperSecret == nil || scraperSecret.Object["type"] != "kubernetes.io/service-account-token" || scraperSecret.GetAnnotations()["kubernetes.io/service-account.name"] != "eg-exit-guard-scraper" {
-			t.Errorf("no token Secret of the scraper ServiceAccount: %v", scraperSecret)
+		// The scrape shows the token the kubelet projects into Prometheus's pod and renews: no
+		// Secret holds a token that never expires.
+		if e["bearerTokenFile"] != "/var/run/secrets/kubernetes.io/serviceaccount/token" || e["authorization"] != nil {
+			t.Errorf("the scrape's token: %v, want Prometheus's own ServiceAccount token file", e)
 		}
 		bound := false
 		for _, o := range find(objs, "ClusterRoleBinding") {
-			if o.GetName() == "eg-exit-guard-scraper" {
-				ref, _, _ := unstructured.NestedString(o.Object, "roleRef", "name")
-				bound = ref == "eg-exit-guard-metrics-reader"
+			if o.GetName() == "eg-exit-guard-prometheus" {
+				crb := convert[rbacv1.ClusterRoleBinding](t, o)
+				bound = crb.RoleRef.Name == "eg-exit-guard-metrics-reader" && len(crb.Subjects) == 1 &&
+					crb.Subjects[0].Name == "prometheus" && crb.Subjects[0].Namespace == "monitoring"
 			}
 		}
 		if !bound {
-			t.Error("the scraper is not bound to the metrics reader")
+			t.Error("Prometheus's ServiceAccount is not bound to the metrics reader")
+		}
+	})
+	t.Run("no profile renders a token that never expires", func(t *testing.T) {
+		for _, p := range profiles {
+			for _, o := range find(render(t, p, "eg", "argo"), "Secret") {
+				if o.Object["type"] == "kubernetes.io/service-account-token" {
+					t.Errorf("profile %s renders the ServiceAccount token Secret %s", p.name, o.GetName())
+				}
+			}
 		}
 	})
 	t.Run("openshift", func(t *testing.T) {

@@ -48,18 +48,21 @@ type serviceMonitorEndpoint struct {
 
 // TestSecureMetricsOnTheRealPrometheus: with metrics.secure the real Prometheus scrapes the
 // guard as the chart's ServiceMonitor says (HTTPS verified with the CA of the certificate's
-// Secret under the webhook Service's name, a ServiceAccount token bound to the chart's
-// metrics-reader ClusterRole), and an alert raised from those series is delivered. Two jobs
+// Secret under the webhook Service's name, Prometheus's own ServiceAccount token, a short-lived
+// one from a file, bound by the chart to its metrics-reader ClusterRole), and an alert raised
+// from those series is delivered. Two jobs
 // beside it must fail: a token without the role, and the right token with another server name.
 func TestSecureMetricsOnTheRealPrometheus(t *testing.T) {
 	raw, err := runTool(helmBin, "template", "exit-guard", filepath.Join(testenv.RepoRoot(), "charts", "exit-guard"), "--namespace", namespace,
 		"--kube-version", testenv.KubeVersion(), "--set", "metrics.secure=true", "--set", "metrics.serviceMonitor.enabled=true",
+		"--set", "metrics.serviceMonitor.prometheusServiceAccount.name=prometheus",
+		"--set", "metrics.serviceMonitor.prometheusServiceAccount.namespace="+namespace,
 		"--show-only", "templates/servicemonitor.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The template renders the chart's scraper (a ServiceAccount, its token Secret, its binding)
-	// before the ServiceMonitor.
+	// The template renders the binding of Prometheus's ServiceAccount before the ServiceMonitor.
+	var binding *rbacv1.ClusterRoleBinding
 	var sm struct {
 		Kind string `json:"kind"`
 		Spec struct {
@@ -75,17 +78,26 @@ func TestSecureMetricsOnTheRealPrometheus(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
+		if d.Kind == "ClusterRoleBinding" {
+			binding = &rbacv1.ClusterRoleBinding{}
+			if err := yaml.Unmarshal([]byte(doc), binding); err != nil {
+				t.Fatal(err)
+			}
+		}
 	}
 	if len(sm.Spec.Endpoints) != 1 {
 		t.Fatalf("the ServiceMonitor: %d endpoints\n%s", len(sm.Spec.Endpoints), raw)
 	}
 	ep := sm.Spec.Endpoints[0]
-	// The Prometheus Operator reads the scrape's token from the Secret authorization names (the
-	// chart's scraper token); the test's own ServiceAccount token, bound as the chart binds the
-	// scraper, stands in for it below.
-	if ep.Scheme != "https" || ep.BearerTokenFile != "" || ep.Authorization.Type != "Bearer" || ep.Authorization.Credentials.Name == "" ||
+	// The Prometheus Operator points the scrape at the token file bearerTokenFile names, the
+	// token the kubelet projects into Prometheus's pod; a token requested for Prometheus's
+	// ServiceAccount, short-lived as the kubelet's, stands in for it below.
+	if ep.Scheme != "https" || ep.BearerTokenFile != "/var/run/secrets/kubernetes.io/serviceaccount/token" || ep.Authorization.Type != "" ||
 		ep.TLSConfig.ServerName == "" || ep.TLSConfig.CA.Secret.Name == "" {
 		t.Fatalf("the ServiceMonitor's endpoint with metrics.secure: %+v", ep)
+	}
+	if binding == nil {
+		t.Fatalf("the chart renders no binding of Prometheus's ServiceAccount\n%s", raw)
 	}
 	cs, err := kubernetes.NewForConfig(env.Config)
 	if err != nil {
@@ -129,16 +141,16 @@ func TestSecureMetricsOnTheRealPrometheus(t *testing.T) {
 	if _, err := cs.RbacV1().ClusterRoles().Create(ctx, reader, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		t.Fatal(err)
 	}
-	if _, err := cs.RbacV1().ClusterRoleBindings().Create(ctx, &rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: reader.Name},
-		RoleRef:  rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: reader.Name},
-		Subjects: []rbacv1.Subject{{Kind: "ServiceAccount", Name: "prometheus", Namespace: namespace}}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+	if _, err := cs.RbacV1().ClusterRoleBindings().Create(ctx, binding, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		t.Fatal(err)
 	}
 	token := func(sa string) string {
 		if _, err := cs.CoreV1().ServiceAccounts(namespace).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: sa}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 			t.Fatal(err)
 		}
-		tr, err := cs.CoreV1().ServiceAccounts(namespace).CreateToken(ctx, sa, &authenticationv1.TokenRequest{}, metav1.CreateOptions{})
+		hour := int64(3600)
+		tr, err := cs.CoreV1().ServiceAccounts(namespace).CreateToken(ctx, sa, &authenticationv1.TokenRequest{
+			Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: &hour}}, metav1.CreateOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
