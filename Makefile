@@ -323,6 +323,16 @@ e2e-scheduling: $(HELM) ## Where the chart's replicas land: the real kube-schedu
 	@assets=$$(hack/envtest-binaries.sh ensure-scheduler) && \
 	  KUBEBUILDER_ASSETS="$$assets" HELM="$(HELM)" $(GO) test -tags e2e -count=1 -v -timeout 20m ./test/scheduling
 
+.PHONY: certmanager-binaries
+certmanager-binaries: ## Build cert-manager's controller and cainjector from Go modules into the user cache (first run about 5 minutes).
+	@hack/certmanager-binaries.sh ensure
+
+.PHONY: e2e-certmanager
+e2e-certmanager: $(HELM) ## Certificate renewals by the real cert-manager under admission load, with the chart's CA and with a self-signed serving certificate.
+	@assets=$$(hack/envtest-binaries.sh ensure) && cm=$$(hack/certmanager-binaries.sh ensure) && \
+	  KUBEBUILDER_ASSETS="$$assets" EXIT_GUARD_CERT_MANAGER_BIN="$$cm" HELM="$(HELM)" \
+	  $(GO) test -tags envtest,certmanager -count=1 -v -timeout 20m -run '^TestCertManager' ./test/chart
+
 .PHONY: argocd-binaries
 argocd-binaries: ## Build Argo CD's application controller and repo server from Go modules into the user cache (first run about 10 minutes).
 	@hack/argocd-binaries.sh ensure

@@ -19,15 +19,12 @@ import (
 	"github.com/alicebob/miniredis/v2"
 	"github.com/google/go-containerregistry/pkg/registry"
 	corev1 "k8s.io/api/core/v1"
-	discoveryv1 "k8s.io/api/discovery/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/tools/clientcmd"
-	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 
@@ -151,11 +148,7 @@ func TestArgoCDKeepsTheGuardSynced(t *testing.T) {
 		t.Fatalf("%v\n%s", err, gout)
 	}
 	defer func() { _ = g.Stop() }()
-	createOnce(t, &discoveryv1.EndpointSlice{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: svc.GetName() + "-test",
-		Labels: map[string]string{discoveryv1.LabelServiceName: svc.GetName()}},
-		AddressType: discoveryv1.AddressTypeIPv4,
-		Endpoints:   []discoveryv1.Endpoint{{Addresses: []string{testenv.HostAddress(t).String()}, Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(true)}}},
-		Ports:       []discoveryv1.EndpointPort{{Name: ptr.To("webhook"), Port: ptr.To(int32(port)), Protocol: ptr.To(corev1.ProtocolTCP)}}})
+	routeService(t, svc, port)
 
 	// The guard refuses a stale exit handler, called through the Service as rendered.
 	done := createWorkflow(t, ns, argo.PhaseSucceeded)
@@ -378,15 +371,6 @@ func installArgoCD(t *testing.T, dir string) {
 	createOnce(t, project)
 }
 
-// createOnce creates obj unless it exists, and deletes it when the test ends.
-func createOnce(t *testing.T, obj client.Object) {
-	t.Helper()
-	if err := env.Client.Create(t.Context(), obj); err != nil && !apierrors.IsAlreadyExists(err) {
-		t.Fatalf("creating %T %s: %v", obj, obj.GetName(), err)
-	}
-	t.Cleanup(func() { _ = env.Client.Delete(context.Background(), obj) })
-}
-
 // pushChart packages the chart of this checkout (its files as they are) and pushes it to an OCI
 // registry served in memory on loopback over plain HTTP, as hack/release.sh pushes it to
 // ghcr.io; it returns the chart's address, oci://<host>/charts/exit-guard.
@@ -403,16 +387,6 @@ func pushChart(t *testing.T) string {
 	}
 	runHelm(t, "push", pkgs[0], "oci://"+host+"/charts", "--plain-http")
 	return "oci://" + host + "/charts/exit-guard"
-}
-
-func liveObject(t *testing.T, o *unstructured.Unstructured) *unstructured.Unstructured {
-	t.Helper()
-	l := &unstructured.Unstructured{}
-	l.SetGroupVersionKind(o.GroupVersionKind())
-	if err := env.Client.Get(t.Context(), client.ObjectKeyFromObject(o), l); err != nil {
-		t.Fatal(err)
-	}
-	return l
 }
 
 func liveWebhookClientConfig(t *testing.T, name string) map[string]any {

@@ -85,15 +85,15 @@ func mountSecret(ctx context.Context, t *testing.T, key types.NamespacedName, di
 	}()
 }
 
-// servedCert returns the fingerprint of the certificate the guard serves, verified against the
-// caBundle the guard wrote into its webhook configuration. (Not the serial number: the rotator
-// gives every serving certificate serial 1.)
-func servedCert(addr string, caBundle []byte) (string, error) {
+// servedCert returns the fingerprint of the certificate the guard serves for serverName,
+// verified against the caBundle of its webhook configuration. (Not the serial number: the
+// rotator gives every serving certificate serial 1.)
+func servedCert(addr, serverName string, caBundle []byte) (string, error) {
 	pool := x509.NewCertPool()
 	if !pool.AppendCertsFromPEM(caBundle) {
 		return "", errors.New("no CA in the caBundle")
 	}
-	conn, err := tls.DialWithDialer(&net.Dialer{Timeout: 3 * time.Second}, "tcp", addr, &tls.Config{RootCAs: pool, ServerName: "localhost", MinVersion: tls.VersionTLS12})
+	conn, err := tls.DialWithDialer(&net.Dialer{Timeout: 3 * time.Second}, "tcp", addr, &tls.Config{RootCAs: pool, ServerName: serverName, MinVersion: tls.VersionTLS12})
 	if err != nil {
 		return "", err
 	}
@@ -168,7 +168,7 @@ func TestSelfManagedCertificateRotatesUnderLoad(t *testing.T) {
 		default:
 			t.Errorf("attempt %d: %v", attempts, err)
 		}
-		if s, err := servedCert(addr, caBundle); err == nil {
+		if s, err := servedCert(addr, "localhost", caBundle); err == nil {
 			certs[s] = true
 		} else {
 			t.Errorf("the served certificate does not verify against the caBundle: %v", err)

@@ -14,11 +14,15 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 	eventsv1 "k8s.io/api/events/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/exit-guard/exit-guard/contract"
@@ -47,6 +51,38 @@ func install(t *testing.T, objs []*unstructured.Unstructured) (webhooks []*unstr
 		t.Cleanup(func() { _ = env.Client.Delete(context.Background(), obj) })
 	}
 	return webhooks
+}
+
+// createOnce creates obj unless it exists, and deletes it when the test ends.
+func createOnce(t *testing.T, obj client.Object) {
+	t.Helper()
+	if err := env.Client.Create(t.Context(), obj); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatalf("creating %T %s: %v", obj, obj.GetName(), err)
+	}
+	t.Cleanup(func() { _ = env.Client.Delete(context.Background(), obj) })
+}
+
+// routeService has the API server reach the rendered Service svc at port of this machine: an
+// EndpointSlice of the Service, which the API server's aggregator routing dials (no kube-proxy
+// routes a cluster IP here).
+func routeService(t *testing.T, svc *unstructured.Unstructured, port int) {
+	t.Helper()
+	createOnce(t, &discoveryv1.EndpointSlice{ObjectMeta: metav1.ObjectMeta{Namespace: svc.GetNamespace(), Name: svc.GetName() + "-test",
+		Labels: map[string]string{discoveryv1.LabelServiceName: svc.GetName()}},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Endpoints:   []discoveryv1.Endpoint{{Addresses: []string{testenv.HostAddress(t).String()}, Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(true)}}},
+		Ports:       []discoveryv1.EndpointPort{{Name: ptr.To("webhook"), Port: ptr.To(int32(port)), Protocol: ptr.To(corev1.ProtocolTCP)}}})
+}
+
+// liveObject is the object o names, as the API server has it now.
+func liveObject(t *testing.T, o *unstructured.Unstructured) *unstructured.Unstructured {
+	t.Helper()
+	l := &unstructured.Unstructured{}
+	l.SetGroupVersionKind(o.GroupVersionKind())
+	if err := env.Client.Get(t.Context(), client.ObjectKeyFromObject(o), l); err != nil {
+		t.Fatal(err)
+	}
+	return l
 }
 
 // pointAt returns a copy of a rendered webhook configuration with only its clientConfig

@@ -24,9 +24,12 @@ import (
 )
 
 var (
-	env      *testenv.Env
-	guardBin string
-	chartDir = filepath.Join(testenv.RepoRoot(), "charts", "exit-guard")
+	env *testenv.Env
+	// extraCRDDirs are read after testdata/crds, whose stand-ins they replace (the last CRD of
+	// a name wins): the real cert-manager's, with the certmanager tag.
+	extraCRDDirs []string
+	guardBin     string
+	chartDir     = filepath.Join(testenv.RepoRoot(), "charts", "exit-guard")
 )
 
 func TestMain(m *testing.M) {
@@ -44,7 +47,7 @@ func TestMain(m *testing.M) {
 	}
 	// Aggregator routing: the API server calls a webhook's Service at an endpoint of its
 	// EndpointSlice (no kube-proxy routes a cluster IP here), as the Argo CD proof needs.
-	code := testenv.Main(m, testenv.Options{CRDDirs: []string{filepath.Join("testdata", "crds")},
+	code := testenv.Main(m, testenv.Options{CRDDirs: append([]string{filepath.Join("testdata", "crds")}, extraCRDDirs...),
 		APIServerFlags: map[string]string{"enable-aggregator-routing": "true"}}, &env)
 	_ = os.RemoveAll(dir)
 	os.Exit(code)

@@ -415,6 +415,9 @@ bind the same port, and the guard would crash-loop beside the controller.
 {{- if le (include "exit-guard.seconds" $c.duration | int) (include "exit-guard.seconds" $c.renewBefore | int) }}
 {{- fail (printf "certificates.certManager.renewBefore (%s) is not shorter than certificates.certManager.duration (%s)" $c.renewBefore $c.duration) }}
 {{- end }}
+{{- if and (not $c.issuerRef) (le (include "exit-guard.seconds" $c.caDuration | int) (include "exit-guard.seconds" $c.duration | int)) }}
+{{- fail (printf "certificates.certManager.caDuration (%s) is not longer than certificates.certManager.duration (%s): every serving certificate would need a new CA" $c.caDuration $c.duration) }}
+{{- end }}
 {{- end }}
 {{- $timeout := include "exit-guard.millis" .Values.guard.liveReadTimeout | int }}
 {{- $budget := include "exit-guard.millis" .Values.guard.liveReadBudget | int }}

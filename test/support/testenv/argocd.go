@@ -81,3 +81,15 @@ func (a ArgoCD) StartApplicationController(ctx context.Context, repoServer strin
 		"--status-processors=2", "--operation-processors=2", "--loglevel=info", "--logformat=text",
 	}, a.environ(), out, "/healthz")
 }
+
+// CertManagerDir is the folder holding the real cert-manager (its controller and cainjector in
+// one binary, cert-manager, and its CRDs in crds/) that hack/certmanager-binaries.sh builds:
+// $EXIT_GUARD_CERT_MANAGER_BIN when set, else the script's cache folder. It fails with a
+// message that says how to get it when it is missing.
+func CertManagerDir() (string, error) {
+	files := []string{"cert-manager", filepath.Join("crds", "cert-manager.io_certificates.yaml")}
+	return cachedDir("EXIT_GUARD_CERT_MANAGER_BIN", "certmanager-binaries.sh", files, func(dir, f string) error {
+		return fmt.Errorf("the certificate-renewal test needs a real cert-manager, and %s has no %s: run 'make e2e-certmanager' (it "+
+			"builds cert-manager's controller and cainjector from Go modules, about 5 minutes the first time) or 'make certmanager-binaries'", dir, f)
+	})
+}
