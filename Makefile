@@ -15,6 +15,7 @@ CACHE_ROOT := $(or $(EXIT_GUARD_CACHE),$(or $(XDG_CACHE_HOME),$(HOME)/.cache)/ex
 TOOLS := $(CACHE_ROOT)/tools
 GOLANGCI_LINT := $(TOOLS)/golangci-lint-$(GOLANGCI_LINT_VERSION)
 HELM := $(TOOLS)/helm-$(HELM_VERSION)
+HELM3 := $(TOOLS)/helm-$(HELM3_VERSION)
 CONTROLLER_GEN := $(TOOLS)/controller-gen-$(CONTROLLER_GEN_VERSION)
 HELM_DOCS := $(TOOLS)/helm-docs-$(HELM_DOCS_VERSION)
 PROMTOOL := $(TOOLS)/promtool-$(PROMTOOL_VERSION)
@@ -304,11 +305,11 @@ OPS_PREVIEW ?=
 # (cluster-wide and namespaced), the admission policies, the FlowSchema, helm install and
 # upgrade, and helm test's check.
 COMPAT_KUBE_VERSIONS ?= v1.30.14 v1.31.14 v1.32.13 v1.33.13 v1.34.4 v1.35.4 v1.36.3 v1.37.2
-COMPAT_RUN ?= ^(TestTheAPIServerIsTheVersionRenderedFor|TestEveryProfileLintsAndRenders|TestRenderedManifestsAreAcceptedByTheAPIServer|TestGuardDoesItsJobWithTheChartsPermissions|TestNamespacedInstallIsScopedToItsNamespaces|TestGuardIdentityChangesOnlyItsCABundle|TestClientCAIsHeldByThePolicy|TestFlowSchemaLiftsTheGuardsReadsOfWorkflows|TestUpgradeKeepsTheNewChartsDefaults|TestCheckProvesTheInstall)$$
+COMPAT_RUN ?= ^(TestTheAPIServerIsTheVersionRenderedFor|TestEveryProfileLintsAndRenders|TestRenderedManifestsAreAcceptedByTheAPIServer|TestGuardDoesItsJobWithTheChartsPermissions|TestNamespacedInstallIsScopedToItsNamespaces|TestGuardIdentityChangesOnlyItsCABundle|TestClientCAIsHeldByThePolicy|TestFlowSchemaLiftsTheGuardsReadsOfWorkflows|TestUpgradeKeepsTheNewChartsDefaults|TestHelmUpgradeKeepsWhatTheGuardWrote|TestCheckProvesTheInstall)$$
 COMPAT_REPORT ?= docs/evidence/compatibility-kubernetes.md
 .PHONY: compat
-compat: $(HELM) $(PROMTOOL) ## The chart's install tests on a real kube-apiserver of each COMPAT_KUBE_VERSIONS (each built from Go modules, ~5 min a version the first time); writes COMPAT_REPORT.
-	HELM="$(HELM)" PROMTOOL="$(PROMTOOL)" COMPAT_RUN='$(COMPAT_RUN)' hack/compat.sh $(COMPAT_KUBE_VERSIONS) > $(COMPAT_REPORT).tmp
+compat: $(HELM) $(HELM3) $(PROMTOOL) ## The chart's install tests on a real kube-apiserver of each COMPAT_KUBE_VERSIONS (each built from Go modules, ~5 min a version the first time), and on the newest with Helm 3 too; writes COMPAT_REPORT.
+	HELM="$(HELM)" HELM3="$(HELM3)" PROMTOOL="$(PROMTOOL)" COMPAT_RUN='$(COMPAT_RUN)' hack/compat.sh $(COMPAT_KUBE_VERSIONS) > $(COMPAT_REPORT).tmp
 	mv $(COMPAT_REPORT).tmp $(COMPAT_REPORT)
 	@cat $(COMPAT_REPORT)
 
@@ -360,10 +361,11 @@ manifests: $(CONTROLLER_GEN) $(HELM_DOCS) $(HELM) ## Generate config/ from the c
 helm-lint: $(HELM) ## Lint the chart.
 	$(HELM) lint $(CHART) --kube-version $(KUBE_VERSION:v%=%)
 
-$(HELM):
+# Helm's module path names its major version (helm.sh/helm/v3, helm.sh/helm/v4).
+$(TOOLS)/helm-v%:
 	@mkdir -p $(TOOLS)
-	@echo "building helm $(HELM_VERSION) into the user cache from Go modules (about 2 minutes the first time)"
-	tmp=$$(mktemp -d $(TOOLS)/.helm-XXXXXX) && GOBIN=$$tmp $(GO) install helm.sh/helm/v3/cmd/helm@$(HELM_VERSION) && \
+	@echo "building helm v$* into the user cache from Go modules (about 2 minutes the first time)"
+	tmp=$$(mktemp -d $(TOOLS)/.helm-XXXXXX) && GOBIN=$$tmp $(GO) install helm.sh/helm/v$(firstword $(subst ., ,$*))/cmd/helm@v$* && \
 	  mv $$tmp/helm $@ && rmdir $$tmp
 
 $(HELM_DOCS):

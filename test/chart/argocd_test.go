@@ -11,7 +11,6 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -130,25 +129,12 @@ func TestArgoCDKeepsTheGuardSynced(t *testing.T) {
 	// Service's EndpointSlice names. The Secret's content reaches its certificate folder as
 	// the kubelet would bring it.
 	objs := render(t, profile{name: "argocd"}, release, ns)
-	svc := only(t, objs, "Service")
 	secret := only(t, objs, "Secret")
-	addr, err := testenv.FreeAddr()
-	if err != nil {
-		t.Fatal(err)
-	}
-	port, _ := strconv.Atoi(addr[strings.LastIndex(addr, ":")+1:])
 	gctx, stopGuard := context.WithCancel(ctx)
 	defer stopGuard()
 	certDir := t.TempDir()
 	mountSecret(gctx, t, types.NamespacedName{Namespace: ns, Name: secret.GetName()}, certDir)
-	gout := &testenv.Output{}
-	g, err := testenv.StartGuard(gctx, guardBin, kubeconfigAs(t, ns, only(t, objs, "ServiceAccount").GetName()), guardArgs(t, objs,
-		"--webhook-port="+strconv.Itoa(port), "--webhook-cert-path="+certDir, "--cert-namespace="+ns), gout)
-	if err != nil {
-		t.Fatalf("%v\n%s", err, gout)
-	}
-	defer func() { _ = g.Stop() }()
-	routeService(t, svc, port)
+	_, g, gout := serveThroughService(gctx, t, objs, certDir, "--cert-namespace="+ns)
 
 	// The guard refuses a stale exit handler, called through the Service as rendered.
 	done := createWorkflow(t, ns, argo.PhaseSucceeded)

@@ -13,7 +13,6 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -165,19 +164,7 @@ func renewUnderLoad(t *testing.T, inj *injector, n int, before func(ns string), 
 		_, err := os.Stat(filepath.Join(certDir, "tls.crt"))
 		return err == nil
 	})
-	addr, err := testenv.FreeAddr()
-	if err != nil {
-		t.Fatal(err)
-	}
-	port, _ := strconv.Atoi(addr[strings.LastIndex(addr, ":")+1:])
-	out := &testenv.Output{}
-	g, err := testenv.StartGuard(ctx, guardBin, kubeconfigAs(t, ns, only(t, objs, "ServiceAccount").GetName()), guardArgs(t, objs,
-		"--webhook-port="+strconv.Itoa(port), "--webhook-cert-path="+certDir), out)
-	if err != nil {
-		t.Fatalf("%v\n%s", err, out)
-	}
-	defer func() { _ = g.Stop() }()
-	routeService(t, svc, port)
+	addr, _, out := serveThroughService(ctx, t, objs, certDir)
 	var vwc *unstructured.Unstructured
 	for _, wh := range webhooks {
 		wh := wh.DeepCopy()

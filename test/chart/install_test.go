@@ -62,16 +62,33 @@ func createOnce(t *testing.T, obj client.Object) {
 	t.Cleanup(func() { _ = env.Client.Delete(context.Background(), obj) })
 }
 
-// routeService has the API server reach the rendered Service svc at port of this machine: an
-// EndpointSlice of the Service, which the API server's aggregator routing dials (no kube-proxy
-// routes a cluster IP here).
-func routeService(t *testing.T, svc *unstructured.Unstructured, port int) {
+// serveThroughService runs the guard as the chart's Deployment would (the rendered objs' args,
+// as their ServiceAccount, with extra flags) on a free port of this machine, its certificate from
+// certDir, and has the API server reach it through the rendered Service: an EndpointSlice of
+// it, which the API server's aggregator routing dials (no kube-proxy routes a cluster IP here).
+// It returns the guard's address; the guard stops with ctx or when the test ends.
+func serveThroughService(ctx context.Context, t *testing.T, objs []*unstructured.Unstructured, certDir string, extra ...string) (string, *testenv.Guard, *testenv.Output) {
 	t.Helper()
+	addr, err := testenv.FreeAddr()
+	if err != nil {
+		t.Fatal(err)
+	}
+	port, _ := strconv.Atoi(addr[strings.LastIndex(addr, ":")+1:])
+	sa := only(t, objs, "ServiceAccount")
+	out := &testenv.Output{}
+	g, err := testenv.StartGuard(ctx, guardBin, kubeconfigAs(t, sa.GetNamespace(), sa.GetName()), guardArgs(t, objs,
+		append([]string{"--webhook-port=" + strconv.Itoa(port), "--webhook-cert-path=" + certDir}, extra...)...), out)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	t.Cleanup(func() { _ = g.Stop() })
+	svc := only(t, objs, "Service")
 	createOnce(t, &discoveryv1.EndpointSlice{ObjectMeta: metav1.ObjectMeta{Namespace: svc.GetNamespace(), Name: svc.GetName() + "-test",
 		Labels: map[string]string{discoveryv1.LabelServiceName: svc.GetName()}},
 		AddressType: discoveryv1.AddressTypeIPv4,
 		Endpoints:   []discoveryv1.Endpoint{{Addresses: []string{testenv.HostAddress(t).String()}, Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(true)}}},
 		Ports:       []discoveryv1.EndpointPort{{Name: ptr.To("webhook"), Port: ptr.To(int32(port)), Protocol: ptr.To(corev1.ProtocolTCP)}}})
+	return addr, g, out
 }
 
 // liveObject is the object o names, as the API server has it now.
