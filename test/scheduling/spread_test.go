@@ -57,7 +57,7 @@ func controlPlane(t *testing.T) {
 	} {
 		bin := filepath.Join(assets, c.bin)
 		if _, err := os.Stat(bin); err != nil {
-			t.Fatalf("no %s at %s: run 'make e2e-scheduling' (hack/envtest-binaries.sh ensure-scheduler builds it from Go modules, about 10 minutes the first time)", c.bin, bin)
+			t.Fatalf("no %s at %s: run 'make e2e-scheduling' (hack/envtest-binaries.sh ensure-scheduler builds it from Go modules, about 20 minutes for both the first time)", c.bin, bin)
 		}
 		log, err := os.Create(filepath.Join(logs, c.bin+".log"))
 		if err != nil {
@@ -172,7 +172,8 @@ func install(t *testing.T, set ...string) (ns string, deploy *appsv1.Deployment)
 	if deploy == nil {
 		t.Fatalf("the chart rendered no Deployment\n%s", out)
 	}
-	// No Pending replica of this case may land on the next case's nodes.
+	// No Pending replica of this case should land on the next case's nodes (each case lists only
+	// its own namespace's pods either way).
 	t.Cleanup(func() {
 		var live appsv1.Deployment
 		if env.Client.Get(context.Background(), client.ObjectKeyFromObject(deploy), &live) == nil {
@@ -317,7 +318,8 @@ func TestReplicasSpreadAcrossNodes(t *testing.T) {
 	t.Run("a rolling update keeps one replica a node", func(t *testing.T) {
 		// The update's new replicas are spread among themselves (matchLabelKeys: the
 		// pod-template-hash): counted with the old ones, the second new replica ties and may
-		// land beside the first. Several updates make a tie that lands badly near certain.
+		// land beside the first. Six updates make a tie that lands badly likely (seen at the
+		// fourth with either part left out).
 		addNodes(t, node{name: "d1", cpu: "4"}, node{name: "d2", cpu: "4"})
 		ns, d := install(t)
 		ctx, cancel := context.WithCancel(t.Context())
