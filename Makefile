@@ -305,7 +305,7 @@ OPS_PREVIEW ?=
 # (cluster-wide and namespaced), the admission policies, the FlowSchema, helm install and
 # upgrade, and helm test's check.
 COMPAT_KUBE_VERSIONS ?= v1.30.14 v1.31.14 v1.32.13 v1.33.13 v1.34.4 v1.35.4 v1.36.3 v1.37.2
-COMPAT_RUN ?= ^(TestTheAPIServerIsTheVersionRenderedFor|TestEveryProfileLintsAndRenders|TestRenderedManifestsAreAcceptedByTheAPIServer|TestGuardDoesItsJobWithTheChartsPermissions|TestNamespacedInstallIsScopedToItsNamespaces|TestGuardIdentityChangesOnlyItsCABundle|TestClientCAIsHeldByThePolicy|TestFlowSchemaLiftsTheGuardsReadsOfWorkflows|TestUpgradeKeepsTheNewChartsDefaults|TestHelmUpgradeKeepsWhatTheGuardWrote|TestCheckProvesTheInstall)$$
+COMPAT_RUN ?= ^(TestTheAPIServerIsTheVersionRenderedFor|TestEveryProfileLintsAndRenders|TestRenderedManifestsAreAcceptedByTheAPIServer|TestGuardDoesItsJobWithTheChartsPermissions|TestNamespacedInstallIsScopedToItsNamespaces|TestGuardIdentityChangesOnlyItsCABundle|TestClientCAIsHeldByThePolicy|TestFlowSchemaLiftsTheGuardsReadsOfWorkflows|TestUpgradeKeepsTheNewChartsDefaults|TestHelmUpgradeKeepsWhatTheGuardWrote|TestAHelm3ReleaseUpgradesUnderHelm4|TestCheckProvesTheInstall)$$
 COMPAT_REPORT ?= docs/evidence/compatibility-kubernetes.md
 .PHONY: compat
 compat: $(HELM) $(HELM3) $(PROMTOOL) ## The chart's install tests on a real kube-apiserver of each COMPAT_KUBE_VERSIONS (each built from Go modules, ~5 min a version the first time), and on the newest with Helm 3 too; writes COMPAT_REPORT.

@@ -33,13 +33,21 @@ type guardWrote struct {
 	caBundles [][]byte
 }
 
-// TestHelmUpgradeKeepsWhatTheGuardWrote installs the chart with the pinned Helm (Helm 4 applies
-// server-side) into the real API server with its defaults, runs the guard as the chart's
-// Deployment would, which fills the Secret and the caBundles that the chart renders empty, and
-// upgrades twice: with a changed value, and with --reset-then-reuse-values. Neither may take
-// back what the guard wrote, conflict with it, or stop the guard refusing a stale exit handler
-// through the rendered Service. Then helm uninstall leaves none of the release's objects.
+// TestHelmUpgradeKeepsWhatTheGuardWrote installs the chart into the real API server with its
+// defaults, runs the guard as the chart's Deployment would, which fills the Secret and the
+// caBundles that the chart renders empty, and upgrades twice with the pinned Helm: with a
+// changed value, and with --reset-then-reuse-values. Neither may take back what the guard
+// wrote, conflict with it, or stop the guard refusing a stale exit handler through the
+// rendered Service. Then helm uninstall leaves none of the release's objects. Installed by the
+// pinned Helm (Helm 4: server-side apply); TestAHelm3ReleaseUpgradesUnderHelm4 (make compat)
+// installs with Helm 3.
 func TestHelmUpgradeKeepsWhatTheGuardWrote(t *testing.T) {
+	helmUpgradeKeepsWhatTheGuardWrote(t, helm(t))
+}
+
+// helmUpgradeKeepsWhatTheGuardWrote is the test with the release installed by the helm binary
+// installer, and upgraded and uninstalled by the pinned one.
+func helmUpgradeKeepsWhatTheGuardWrote(t *testing.T, installer string) {
 	const release = "hg"
 	ns := newNamespace(t, nil)
 	kc := filepath.Join(t.TempDir(), "kubeconfig")
@@ -50,8 +58,8 @@ func TestHelmUpgradeKeepsWhatTheGuardWrote(t *testing.T) {
 		t.Helper()
 		return string(runHelm(t, append(args, "--kubeconfig", kc, "--namespace", ns)...))
 	}
-	major := strings.SplitN(strings.TrimSpace(string(runHelm(t, "version", "--template", "{{.Version}}"))), ".", 2)[0]
-	h("install", release, chartDir)
+	major := strings.SplitN(strings.TrimSpace(string(runHelmBin(t, installer, "version", "--template", "{{.Version}}"))), ".", 2)[0]
+	runHelmBin(t, installer, "install", release, chartDir, "--kubeconfig", kc, "--namespace", ns)
 	installed := true
 	t.Cleanup(func() {
 		if installed {
@@ -106,7 +114,8 @@ func TestHelmUpgradeKeepsWhatTheGuardWrote(t *testing.T) {
 		}
 	}
 	if major == "v4" {
-		// Helm 4 applies server-side: its field manager owns the configuration by Apply.
+		// Helm 4 applies server-side what it installs: its field manager owns the
+		// configuration by Apply.
 		var vwc admissionregistrationv1.ValidatingWebhookConfiguration
 		if err := env.Client.Get(t.Context(), types.NamespacedName{Name: release + "-exit-guard"}, &vwc); err != nil {
 			t.Fatal(err)

@@ -66,7 +66,13 @@ func helm(t *testing.T) string {
 // runHelm runs helm and returns its standard output.
 func runHelm(t *testing.T, args ...string) []byte {
 	t.Helper()
-	cmd := exec.Command(helm(t), args...) //nolint:gosec // G204: the pinned helm of this repository
+	return runHelmBin(t, helm(t), args...)
+}
+
+// runHelmBin runs the helm binary bin and returns its standard output.
+func runHelmBin(t *testing.T, bin string, args ...string) []byte {
+	t.Helper()
+	cmd := exec.Command(bin, args...) //nolint:gosec // G204: a pinned helm of this repository
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()

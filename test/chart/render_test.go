@@ -379,6 +379,10 @@ func TestChartRefusesTimingsThatDoNotFit(t *testing.T) {
 		{name: "a lookahead as long as the certificate", set: []string{"certificates.self.serverCertDuration=2160h"}, wantErr: "certificates.self.lookahead (2160h) is not shorter than certificates.self.serverCertDuration (2160h)"},
 		{name: "a lookahead shorter than two checks", set: []string{"certificates.self.lookahead=20h"}, wantErr: "shorter than two checks"},
 		{name: "a short certificate with a shorter lookahead and frequent checks", set: []string{"certificates.self.serverCertDuration=1h30m", "certificates.self.lookahead=30m", "certificates.self.checkFrequency=10m"}},
+		{name: "cert-manager's CA living no longer than its serving certificate", set: []string{"certificates.mode=cert-manager",
+			"certificates.certManager.caDuration=2160h"}, wantErr: "certificates.certManager.caDuration (2160h) is not longer than certificates.certManager.duration (2160h)"},
+		{name: "cert-manager's CA left to an issuerRef", set: []string{"certificates.mode=cert-manager", "certificates.certManager.caDuration=1h",
+			"certificates.certManager.issuerRef.name=corporate-ca"}},
 		{name: "cert-manager renewing before it is issued", set: []string{"certificates.mode=cert-manager", "certificates.certManager.renewBefore=2160h"}, wantErr: "certificates.certManager.renewBefore (2160h) is not shorter than certificates.certManager.duration (2160h)"},
 		// The sidecar shares the controller's pod: none of its ports may be one the argo-workflows
 		// chart's controller uses (metrics 9090, telemetry 8081, health 6060).

@@ -5,6 +5,7 @@ package chart
 import (
 	"context"
 	"crypto/tls"
+	"maps"
 	"net/http"
 	"os/exec"
 	"slices"
@@ -175,6 +176,46 @@ func TestTuningValuesLandWhereTheySay(t *testing.T) {
 					t.Errorf("profile %s renders the ServiceAccount token Secret %s", p.name, o.GetName())
 				}
 			}
+		}
+	})
+	t.Run("cert-manager: the chart's own CA", func(t *testing.T) {
+		// A self-signed Issuer signs only the CA's Certificate; a CA Issuer on that
+		// Certificate's Secret signs the serving one (make e2e-certmanager renews it for real).
+		objs := render(t, profileNamed(t, "cert-manager"), "eg", "argo")
+		byName := map[string]*unstructured.Unstructured{}
+		for _, kind := range []string{"Issuer", "Certificate"} {
+			for _, o := range find(objs, kind) {
+				byName[kind+"/"+o.GetName()] = o
+			}
+		}
+		str := func(o *unstructured.Unstructured, path ...string) string {
+			if o == nil {
+				return ""
+			}
+			s, _, _ := unstructured.NestedString(o.Object, path...)
+			return s
+		}
+		self, ca, caIssuer, serving := byName["Issuer/eg-exit-guard-selfsigned"], byName["Certificate/eg-exit-guard-ca"],
+			byName["Issuer/eg-exit-guard-ca"], byName["Certificate/eg-exit-guard-webhook"]
+		if self == nil || ca == nil || caIssuer == nil || serving == nil || len(byName) != 4 {
+			t.Fatalf("cert-manager mode renders %v, want the self-signed Issuer, the CA Certificate, the CA Issuer and the serving Certificate", slices.Sorted(maps.Keys(byName)))
+		}
+		if _, ok, _ := unstructured.NestedMap(self.Object, "spec", "selfSigned"); !ok {
+			t.Error("the first Issuer is not self-signed")
+		}
+		if isCA, _, _ := unstructured.NestedBool(ca.Object, "spec", "isCA"); !isCA || str(ca, "spec", "issuerRef", "name") != self.GetName() {
+			t.Errorf("the CA Certificate: isCA %v, issued by %q; want a CA issued by the self-signed Issuer", isCA, str(ca, "spec", "issuerRef", "name"))
+		}
+		if str(caIssuer, "spec", "ca", "secretName") != str(ca, "spec", "secretName") || str(ca, "spec", "secretName") == "" {
+			t.Errorf("the CA Issuer signs with Secret %q, the CA Certificate is in %q", str(caIssuer, "spec", "ca", "secretName"), str(ca, "spec", "secretName"))
+		}
+		if str(serving, "spec", "issuerRef", "name") != caIssuer.GetName() || str(serving, "spec", "issuerRef", "kind") != "Issuer" {
+			t.Errorf("the serving Certificate is issued by %q, want the CA Issuer", str(serving, "spec", "issuerRef", "name"))
+		}
+		// With an issuerRef of the user's, the chart makes no CA of its own.
+		objs = render(t, profileNamed(t, "cert-manager-with-issuer"), "eg", "argo")
+		if n := len(find(objs, "Issuer")) + len(find(objs, "Certificate")); n != 1 || str(only(t, objs, "Certificate"), "spec", "issuerRef", "name") != "corporate-ca" {
+			t.Errorf("with issuerRef: %d Issuers and Certificates, want the serving Certificate alone, issued by corporate-ca", n)
 		}
 	})
 	t.Run("openshift", func(t *testing.T) {

@@ -309,6 +309,10 @@ func ChartWebhook(helmBin string, set ...string) (*admissionregistrationv1.Valid
 // HelmBin is the helm the tests use: $HELM, or the one make builds into the user cache.
 func HelmBin() (string, error) { return ToolBin("HELM", "helm-"+Version("HELM_VERSION")) }
 
+// Helm3Bin returns the Helm 3 the tests keep beside the pinned Helm (HELM3_VERSION): $HELM3, or
+// the one make builds into ToolsDir.
+func Helm3Bin() (string, error) { return ToolBin("HELM3", "helm-"+Version("HELM3_VERSION")) }
+
 // ToolBin returns a tool the tests run: $env, or the one make builds into ToolsDir as file.
 func ToolBin(env, file string) (string, error) {
 	bin := os.Getenv(env)
