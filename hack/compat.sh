@@ -22,7 +22,10 @@ fi
 # row VERSION HELM: the tests on kube-apiserver VERSION with that helm, as a row of the table.
 row() {
   local v=$1 helm=$2 hv log
-  hv=$("$helm" version --template '{{.Version}}')
+  # The pinned version, from the binary's name (helm-vX.Y.Z): a helm built with go install
+  # reports only its minor.
+  hv=$(basename "$helm")
+  hv=${hv#helm-}
   log="$logs/$v-$hv.log"
   echo "compat: kube-apiserver $v, helm $hv" >&2
   assets=$(KUBE_VERSION=$v hack/envtest-binaries.sh ensure)
