@@ -17,7 +17,9 @@ import (
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/google/go-containerregistry/pkg/registry"
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -172,6 +174,7 @@ func TestArgoCDKeepsTheGuardSynced(t *testing.T) {
 	if err := env.Client.Create(ctx, fixture.ExitPod(done)); !contract.IsRefusal(err) {
 		t.Errorf("after the refreshes the stale exit handler: %v, want refused", err)
 	}
+	first = emergencyOff(t, app, vwc.GetName(), done)
 
 	// Without ignoreDifferences: the chart renders neither the caBundle nor the Secret's data,
 	// so Argo CD's default diff (client side, live fields that the render lacks left out)
@@ -237,6 +240,66 @@ func TestArgoCDKeepsTheGuardSynced(t *testing.T) {
 		t.Errorf("the negative control: with a new CA in every render Argo CD found no difference (OutOfSync seen %v) or did not sync again (last operation %s, was %s): the checks above prove nothing",
 			sawOutOfSync, after.operationStarted, before.operationStarted)
 	}
+}
+
+// emergencyOff runs the emergency off of docs/gitops.md as written, with a real kubectl:
+// automated sync off, the webhook configurations deleted. Through two hard refreshes Argo CD
+// must leave them deleted (OutOfSync, no sync), and the stale exit handler is admitted, no
+// guard called. Then automated sync goes back on as the example has it: the next sync puts
+// them back, the running guard writes its CA into them, and it refuses again. It returns the
+// Application's state after that sync.
+func emergencyOff(t *testing.T, app *unstructured.Unstructured, vwc string, done *unstructured.Unstructured) appState {
+	t.Helper()
+	ctx := t.Context()
+	before := readApp(t, app)
+	if out, err := kubectlShell(t, recipe(t, "docs/gitops.md", "argocd-emergency-off")); err != nil {
+		t.Fatalf("the emergency off: %v\n%s", err, out)
+	}
+	gone := func() bool {
+		err := env.Client.Get(ctx, types.NamespacedName{Name: vwc}, &admissionregistrationv1.ValidatingWebhookConfiguration{})
+		return apierrors.IsNotFound(err)
+	}
+	for i := range 2 {
+		at := hardRefresh(t, app)
+		var s appState
+		_ = wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
+			s = readApp(t, app)
+			return !s.reconciled.Before(at.Truncate(time.Second)), nil
+		})
+		t.Logf("emergency off, hard refresh %d: %s, health %s", i+1, s.sync, s.health)
+		if s.sync != "OutOfSync" || s.operationStarted != before.operationStarted || !gone() {
+			t.Errorf("emergency off, hard refresh %d: %s, operation started %s (was %s), configuration gone %v; want OutOfSync, no sync, gone",
+				i+1, s.sync, s.operationStarted, before.operationStarted, gone())
+		}
+	}
+	if err := env.Client.Create(ctx, fixture.ExitPod(done), client.DryRunAll); err != nil {
+		t.Errorf("with the guard off, the stale exit handler: %v, want admitted (no webhook)", err)
+	}
+	automated, found, _ := unstructured.NestedMap(app.Object, "spec", "syncPolicy", "automated")
+	if !found {
+		t.Fatal("examples/argocd-application.yaml has no syncPolicy.automated to turn back on")
+	}
+	live := &unstructured.Unstructured{}
+	live.SetGroupVersionKind(applicationGVK)
+	if err := env.Client.Get(ctx, client.ObjectKeyFromObject(app), live); err != nil {
+		t.Fatal(err)
+	}
+	must(t, unstructured.SetNestedMap(live.Object, automated, "spec", "syncPolicy", "automated"))
+	if err := env.Client.Update(ctx, live); err != nil {
+		t.Fatal(err)
+	}
+	after := waitSynced(t, app, "automated sync back on", hardRefresh(t, app))
+	if gone() || after.operationStarted == before.operationStarted {
+		t.Fatalf("automated sync back on: configuration gone %v, operation started %s (was %s)", gone(), after.operationStarted, before.operationStarted)
+	}
+	err := wait.PollUntilContextTimeout(ctx, 500*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+		return contract.IsRefusal(env.Client.Create(ctx, fixture.ExitPod(done), client.DryRunAll)), nil
+	})
+	if err != nil {
+		t.Fatalf("after the emergency off was undone, the guard never refused the stale exit handler again: %v", err)
+	}
+	t.Logf("emergency off: the configurations stayed deleted through 2 hard refreshes; back %s after automated sync was turned on", after.reconciled.Format(time.TimeOnly))
+	return after
 }
 
 // appState is what the test reads of an Application's status.
