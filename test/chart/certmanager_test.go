@@ -180,7 +180,10 @@ func renewUnderLoad(t *testing.T, inj *injector, n int, before func(ns string), 
 		live := liveObject(t, vwc)
 		hooks, _, _ := unstructured.NestedSlice(live.Object, "webhooks")
 		ca, _, _ := unstructured.NestedString(hooks[0].(map[string]any), "clientConfig", "caBundle")
-		pem, _ := base64.StdEncoding.DecodeString(ca)
+		pem, err := base64.StdEncoding.DecodeString(ca)
+		if err != nil {
+			t.Fatalf("the caBundle of %s is not base64: %v", vwc.GetName(), err)
+		}
 		return pem
 	}
 	done := createWorkflow(t, ns, argo.PhaseSucceeded)
@@ -199,8 +202,9 @@ func renewUnderLoad(t *testing.T, inj *injector, n int, before func(ns string), 
 			inj.start(t)
 		}
 	}()
-	deadline := time.Now().Add(time.Duration(n)*40*time.Second + time.Minute)
-	for time.Now().Before(deadline) {
+	// One probe and one stale pod each 50 ms, until the run ends or its deadline passes (then
+	// the count of serving certificates below says what was missing).
+	_ = wait.PollUntilContextTimeout(t.Context(), 50*time.Millisecond, time.Duration(n)*40*time.Second+time.Minute, true, func(context.Context) (bool, error) {
 		// The next renewal 3 s after the guard serves the last one's certificate (it takes a
 		// changed file up within its watcher's 10 s poll); 5 s without a change ends the run.
 		if r.renewals < n && len(served) == r.renewals+1 && time.Since(lastChange) > 3*time.Second {
@@ -217,7 +221,7 @@ func renewUnderLoad(t *testing.T, inj *injector, n int, before func(ns string), 
 			injectorDown = false
 		}
 		if r.renewals == n && !injectorDown && len(served) > n && time.Since(lastChange) > 5*time.Second && time.Since(lastRenewal) > 5*time.Second {
-			break
+			return true, nil
 		}
 		ca := caBundle()
 		if !bundles[string(ca)] {
@@ -250,8 +254,8 @@ func renewUnderLoad(t *testing.T, inj *injector, n int, before func(ns string), 
 			r.failed++
 			t.Logf("a stale pod's create failed: %v", err)
 		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return false, nil
+	})
 	r.served, r.caBundles = len(served), len(bundles)
 	if r.served <= n {
 		t.Errorf("saw %d serving certificates after %d renewals, want %d: cert-manager did not renew, or the guard did not take the new one up\nthe guard said:\n%s", r.served, n, n+1, out)
