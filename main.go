@@ -178,15 +178,17 @@ func run(ctx context.Context, f *flags, opts options, drainer *shutdown.Drainer,
 	}
 
 	checks := map[string]healthz.Checker{}
+	certFiles := []string{filepath.Join(certDir, f.serve.webhookCertName), filepath.Join(certDir, f.serve.webhookKeyName)}
 	if certOpts != nil {
-		certsChecker, err := certs.Setup(mgr, *certOpts, certsReady)
+		rotated := make(chan struct{})
+		certsChecker, err := certs.Setup(mgr, *certOpts, rotated)
 		if err != nil {
 			return fmt.Errorf("managing the webhook certificate: %w", err)
 		}
 		checks["certificate"] = certsChecker
+		go certs.WaitForMounted(ctx, rotated, certsReady, ctrl.Log.WithName("setup"), certFiles...)
 	} else {
-		go certs.WaitForFiles(ctx, certsReady, ctrl.Log.WithName("setup"),
-			filepath.Join(certDir, f.serve.webhookCertName), filepath.Join(certDir, f.serve.webhookKeyName))
+		go certs.WaitForFiles(ctx, certsReady, ctrl.Log.WithName("setup"), certFiles...)
 	}
 
 	store, err := completionstore.New(storeOpts)

@@ -239,6 +239,19 @@ func WaitForFiles(ctx context.Context, ready chan<- struct{}, log logr.Logger, f
 	}
 }
 
+// WaitForMounted closes ready once rotated is closed (the rotator's readiness) and every file
+// exists. cert-controller's readiness looks for the certificate file alone, and a kubelet
+// links the files of a Secret volume one at a time after the Secret changes: a webhook server
+// started on the certificate alone may find no key and stop. Give ready to WaitFor.
+func WaitForMounted(ctx context.Context, rotated <-chan struct{}, ready chan<- struct{}, log logr.Logger, files ...string) {
+	select {
+	case <-ctx.Done():
+		return
+	case <-rotated:
+	}
+	WaitForFiles(ctx, ready, log, files...)
+}
+
 // FileCertificate is a tls.Config GetCertificate that serves the key pair of certFile and
 // keyFile, read again when either changes (checked at each handshake, at most once a second):
 // the metrics endpoint serves the webhook's certificate, whose CA the chart knows (the Secret's
