@@ -324,6 +324,19 @@ e2e-scheduling: $(HELM) ## Where the chart's replicas land: the real kube-schedu
 	@assets=$$(hack/envtest-binaries.sh ensure-scheduler) && \
 	  KUBEBUILDER_ASSETS="$$assets" HELM="$(HELM)" $(GO) test -tags e2e -count=1 -v -timeout 20m ./test/scheduling
 
+.PHONY: node-binaries
+node-binaries: ## Build the real node's binaries from Go modules into the user cache: kubelet, kube-scheduler, kube-controller-manager, kubectl (KUBE_VERSION), containerd, runc and the CNI loopback plugin (needs libseccomp-dev).
+	@hack/envtest-binaries.sh ensure-node >/dev/null && hack/node-binaries.sh ensure >/dev/null
+
+NODE_IMAGES ?= bin/node-images
+
+.PHONY: e2e-node
+e2e-node: $(HELM) node-binaries ## The chart, the guard's image and Argo on a real node (kubelet, containerd, runc), contained: its own network and mount namespaces, its kernel tunables its own files (as root).
+	GO="$(GO)" hack/node-images.sh $(NODE_IMAGES)
+	$(GO) test -c -tags node -o bin/e2e-node.test ./test/node
+	cd test/node && HELM="$(abspath $(HELM))" EXIT_GUARD_NODE_IMAGES="$(abspath $(NODE_IMAGES))" \
+	  ../../hack/node/netns.sh ../../bin/e2e-node.test -test.v -test.count=1 -test.timeout 30m
+
 .PHONY: certmanager-binaries
 certmanager-binaries: ## Build cert-manager's controller and cainjector from Go modules into the user cache (first run about 5 minutes).
 	@hack/certmanager-binaries.sh ensure

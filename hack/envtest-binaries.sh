@@ -5,12 +5,14 @@
 # kube-controller-manager (its garbage collector: what deletes a TaskSet whose Workflow is
 # gone) is built beside them for the Argo proof, and kube-scheduler with it for the spread test.
 #
-# Usage: hack/envtest-binaries.sh [ensure|ensure-gc|ensure-kubectl|path]
+# Usage: hack/envtest-binaries.sh [ensure|ensure-gc|ensure-kubectl|ensure-scheduler|ensure-node|path]
 #   ensure          build whatever is missing or stale, then print the assets directory (default)
 #   ensure-gc       the same, and kube-controller-manager too
 #   ensure-kubectl  the same, and kubectl too (the tests that run the docs' kubectl recipes)
 #   ensure-scheduler  the same, and kube-scheduler and kube-controller-manager too (the spread
 #                   test: Deployments to Pods to Nodes as a cluster does it, without a kubelet)
+#   ensure-node     the same, and kubelet, kube-scheduler, kube-controller-manager and kubectl
+#                   (the real node of make e2e-node; hack/node-binaries.sh adds its runtime)
 #   path       print the assets directory without building anything
 #
 # Environment:
@@ -146,5 +148,15 @@ case "${1:-ensure}" in
     build_kube kube-scheduler
     echo "$ASSETS"
     ;;
-  *) echo "usage: $0 [ensure|ensure-gc|ensure-kubectl|ensure-scheduler|path]" >&2; exit 2 ;;
+  ensure-node)
+    mkdir -p "$ASSETS"
+    build_etcd
+    build_kube kube-apiserver
+    build_kube kube-controller-manager
+    build_kube kube-scheduler
+    build_kube kubectl
+    build_kube kubelet
+    echo "$ASSETS"
+    ;;
+  *) echo "usage: $0 [ensure|ensure-gc|ensure-kubectl|ensure-scheduler|ensure-node|path]" >&2; exit 2 ;;
 esac

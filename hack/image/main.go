@@ -6,6 +6,8 @@
 //	go run ./hack/image build --out bin/image --tag ghcr.io/exit-guard/exit-guard:0.1.0 --arch amd64 --arch arm64
 //	go run ./hack/image push --layout bin/image --to registry.example.com/platform/exit-guard:0.1.0
 //	go run ./hack/image digests --layout bin/image
+//	go run ./hack/image archive --layout bin/image --out bin/image.tar
+//	go run ./hack/image files --out bin/pause --tag exit-guard.local/pause:1 --file /pause=bin/pause --entrypoint /pause
 package main
 
 import (
@@ -64,9 +66,22 @@ func buildImage(a arch, version string) (v1.Image, error) {
 	if err := tw.Close(); err != nil {
 		return nil, err
 	}
-	raw := buf.Bytes()
+	return oneLayer(buf.Bytes(), "COPY --from=build /exit-guard /exit-guard", a.name, func(c *v1.Config) {
+		c.User = user
+		c.Entrypoint = []string{"/" + binaryPath}
+		c.Labels = map[string]string{
+			"org.opencontainers.image.title":   "exit-guard",
+			"org.opencontainers.image.version": version,
+			"org.opencontainers.image.source":  "https://github.com/exit-guard/exit-guard",
+		}
+	})
+}
+
+// oneLayer returns a linux/goarch image of the one layer layerTar, its config set by
+// configure, every timestamp the Unix epoch and its working directory /.
+func oneLayer(layerTar []byte, createdBy, goarch string, configure func(*v1.Config)) (v1.Image, error) {
 	layer, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) {
-		return io.NopCloser(bytes.NewReader(raw)), nil
+		return io.NopCloser(bytes.NewReader(layerTar)), nil
 	}, tarball.WithMediaType(types.OCILayer))
 	if err != nil {
 		return nil, err
@@ -74,7 +89,7 @@ func buildImage(a arch, version string) (v1.Image, error) {
 	img := mutate.MediaType(empty.Image, types.OCIManifestSchema1)
 	img = mutate.ConfigMediaType(img, types.OCIConfigJSON)
 	img, err = mutate.Append(img, mutate.Addendum{Layer: layer, History: v1.History{
-		CreatedBy: "COPY --from=build /exit-guard /exit-guard", Created: v1.Time{Time: time.Unix(0, 0)},
+		CreatedBy: createdBy, Created: v1.Time{Time: time.Unix(0, 0)},
 	}})
 	if err != nil {
 		return nil, err
@@ -84,16 +99,10 @@ func buildImage(a arch, version string) (v1.Image, error) {
 		return nil, err
 	}
 	cf = cf.DeepCopy()
-	cf.OS, cf.Architecture = "linux", a.name
+	cf.OS, cf.Architecture = "linux", goarch
 	cf.Created = v1.Time{Time: time.Unix(0, 0)}
-	cf.Config.User = user
-	cf.Config.Entrypoint = []string{"/" + binaryPath}
 	cf.Config.WorkingDir = "/"
-	cf.Config.Labels = map[string]string{
-		"org.opencontainers.image.title":   "exit-guard",
-		"org.opencontainers.image.version": version,
-		"org.opencontainers.image.source":  "https://github.com/exit-guard/exit-guard",
-	}
+	configure(&cf.Config)
 	return mutate.ConfigFile(img, cf)
 }
 
@@ -200,7 +209,7 @@ func main() {
 
 func run(args []string) error {
 	if len(args) == 0 {
-		return errors.New("usage: image build|push|digests [flags]")
+		return errors.New("usage: image build|push|digests|files|archive [flags]")
 	}
 	fs := flag.NewFlagSet("image "+args[0], flag.ContinueOnError)
 	switch args[0] {
@@ -280,7 +289,19 @@ func run(args []string) error {
 		}
 		fmt.Print(strings.Join(lines, ""))
 		return nil
+	case "files":
+		return runFiles(fs, args[1:])
+	case "archive":
+		dir := fs.String("layout", "bin/image", "The OCI image layout to archive.")
+		out := fs.String("out", "", "The tar file to write, for `ctr images import`.")
+		if err := fs.Parse(args[1:]); err != nil {
+			return err
+		}
+		if *out == "" {
+			return errors.New("image archive: --out is required")
+		}
+		return writeArchive(*dir, *out)
 	default:
-		return fmt.Errorf("unknown command %q: want build, push or digests", args[0])
+		return fmt.Errorf("unknown command %q: want build, push, digests, files or archive", args[0])
 	}
 }

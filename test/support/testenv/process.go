@@ -29,8 +29,12 @@ type Process struct {
 // Launch starts bin with args, its output into out. With env, the process has that environment
 // instead of the test's (append to os.Environ() to add to it).
 func Launch(bin string, args, env []string, out io.Writer) (*Process, error) {
-	p := &Process{name: filepath.Base(bin), bin: bin, out: out, exited: make(chan struct{})}
-	p.cmd = exec.Command(bin, args...) //nolint:gosec // G204: a binary this repository built, or one of its pinned tools
+	return LaunchCmd(exec.Command(bin, args...), env, out) //nolint:gosec // G204: a binary this repository built, or one of its pinned tools
+}
+
+// LaunchCmd starts cmd as Launch does: with env (nil: the test's), its output into out.
+func LaunchCmd(cmd *exec.Cmd, env []string, out io.Writer) (*Process, error) {
+	p := &Process{name: filepath.Base(cmd.Path), bin: cmd.Path, out: out, cmd: cmd, exited: make(chan struct{})}
 	p.cmd.Env = env
 	p.cmd.Stdout, p.cmd.Stderr = out, out
 	p.started = time.Now()

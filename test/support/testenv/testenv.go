@@ -9,6 +9,7 @@ package testenv
 import (
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -43,6 +44,8 @@ type Options struct {
 	OwnCRDs bool
 	// APIServerFlags are extra kube-apiserver flags, as name=value.
 	APIServerFlags map[string]string
+	// APIServerOutput receives kube-apiserver's output (none when nil).
+	APIServerOutput io.Writer
 }
 
 // Env is a running API server.
@@ -155,6 +158,9 @@ func Start(opts Options) (*Env, error) {
 	api := te.ControlPlane.GetAPIServer()
 	// Its secure serving address (the fields of the embedded SecureServing).
 	api.Address, api.Port = "127.0.0.1", strconv.Itoa(apiPort)
+	if opts.APIServerOutput != nil {
+		api.Out, api.Err = opts.APIServerOutput, opts.APIServerOutput
+	}
 	for k, v := range opts.APIServerFlags {
 		api.Configure().Set(k, v)
 	}
