@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the container runtime of the real node (make e2e-node) from Go modules only: containerd,
-# its runc shim and ctr, runc, and the CNI loopback plugin (cni/loopback: the runtime's network
-# is ready, and a pod that is not hostNetwork gets loopback alone); and keeps them in the user's cache directory keyed by
+# its runc shim and ctr, runc, and the CNI plugins of the node's pod network (cni/: bridge,
+# host-local, loopback); and keeps them in the user's cache directory keyed by
 # version, as hack/envtest-binaries.sh keeps the API server (which builds the node's kubelet,
 # kube-scheduler and kube-controller-manager: ensure-node).
 #
@@ -65,8 +65,10 @@ case "${1:-ensure}" in
     CGO_ENABLED=1 build github.com/opencontainers/runc "$RUNC_VERSION" runc -tags seccomp \
       -ldflags "-s -w -X main.version=${RUNC_VERSION#v}"
     mkdir -p "$DIR/cni"
-    CGO_ENABLED=0 build github.com/containernetworking/plugins/plugins/main/loopback "$CNI_PLUGINS_VERSION" cni/loopback \
-      -ldflags "-s -w"
+    for p in main/loopback main/bridge ipam/host-local; do
+      CGO_ENABLED=0 build "github.com/containernetworking/plugins/plugins/$p" "$CNI_PLUGINS_VERSION" "cni/$(basename "$p")" \
+        -ldflags "-s -w"
+    done
     echo "$DIR"
     ;;
   *) echo "usage: $0 [ensure|path]" >&2; exit 2 ;;

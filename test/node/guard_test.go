@@ -40,7 +40,8 @@ func helm(t *testing.T, args ...string) string {
 }
 
 // nodeValues are the values that put the chart on this node: the image loaded into containerd
-// (never pulled), hostNetwork (no pod network), the API server on loopback (no kube-proxy).
+// (never pulled), and the API server's address (no kube-proxy makes the kubernetes Service's
+// ClusterIP lead to it).
 func nodeValues(t *testing.T) []string {
 	u, err := url.Parse(env.Config.Host)
 	if err != nil {
@@ -48,26 +49,27 @@ func nodeValues(t *testing.T) []string {
 	}
 	return []string{
 		"--set", "image.registry=exit-guard.local", "--set", "image.repository=exit-guard", "--set", "image.tag=node",
-		"--set", "image.pullPolicy=Never", "--set", "hostNetwork=true",
+		"--set", "image.pullPolicy=Never",
 		"--set", "extraEnv[0].name=KUBERNETES_SERVICE_HOST", "--set", "extraEnv[0].value=" + u.Hostname(),
 		"--set-string", "extraEnv[1].name=KUBERNETES_SERVICE_PORT", "--set-string", "extraEnv[1].value=" + u.Port(),
 	}
 }
 
-// TestTheChartsGuardRunsOnTheNode: helm install --wait of the chart, one replica, on the real
-// node: the guard's image runs in a container, its probes pass, the Deployment is available.
+// TestTheChartsGuardRunsOnTheNode: helm install --wait of the chart with its defaults (two
+// replicas, enforce) on the real node: the guard's image runs in containers, their probes pass,
+// the Deployment is available.
 func TestTheChartsGuardRunsOnTheNode(t *testing.T) {
 	start := time.Now()
 	args := append([]string{"install", "eg", filepath.Join(testenv.RepoRoot(), "charts", "exit-guard"),
-		"--namespace", "exit-guard", "--create-namespace", "--wait", "--timeout", "4m", "--set", "replicaCount=1"}, nodeValues(t)...)
+		"--namespace", "exit-guard", "--create-namespace", "--wait", "--timeout", "4m"}, nodeValues(t)...)
 	helm(t, args...)
 	t.Logf("helm install --wait: %s", time.Since(start).Round(time.Millisecond))
 	var d appsv1.Deployment
 	if err := env.Client.Get(t.Context(), client.ObjectKey{Namespace: "exit-guard", Name: "eg-exit-guard"}, &d); err != nil {
 		t.Fatal(err)
 	}
-	if d.Status.AvailableReplicas != 1 {
-		t.Fatalf("available replicas %d, want 1", d.Status.AvailableReplicas)
+	if d.Status.AvailableReplicas != 2 {
+		t.Fatalf("available replicas %d, want 2", d.Status.AvailableReplicas)
 	}
 	var pods corev1.PodList
 	if err := env.Client.List(t.Context(), &pods, client.InNamespace("exit-guard")); err != nil {
@@ -75,7 +77,7 @@ func TestTheChartsGuardRunsOnTheNode(t *testing.T) {
 	}
 	for _, p := range pods.Items {
 		for _, cs := range p.Status.ContainerStatuses {
-			t.Logf("pod %s on %s: container %s ready=%v started=%s image=%s", p.Name, p.Spec.NodeName, cs.Name, cs.Ready,
+			t.Logf("pod %s (%s) on %s: container %s ready=%v started=%s image=%s", p.Name, p.Status.PodIP, p.Spec.NodeName, cs.Name, cs.Ready,
 				p.Status.StartTime, cs.ImageID)
 		}
 	}

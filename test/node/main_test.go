@@ -54,7 +54,9 @@ func run(m *testing.M) int {
 		return 1
 	}
 	defer func() { _ = os.Remove(apiLog.Name()) }()
-	e, err := testenv.Start(testenv.Options{APIServerFlags: node.Flags(), APIServerOutput: apiLog})
+	opts := node.Options()
+	opts.APIServerOutput = apiLog
+	e, err := testenv.Start(opts)
 	if err != nil {
 		raw, _ := os.ReadFile(apiLog.Name())
 		fmt.Fprintf(os.Stderr, "FAIL: %v\nkube-apiserver's output:\n%s\n", err, tailLines(string(raw), 30))

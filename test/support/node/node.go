@@ -82,12 +82,18 @@ func TakeSnapshot() (Snapshot, error) {
 	return s, err
 }
 
-// IP is the node's address: loopback of the test's network namespace holds it beside 127.0.0.1
-// (hack/node/netns.sh), since kubelet refuses a loopback node IP.
-const IP = "10.255.0.1"
+// The node's network (hack/node/netns.sh): the bridge Bridge of the test's network namespace
+// holds IP, the node's address and the API server's, in Subnet, where the CNI bridge plugin
+// gives each pod an address.
+const (
+	Bridge = "eg-br0"
+	IP     = "10.88.0.1"
+	Subnet = "10.88.0.0/16"
+)
 
 // CheckIsolated returns an error unless the test runs where the node may run: as root, in a
-// network namespace that reaches nothing, loopback its only interface, holding IP.
+// network namespace that reaches nothing outside it: loopback, and Bridge holding IP, with no
+// port.
 func CheckIsolated() error {
 	const how = "run it with 'make e2e-node' (as root; it builds the node's binaries and runs the tests in a network namespace of their own, hack/node/netns.sh)"
 	if os.Geteuid() != 0 {
@@ -97,24 +103,32 @@ func CheckIsolated() error {
 	if err != nil {
 		return err
 	}
-	holds := false
+	bridge := false
 	for _, i := range ifs {
-		if i.Flags&net.FlagLoopback == 0 {
-			return fmt.Errorf("the test's network namespace has interface %s besides loopback: hostNetwork pods would listen on it; %s", i.Name, how)
+		switch {
+		case i.Flags&net.FlagLoopback != 0:
+		case i.Name == Bridge:
+			out, err := exec.Command("ip", "-d", "-o", "link", "show", "dev", i.Name).Output()
+			if err != nil || !strings.Contains(string(out), " bridge ") {
+				return fmt.Errorf("%s is not a bridge (%s): %s", i.Name, strings.TrimSpace(string(out)), how)
+			}
+			if ports, _ := os.ReadDir(filepath.Join("/sys/class/net", i.Name, "brif")); len(ports) > 0 {
+				return fmt.Errorf("%s has ports already: %s", i.Name, how)
+			}
+			addrs, err := i.Addrs()
+			if err != nil || len(addrs) == 0 || !strings.HasPrefix(addrs[0].String(), IP+"/") {
+				return fmt.Errorf("%s holds %v, want %s: %s", i.Name, addrs, IP, how)
+			}
+			bridge = true
+		default:
+			return fmt.Errorf("the test's network namespace has interface %s besides loopback and %s: %s", i.Name, Bridge, how)
 		}
 		if i.Flags&net.FlagUp == 0 {
 			return fmt.Errorf("%s is down in the test's network namespace: %s", i.Name, how)
 		}
-		addrs, err := i.Addrs()
-		if err != nil {
-			return err
-		}
-		for _, a := range addrs {
-			holds = holds || strings.HasPrefix(a.String(), IP+"/")
-		}
 	}
-	if !holds {
-		return fmt.Errorf("loopback does not hold the node's address %s: %s", IP, how)
+	if !bridge {
+		return fmt.Errorf("no bridge %s holding the node's address %s: %s", Bridge, IP, how)
 	}
 	return nil
 }
@@ -143,8 +157,7 @@ func Binaries() (assets, runtime string, err error) {
 	return assets, runtime, nil
 }
 
-// Start starts the node on env's API server (which must have been started with APIServerFlags
-// from Flags). Stop it with Stop, even when Start fails.
+// Start starts the node on env's API server (which must have been started with Options). Stop it with Stop, even when Start fails.
 func Start(ctx context.Context, env *testenv.Env) (*Cluster, error) {
 	if err := CheckIsolated(); err != nil {
 		return nil, err
@@ -177,17 +190,18 @@ func Start(ctx context.Context, env *testenv.Env) (*Cluster, error) {
 	return c, c.waitReady(ctx)
 }
 
-// Flags are the API server flags the node needs: ServiceAccount admission (a pod's token, which
-// envtest turns off), webhook calls sent to a Service's endpoints rather than its ClusterIP
-// (there is no kube-proxy), and loopback as its address (the network namespace has no route
-// from which it could choose one) with no endpoints for the kubernetes Service (which may not
-// name loopback; pods get the API server's address in KUBERNETES_SERVICE_HOST instead).
-func Flags() map[string]string {
-	return map[string]string{
-		"disable-admission-plugins": "",
-		"enable-aggregator-routing": "true",
-		"advertise-address":         "127.0.0.1",
-		"endpoint-reconciler-type":  "none",
+// Options are the test API server's options for the node: it serves on IP, where pods reach
+// it; ServiceAccount admission gives pods their tokens (envtest turns it off); webhook calls go
+// to a Service's endpoints rather than its ClusterIP (there is no kube-proxy: pods get the API
+// server's address in KUBERNETES_SERVICE_HOST too).
+func Options() testenv.Options {
+	return testenv.Options{
+		APIServerAddress: IP,
+		APIServerFlags: map[string]string{
+			"disable-admission-plugins": "",
+			"enable-aggregator-routing": "true",
+			"advertise-address":         IP,
+		},
 	}
 }
 
@@ -205,10 +219,13 @@ func (c *Cluster) writeConfig() error {
 	if err := os.WriteFile(c.path("ca.crt"), c.Env.Config.CAData, 0o644); err != nil { //nolint:gosec // G306: a CA certificate
 		return err
 	}
-	// The loopback plugin alone: the runtime's network is ready (the node too), and a pod that
-	// is not hostNetwork gets a network namespace with loopback alone.
-	cni := `{"cniVersion": "1.0.0", "name": "loopback", "plugins": [{"type": "loopback"}]}`
-	if err := os.WriteFile(c.path("cni", "10-loopback.conflist"), []byte(cni), 0o644); err != nil { //nolint:gosec // G306: no secret
+	// The pod network: the bridge plugin plugs each pod into Bridge, host-local gives it an
+	// address of Subnet (its leases in the node's folder).
+	cni := fmt.Sprintf(`{"cniVersion": "1.0.0", "name": "exit-guard-node", "plugins": [
+  {"type": "bridge", "bridge": %q, "isGateway": true, "ipMasq": false,
+   "ipam": {"type": "host-local", "ranges": [[{"subnet": %q, "rangeStart": "10.88.1.1", "gateway": %q}]], "dataDir": %q}},
+  {"type": "loopback"}]}`, Bridge, Subnet, IP, c.path("cni-ipam"))
+	if err := os.WriteFile(c.path("cni", "10-exit-guard-node.conflist"), []byte(cni), 0o644); err != nil { //nolint:gosec // G306: no secret
 		return err
 	}
 	containerd := fmt.Sprintf(`version = 4

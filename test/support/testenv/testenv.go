@@ -7,6 +7,7 @@
 package testenv
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"io"
@@ -44,6 +45,8 @@ type Options struct {
 	OwnCRDs bool
 	// APIServerFlags are extra kube-apiserver flags, as name=value.
 	APIServerFlags map[string]string
+	// APIServerAddress is the address kube-apiserver serves on (default 127.0.0.1).
+	APIServerAddress string
 	// APIServerOutput receives kube-apiserver's output (none when nil).
 	APIServerOutput io.Writer
 }
@@ -157,7 +160,7 @@ func Start(opts Options) (*Env, error) {
 	}
 	api := te.ControlPlane.GetAPIServer()
 	// Its secure serving address (the fields of the embedded SecureServing).
-	api.Address, api.Port = "127.0.0.1", strconv.Itoa(apiPort)
+	api.Address, api.Port = cmp.Or(opts.APIServerAddress, "127.0.0.1"), strconv.Itoa(apiPort)
 	if opts.APIServerOutput != nil {
 		api.Out, api.Err = opts.APIServerOutput, opts.APIServerOutput
 	}
