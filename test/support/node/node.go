@@ -108,7 +108,7 @@ func CheckIsolated() error {
 		switch {
 		case i.Flags&net.FlagLoopback != 0:
 		case i.Name == Bridge:
-			out, err := exec.Command("ip", "-d", "-o", "link", "show", "dev", i.Name).Output()
+			out, err := exec.Command("ip", "-d", "-o", "link", "show", "dev", i.Name).Output() //nolint:gosec // G204: an interface of the test's namespace
 			if err != nil || !strings.Contains(string(out), " bridge ") {
 				return fmt.Errorf("%s is not a bridge (%s): %s", i.Name, strings.TrimSpace(string(out)), how)
 			}
