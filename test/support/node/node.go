@@ -89,6 +89,9 @@ const (
 	Bridge = "eg-br0"
 	IP     = "10.88.0.1"
 	Subnet = "10.88.0.0/16"
+	// ServiceRange holds the Services' ClusterIPs, the kubernetes Service's IP first; pods get
+	// addresses from 10.88.1.1 on.
+	ServiceRange = "10.88.0.0/24"
 )
 
 // CheckIsolated returns an error unless the test runs where the node may run: as root, in a
@@ -190,17 +193,22 @@ func Start(ctx context.Context, env *testenv.Env) (*Cluster, error) {
 	return c, c.waitReady(ctx)
 }
 
-// Options are the test API server's options for the node: it serves on IP, where pods reach
-// it; ServiceAccount admission gives pods their tokens (envtest turns it off); webhook calls go
-// to a Service's endpoints rather than its ClusterIP (there is no kube-proxy: pods get the API
-// server's address in KUBERNETES_SERVICE_HOST too).
+// Options are the test API server's options for the node. It serves on IP:443, and the
+// kubernetes Service's ClusterIP is IP too (the first address of its range): with no
+// kube-proxy, the address and port kubelet gives every pod (KUBERNETES_SERVICE_HOST and _PORT)
+// lead to it all the same. ServiceAccount admission gives pods their tokens (envtest turns it
+// off); webhook calls go to a Service's endpoints rather than its ClusterIP; the API server
+// reaches kubelet (logs, exec) at the node's address, not its name, which nothing resolves.
 func Options() testenv.Options {
 	return testenv.Options{
 		APIServerAddress: IP,
+		APIServerPort:    443,
 		APIServerFlags: map[string]string{
-			"disable-admission-plugins": "",
-			"enable-aggregator-routing": "true",
-			"advertise-address":         IP,
+			"disable-admission-plugins":       "",
+			"enable-aggregator-routing":       "true",
+			"advertise-address":               IP,
+			"service-cluster-ip-range":        ServiceRange,
+			"kubelet-preferred-address-types": "InternalIP",
 		},
 	}
 }
@@ -272,7 +280,7 @@ state = %[2]q
 	}
 	kubelet := fmt.Sprintf(`apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
-address: 127.0.0.1
+address: %s
 port: %d
 readOnlyPort: 0
 healthzBindAddress: 127.0.0.1
@@ -302,7 +310,7 @@ imageGCLowThresholdPercent: 99
 # Images come from ctr import alone (no registry): never pull.
 serializeImagePulls: false
 syncFrequency: 10s
-`, kubeletPort, healthz, cgroupName, c.path("containerd", "containerd.sock"), c.path("pod-logs"))
+`, IP, kubeletPort, healthz, cgroupName, c.path("containerd", "containerd.sock"), c.path("pod-logs"))
 	return os.WriteFile(c.path("kubelet.yaml"), []byte(kubelet), 0o644) //nolint:gosec // G306: no secret
 }
 

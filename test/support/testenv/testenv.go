@@ -47,6 +47,8 @@ type Options struct {
 	APIServerFlags map[string]string
 	// APIServerAddress is the address kube-apiserver serves on (default 127.0.0.1).
 	APIServerAddress string
+	// APIServerPort is the port kube-apiserver serves on (default: a free one).
+	APIServerPort int
 	// APIServerOutput receives kube-apiserver's output (none when nil).
 	APIServerOutput io.Writer
 }
@@ -139,9 +141,11 @@ func Start(opts Options) (*Env, error) {
 	if err != nil {
 		return nil, err
 	}
-	apiPort, err := FreePort()
-	if err != nil {
-		return nil, err
+	apiPort := opts.APIServerPort
+	if apiPort == 0 {
+		if apiPort, err = FreePort(); err != nil {
+			return nil, err
+		}
 	}
 	te := &envtest.Environment{
 		BinaryAssetsDirectory: assets,
