@@ -83,11 +83,17 @@ func serveThroughService(ctx context.Context, t *testing.T, objs []*unstructured
 	}
 	t.Cleanup(func() { _ = g.Stop() })
 	svc := only(t, objs, "Service")
+	ip := testenv.HostAddress(t).String()
 	createOnce(t, &discoveryv1.EndpointSlice{ObjectMeta: metav1.ObjectMeta{Namespace: svc.GetNamespace(), Name: svc.GetName() + "-test",
 		Labels: map[string]string{discoveryv1.LabelServiceName: svc.GetName()}},
 		AddressType: discoveryv1.AddressTypeIPv4,
-		Endpoints:   []discoveryv1.Endpoint{{Addresses: []string{testenv.HostAddress(t).String()}, Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(true)}}},
+		Endpoints:   []discoveryv1.Endpoint{{Addresses: []string{ip}, Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(true)}}},
 		Ports:       []discoveryv1.EndpointPort{{Name: ptr.To("webhook"), Port: ptr.To(int32(port)), Protocol: ptr.To(corev1.ProtocolTCP)}}})
+	// kube-apiserver before 1.34 routes a webhook's Service by its Endpoints, not its
+	// EndpointSlices (make compat runs 1.30 to 1.37).
+	createOnce(t, &corev1.Endpoints{ObjectMeta: metav1.ObjectMeta{Namespace: svc.GetNamespace(), Name: svc.GetName()}, //nolint:staticcheck // SA1019: what those API servers read
+		Subsets: []corev1.EndpointSubset{{Addresses: []corev1.EndpointAddress{{IP: ip}}, //nolint:staticcheck // SA1019: as above
+			Ports: []corev1.EndpointPort{{Name: "webhook", Port: int32(port), Protocol: corev1.ProtocolTCP}}}}}) //nolint:staticcheck // SA1019: as above
 	return addr, g, out
 }
 
