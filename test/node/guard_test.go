@@ -59,6 +59,26 @@ func mustHelm(t *testing.T, args ...string) string {
 	return out
 }
 
+// guardLogs returns the last lines of each guard pod's log (kubectl logs, through the API
+// server and kubelet), for a failure's message.
+func guardLogs(t *testing.T) string {
+	t.Helper()
+	kubectl, err := testenv.KubectlBin()
+	if err != nil {
+		return err.Error()
+	}
+	kc := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := os.WriteFile(kc, env.KubeConfig(), 0o600); err != nil {
+		return err.Error()
+	}
+	var b strings.Builder
+	for _, p := range guardPods(t) {
+		out, _ := exec.Command(kubectl, "--kubeconfig", kc, "-n", releaseNS, "logs", p.Name, "--tail", "20").CombinedOutput() //nolint:gosec // G204: the built kubectl
+		fmt.Fprintf(&b, "\n--- %s, its last log lines:\n%s", p.Name, out)
+	}
+	return b.String()
+}
+
 // nodeValues are the values that put the chart on this node: the image loaded into containerd,
 // never pulled (no registry).
 func nodeValues() []string {
