@@ -36,6 +36,12 @@ for t in $tunables; do
   findmnt --noheadings --mountpoint "/proc/sys/$t" >/dev/null || fail "/proc/sys/$t is not contained"
 done
 mount -t tmpfs -o mode=0755 exit-guard-node-run /run
+# What containerd, its CNI plugins and kubelet write at fixed paths outside their configured
+# folders (libcni's cache in /var/lib/cni, containerd's opt plugin in /opt/containerd, kubelet's
+# /var/log/containers links): tmpfs of the namespace over their parents, gone with it.
+for d in /var/lib /opt /var/log; do
+  mount -t tmpfs -o mode=0755 exit-guard-node "$d"
+done
 
 PATH="$bin:$PATH"
 export PATH

@@ -55,17 +55,24 @@ type Cluster struct {
 	// Before is what Check compares with: the tunables and the host's mounts at the start.
 	Before Snapshot
 
-	runtimeProc *testenv.Process // unshare, and in it contain.sh
-	containPid  int              // contain.sh, the first process of the contained namespace
-	mountNS     string           // the contained namespace, mnt:[inode]
-	controllers []*testenv.Process
+	nodeTunables map[string]string // what the node's tunable files held at Stop
+	runtimeProc  *testenv.Process  // unshare, and in it contain.sh
+	containPid   int               // contain.sh, the first process of the contained namespace
+	mountNS      string            // the contained namespace, mnt:[inode]
+	controllers  []*testenv.Process
 }
 
 // Snapshot is the state of the machine that the node must leave as it found it.
 type Snapshot struct {
 	Tunables map[string]string
-	Mounts   string // /proc/self/mountinfo of the test's namespace
+	Mounts   string          // /proc/self/mountinfo of the test's namespace
+	Paths    map[string]bool // whether each of hostPaths exists
 }
+
+// hostPaths are where kubelet, containerd and libcni write by default, outside the folders the
+// node gives them: contain.sh and the node's configuration keep them off the machine.
+var hostPaths = []string{"/var/lib/cni", "/var/lib/kubelet", "/var/lib/containerd", "/opt/containerd",
+	"/var/log/containers", "/var/log/pods", "/usr/libexec/kubernetes", "/etc/cni", "/run/containerd"}
 
 // TakeSnapshot reads the tunables and the test's mounts.
 func TakeSnapshot() (Snapshot, error) {
@@ -76,6 +83,11 @@ func TakeSnapshot() (Snapshot, error) {
 			return s, err
 		}
 		s.Tunables[t] = strings.TrimSpace(string(v))
+	}
+	s.Paths = map[string]bool{}
+	for _, p := range hostPaths {
+		_, err := os.Lstat(p)
+		s.Paths[p] = err == nil
 	}
 	m, err := os.ReadFile("/proc/self/mountinfo")
 	s.Mounts = string(m)
@@ -115,8 +127,9 @@ func CheckIsolated() error {
 			if err != nil || !strings.Contains(string(out), " bridge ") {
 				return fmt.Errorf("%s is not a bridge (%s): %s", i.Name, strings.TrimSpace(string(out)), how)
 			}
-			if ports, _ := os.ReadDir(filepath.Join("/sys/class/net", i.Name, "brif")); len(ports) > 0 {
-				return fmt.Errorf("%s has ports already: %s", i.Name, how)
+			// ip, not /sys/class/net: the test's sysfs is the host's namespace's.
+			if ports, err := exec.Command("ip", "-o", "link", "show", "master", i.Name).Output(); err != nil || len(bytes.TrimSpace(ports)) > 0 { //nolint:gosec // G204: the bridge's name
+				return fmt.Errorf("%s has ports already (%s): %s", i.Name, bytes.TrimSpace(ports), how)
 			}
 			addrs, err := i.Addrs()
 			if err != nil || len(addrs) == 0 || !strings.HasPrefix(addrs[0].String(), IP+"/") {
@@ -291,6 +304,7 @@ cgroupRoot: /%s
 failSwapOn: false
 containerRuntimeEndpoint: unix://%s
 podLogsDir: %s
+volumePluginDir: %s
 authentication:
   anonymous:
     enabled: true
@@ -310,7 +324,7 @@ imageGCLowThresholdPercent: 99
 # Images come from ctr import alone (no registry): never pull.
 serializeImagePulls: false
 syncFrequency: 10s
-`, IP, kubeletPort, healthz, cgroupName, c.path("containerd", "containerd.sock"), c.path("pod-logs"))
+`, IP, kubeletPort, healthz, cgroupName, c.path("containerd", "containerd.sock"), c.path("pod-logs"), c.path("volume-plugins"))
 	return os.WriteFile(c.path("kubelet.yaml"), []byte(kubelet), 0o644) //nolint:gosec // G306: no secret
 }
 
@@ -320,7 +334,8 @@ func (c *Cluster) startControllers(assets string) error {
 		args []string
 	}{
 		{"kube-controller-manager", []string{"--kubeconfig=" + c.path("kubeconfig"), "--leader-elect=false", "--secure-port=0",
-			"--root-ca-file=" + c.path("ca.crt"), "--controllers=*,-serviceaccount-token", "--use-service-account-credentials=false"}},
+			"--root-ca-file=" + c.path("ca.crt"), "--controllers=*,-serviceaccount-token", "--use-service-account-credentials=false",
+			"--flex-volume-plugin-dir=" + c.path("volume-plugins")}},
 		{"kube-scheduler", []string{"--kubeconfig=" + c.path("kubeconfig"), "--leader-elect=false", "--secure-port=0"}},
 	} {
 		log, err := os.Create(c.path("logs", p.bin+".log"))
@@ -484,6 +499,11 @@ func (c *Cluster) Stop() error {
 	if err := cleanCgroups(); err != nil {
 		errs = append(errs, err)
 	}
+	c.nodeTunables = map[string]string{}
+	for _, t := range Tunables {
+		raw, _ := os.ReadFile(c.path("sysctl", strings.ReplaceAll(t, "/", "."))) //nolint:gosec // G304: the node's own file
+		c.nodeTunables[t] = strings.TrimSpace(string(raw))
+	}
 	if c.Dir != "" && os.Getenv("EXIT_GUARD_NODE_KEEP") == "" {
 		if err := os.RemoveAll(c.Dir); err != nil {
 			errs = append(errs, err)
@@ -503,6 +523,17 @@ func (c *Cluster) Check() error {
 	for t, v := range c.Before.Tunables {
 		if now.Tunables[t] != v {
 			errs = append(errs, fmt.Errorf("%s is %s, was %s", t, now.Tunables[t], v))
+		}
+	}
+	for p, was := range c.Before.Paths {
+		if now.Paths[p] != was {
+			errs = append(errs, fmt.Errorf("%s: there before %v, now %v", p, was, now.Paths[p]))
+		}
+	}
+	// Contained, not idle: kubelet wrote its values into the node's own files.
+	for t, want := range map[string]string{"kernel/panic": "10", "kernel/panic_on_oops": "1", "vm/overcommit_memory": "1"} {
+		if got := c.nodeTunables[t]; got != want {
+			errs = append(errs, fmt.Errorf("the node's file for %s held %q after kubelet ran, want %q: kubelet's write did not land in it", t, got, want))
 		}
 	}
 	if now.Mounts != c.Before.Mounts {
