@@ -31,6 +31,16 @@ const (
 	deploy    = "eg-exit-guard"
 )
 
+// kubeconfig writes the test API server's admin kubeconfig into a file of the test.
+func kubeconfig(t *testing.T) string {
+	t.Helper()
+	kc := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := os.WriteFile(kc, env.KubeConfig(), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return kc
+}
+
 // helm runs the pinned helm on the node's API server; it returns its output and error.
 func helm(t *testing.T, args ...string) (string, error) {
 	t.Helper()
@@ -38,11 +48,7 @@ func helm(t *testing.T, args ...string) (string, error) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	kc := filepath.Join(t.TempDir(), "kubeconfig")
-	if err := os.WriteFile(kc, env.KubeConfig(), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(bin, append(args, "--kubeconfig", kc)...) //nolint:gosec // G204: the pinned helm
+	cmd := exec.Command(bin, append(args, "--kubeconfig", kubeconfig(t))...) //nolint:gosec // G204: the pinned helm
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	err = cmd.Run()
@@ -67,10 +73,7 @@ func guardLogs(t *testing.T) string {
 	if err != nil {
 		return err.Error()
 	}
-	kc := filepath.Join(t.TempDir(), "kubeconfig")
-	if err := os.WriteFile(kc, env.KubeConfig(), 0o600); err != nil {
-		return err.Error()
-	}
+	kc := kubeconfig(t)
 	var b strings.Builder
 	for _, p := range guardPods(t) {
 		out, _ := exec.Command(kubectl, "--kubeconfig", kc, "-n", releaseNS, "logs", p.Name, "--tail", "20").CombinedOutput() //nolint:gosec // G204: the built kubectl

@@ -62,10 +62,6 @@ func run(m *testing.M) int {
 		fmt.Fprintf(os.Stderr, "FAIL: %v\nkube-apiserver's output:\n%s\n", err, tailLines(string(raw), 30))
 		return 1
 	}
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "FAIL: %v\n", err)
-		return 1
-	}
 	env = e
 	defer func() { _ = e.Stop() }()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)

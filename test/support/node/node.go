@@ -60,6 +60,7 @@ type Cluster struct {
 	containPid   int               // contain.sh, the first process of the contained namespace
 	mountNS      string            // the contained namespace, mnt:[inode]
 	controllers  []*testenv.Process
+	logFiles     []*os.File // the processes' log files, closed by Stop
 }
 
 // Snapshot is the state of the machine that the node must leave as it found it.
@@ -342,6 +343,7 @@ func (c *Cluster) startControllers(assets string) error {
 		if err != nil {
 			return err
 		}
+		c.logFiles = append(c.logFiles, log)
 		proc, err := testenv.Launch(filepath.Join(assets, p.bin), p.args, nil, log)
 		if err != nil {
 			return err
@@ -371,6 +373,7 @@ func (c *Cluster) startRuntime(assets string) error {
 	if err != nil {
 		return err
 	}
+	c.logFiles = append(c.logFiles, log)
 	args := []string{"--mount", "--propagation", "private", "--fork", "--kill-child=SIGTERM", "--",
 		filepath.Join(testenv.RepoRoot(), "hack", "node", "contain.sh"), c.Dir, c.Runtime, filepath.Join(assets, "kubelet"),
 		"--config=" + c.path("kubelet.yaml"), "--kubeconfig=" + c.path("kubeconfig"), "--root-dir=" + c.path("kubelet"),
@@ -495,6 +498,9 @@ func (c *Cluster) Stop() error {
 	}
 	for _, p := range c.controllers {
 		_ = p.Stop(10 * time.Second)
+	}
+	for _, f := range c.logFiles {
+		_ = f.Close()
 	}
 	if err := cleanCgroups(); err != nil {
 		errs = append(errs, err)
